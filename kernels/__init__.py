@@ -1,0 +1,26 @@
+"""Pure Numba loop nests (installed as ``numbaconv.kernels``).
+
+Kernels take contiguous canonical arrays and a small int64 geometry vector, validate
+nothing and import nothing from the front of the engine.
+
+Canonical layouts (every rank is 3-D: 2-D has depth 1, 1-D depth and height 1):
+
+* ``x`` / ``dx``: ``[mb, id, ih, iw, ic]`` (channels last)
+* ``dy`` / ``y``: ``[mb, od, oh, ow, oc]``
+* ``w`` / ``dw``: ``[kd, kh, kw, ic/g, oc]`` (XIO); output channel ``gi*ocg + k`` belongs to
+  group ``gi``, and reads input channels ``gi*icg .. gi*icg + icg - 1``.
+
+The geometry vector ``geo`` (see :func:`numbaconv.kernels.geometry`) packs
+``mb g icg ocg id ih iw kd kh kw od oh ow sd sh sw dd dh dw pd ph pw``; index arithmetic is
+int64 throughout.
+"""
+import numpy as np
+
+GEO_FIELDS = ("mb", "g", "icg", "ocg", "id", "ih", "iw", "kd", "kh", "kw", "od", "oh", "ow",
+              "sd", "sh", "sw", "dd", "dh", "dw", "pd", "ph", "pw")
+
+
+def geometry(mb, g, icg, ocg, isz, ksz, osz, stride, dilation, pad_begin):
+    """Pack a problem's geometry into the int64 vector every kernel takes."""
+    return np.array([mb, g, icg, ocg, *isz, *ksz, *osz, *stride, *dilation, *pad_begin],
+                    dtype=np.int64)

@@ -1,0 +1,152 @@
+"""Direct convolution loop nests for the three directions, any geometry.
+
+Coordinates: an output position ``o`` and a tap ``t`` read input position
+``i = o*s - p + t*d`` (per axis; ``p`` is the leading pad). The three kernels are the
+forward pass and its two adjoints written as gathers, so no two iterations of a
+``prange`` ever write the same element:
+
+* forward:        y[n, o, k]  = sum_{t, c} x[n, o*s - p + t*d, c] * w[t, c, k]
+* backward data:  dx[n, i, c] = sum_{t, k : (i + p - t*d) % s == 0} dy[n, (i+p-t*d)/s, k] * w[t, c, k]
+* backward weights: dw[t, c, k] = sum_{n, o} x[n, o*s - p + t*d, c] * dy[n, o, k], each thread
+  summing a contiguous range of output rows into its own partial ``dw``; the partials are
+  reduced once, in a fixed order, afterwards (deterministic for a given thread count).
+
+The innermost loop always runs over contiguous channels (output channels of a group).
+"""
+from numba import prange
+
+from numbaconv._jit import kernel
+
+
+@kernel
+def fwd_direct(x, w, y, geo):
+    """y (zeroed, ``[mb, od, oh, ow, oc]``) = conv(x, w)."""
+    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    for r in prange(rows):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        for o_w in range(ow):
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    for t_w in range(kw):
+                        i_w = o_w * sw - pw + t_w * dw
+                        if i_w < 0 or i_w >= iw:
+                            continue
+                        for gi in range(g):
+                            for c in range(icg):
+                                xv = x[n, i_d, i_h, i_w, gi * icg + c]
+                                for k in range(gi * ocg, gi * ocg + ocg):
+                                    y[n, o_d, o_h, o_w, k] += xv * w[t_d, t_h, t_w, c, k]
+
+
+@kernel
+def bwd_d_direct(dy, w, dx, geo):
+    """dx (``[mb, id, ih, iw, ic]``, fully overwritten) = conv^T(dy, w)."""
+    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * id_ * ih
+    for r in prange(rows):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        for i_w in range(iw):
+            for cc in range(g * icg):
+                dx[n, i_d, i_h, i_w, cc] = 0
+            for t_d in range(kd):
+                a_d = i_d + pd - t_d * dd
+                if a_d < 0:
+                    break
+                if a_d % sd != 0 or a_d // sd >= od:
+                    continue
+                o_d = a_d // sd
+                for t_h in range(kh):
+                    a_h = i_h + ph - t_h * dh
+                    if a_h < 0:
+                        break
+                    if a_h % sh != 0 or a_h // sh >= oh:
+                        continue
+                    o_h = a_h // sh
+                    for t_w in range(kw):
+                        a_w = i_w + pw - t_w * dw
+                        if a_w < 0:
+                            break
+                        if a_w % sw != 0 or a_w // sw >= ow:
+                            continue
+                        o_w = a_w // sw
+                        for gi in range(g):
+                            for c in range(icg):
+                                acc = dx.dtype.type(0)
+                                for k in range(gi * ocg, gi * ocg + ocg):
+                                    acc += dy[n, o_d, o_h, o_w, k] * w[t_d, t_h, t_w, c, k]
+                                dx[n, i_d, i_h, i_w, gi * icg + c] += acc
+
+
+@kernel
+def bwd_w_direct(x, dy, part, geo):
+    """Per-chunk partial weight gradients: part[j] (zeroed) sums output rows of chunk j."""
+    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    nchunks = part.shape[0]
+    for j in prange(nchunks):
+        r0 = rows * j // nchunks
+        r1 = rows * (j + 1) // nchunks
+        pj = part[j]
+        for r in range(r0, r1):
+            n = r // (od * oh)
+            o_d = (r // oh) % od
+            o_h = r % oh
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    for o_w in range(ow):
+                        for t_w in range(kw):
+                            i_w = o_w * sw - pw + t_w * dw
+                            if i_w < 0 or i_w >= iw:
+                                continue
+                            for gi in range(g):
+                                for c in range(icg):
+                                    xv = x[n, i_d, i_h, i_w, gi * icg + c]
+                                    for k in range(gi * ocg, gi * ocg + ocg):
+                                        pj[t_d, t_h, t_w, c, k] += xv * dy[n, o_d, o_h, o_w, k]
+
+
+@kernel
+def reduce_partials(part, out):
+    """out[...] = sum_j part[j, ...], in a fixed order (flat views, same element count)."""
+    nchunks = part.shape[0]
+    size = out.size
+    for e in prange(size):
+        acc = part[0, e]
+        for j in range(1, nchunks):
+            acc += part[j, e]
+        out[e] = acc

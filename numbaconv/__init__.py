@@ -1,0 +1,48 @@
+"""numbaconv: convolution gradients as Numba loop nests. NumPy in, NumPy out.
+
+Two families of entry points share one engine (front end -> ConvProblem -> planner -> backend
+-> kernels): TensorFlow-compatible names (``conv2d_backprop_input``, ...) and
+oneDNN-Graph-style generic names (``convolution_backprop_data``, ...). Importing numbaconv
+compiles nothing and needs no GPU.
+"""
+__version__ = "0.1.0"
+
+from .api.tf import (conv2d_backprop_input, conv2d_backprop_input_v2, conv2d_backprop_filter,
+                     conv2d_backprop_filter_v2, depthwise_conv2d_native_backprop_input,
+                     depthwise_conv2d_native_backprop_filter, conv3d_backprop_input_v2,
+                     conv3d_backprop_filter_v2, conv2d, depthwise_conv2d_native, conv3d)
+from .api.onednn import convolution, convolution_backprop_data, convolution_backprop_filters
+from .api._op import plan
+from .planner import Plan
+from .problem import ConvProblem
+
+
+def set_num_threads(n):
+    """Threads used by numbaconv's kernels from now on (all calling threads).
+
+    ``NUMBA_NUM_THREADS`` bounds it (Numba's pool size is fixed at startup).
+    """
+    import numba
+    from . import config
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n: expected an int, got {n!r}")
+    if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
+        raise ValueError(f"n: expected 1..{numba.config.NUMBA_NUM_THREADS} "
+                         f"(NUMBA_NUM_THREADS), got {n}")
+    config.THREADS = n
+
+
+def get_num_threads():
+    """Threads numbaconv's kernels use."""
+    from .planner import _threads
+    return _threads()
+
+
+__all__ = [
+    "conv2d_backprop_input", "conv2d_backprop_input_v2", "conv2d_backprop_filter",
+    "conv2d_backprop_filter_v2", "depthwise_conv2d_native_backprop_input",
+    "depthwise_conv2d_native_backprop_filter", "conv3d_backprop_input_v2",
+    "conv3d_backprop_filter_v2", "conv2d", "depthwise_conv2d_native", "conv3d",
+    "convolution", "convolution_backprop_data", "convolution_backprop_filters",
+    "plan", "Plan", "ConvProblem", "set_num_threads", "get_num_threads", "__version__",
+]

@@ -1,0 +1,88 @@
+"""How a public function becomes an op: parse -> plan -> execute.
+
+A front-end function is written as a parser with the public signature that returns
+``(problem, operands)``; :func:`op` wraps it into the public function, which plans the
+problem and runs the plan, and registers it for :func:`numbaconv.plan`.
+"""
+import functools
+import inspect
+
+REGISTRY = {}
+
+
+def _prefixed(exc, name):
+    """Re-raise a TypeError/ValueError with TF's ``name`` label in front."""
+    if name is None or not isinstance(name, str) or not name:
+        raise exc
+    raise type(exc)(f"{name}: {exc}") from None
+
+
+def op(parse):
+    """Turn a parser ``(args...) -> (ConvProblem, operands)`` into the public op."""
+    sig = inspect.signature(parse)
+
+    @functools.wraps(parse)
+    def public(*args, **kwargs):
+        from .. import planner
+        from ..backends import cpu
+
+        bound = sig.bind(*args, **kwargs)
+        extra = bound.arguments
+        name = extra.get("name")
+        try:
+            problem, operands = parse(*args, **kwargs)
+            the_plan = planner.make_plan(problem, strategy=extra.get("strategy"),
+                                         tune=extra.get("tune", False), operands=operands)
+            return cpu.execute(the_plan, operands, out=extra.get("out"))
+        except (TypeError, ValueError) as exc:
+            _prefixed(exc, name)
+
+    public.parse = parse
+    REGISTRY[parse.__name__] = public
+    return public
+
+
+def plan(op, *args, strategy=None, tune=False, **kwargs):
+    """Plan an op without running it.
+
+    Parameters
+    ----------
+    op : str or callable
+        The op's name (e.g. ``"conv2d_backprop_filter"``) or the function itself.
+    *args, **kwargs
+        The op's own arguments: arrays (only their shapes and dtype are used), or shapes
+        where the op takes shapes.
+    strategy : {"direct", "gemm", "winograd"}, optional
+        Force a strategy; ValueError naming the strategy and its reason if it declines.
+    tune : bool
+        Time the accepted candidates once and cache the winner on disk.
+
+    Returns
+    -------
+    Plan
+        Immutable: ``strategy``, ``tiles``, ``threads``, ``flops``, ``workspace_bytes``;
+        ``str(plan)`` explains the choice in one line.
+
+    Examples
+    --------
+    >>> import numpy as np, numbaconv
+    >>> x = np.zeros((8, 56, 56, 64), np.float32); dy = np.zeros((8, 56, 56, 64), np.float32)
+    >>> p = numbaconv.plan("conv2d_backprop_filter", x, [3, 3, 64, 64], dy, 1, "SAME")
+    >>> p.flops
+    3699376128
+    """
+    from .. import planner
+
+    if callable(op):
+        fn = REGISTRY.get(getattr(op, "__name__", None))
+        if fn is None or getattr(fn, "parse", None) is not getattr(op, "parse", None):
+            raise ValueError(f"op: {op!r} is not a numbaconv op; known ops: "
+                             f"{', '.join(sorted(REGISTRY))}")
+    elif isinstance(op, str):
+        fn = REGISTRY.get(op)
+        if fn is None:
+            raise ValueError(f"op: unknown op {op!r}; known ops: {', '.join(sorted(REGISTRY))}")
+    else:
+        raise TypeError(f"op: expected an op name or function, got {type(op).__name__}")
+    problem, operands = fn.parse(*args, **kwargs)
+    return planner.make_plan(problem, strategy=strategy, tune=tune, operands=operands)

@@ -1,0 +1,1 @@
+"""Backends: bring arrays to the canonical layout once, launch the plan's kernels."""

@@ -1,0 +1,145 @@
+"""The CPU backend: canonicalise operands once, run the plan, return the user's layout.
+
+Canonical layouts are those of :mod:`numbaconv.kernels` (channels last, 3-D, XIO filters,
+compute dtype contiguous), so each kernel compiles once per compute dtype. float16 operands
+are widened to float32 here and the result is rounded to float16 once at the end.
+
+Thread safety: Numba's ``workqueue`` threading layer aborts the process when two Python
+threads enter parallel code at once. Until the layer is known (after the first launch) and
+whenever it is ``workqueue``, launches are serialised by a lock; ``omp`` and ``tbb`` run
+concurrently.
+"""
+import math
+import os
+import threading
+
+import numpy as np
+
+from .. import config
+
+_launch_lock = threading.Lock()
+_layer = None
+
+
+def threading_layer():
+    """Numba's threading layer once a parallel kernel has run, else ``None``."""
+    return _layer
+
+
+def _phys_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return None
+
+
+def check_memory(plan):
+    """MemoryError with the sizes, before any work, when result + workspace cannot fit."""
+    p = plan.problem
+    item = np.dtype(p.compute_dtype).itemsize
+    result = math.prod(p.result_shape) * item
+    operands = (math.prod(p.x_shape) + math.prod(p.y_shape) + math.prod(p.w_shape)) * item
+    need = result + plan.workspace_bytes + operands
+    limit = _phys_memory()
+    if limit is not None and need > config.MAX_MEMORY_FRACTION * limit:
+        raise MemoryError(
+            f"numbaconv: {p.op or p.direction} {p.descriptor()} needs {need / 2**30:.3g} GiB "
+            f"(result {result / 2**30:.3g} GiB of shape {p.result_shape}, workspace "
+            f"{plan.workspace_bytes / 2**30:.3g} GiB, canonical operands "
+            f"{operands / 2**30:.3g} GiB) but this machine has {limit / 2**30:.3g} GiB")
+
+
+def _data_to_canonical(a, p, channels, sizes):
+    if p.data_format == "NCX":
+        a = np.moveaxis(a, 1, -1)
+    a = a.reshape((p.mb, *sizes, channels))
+    return np.ascontiguousarray(a, dtype=p.compute_dtype)
+
+
+def _filter_to_canonical(w, p):
+    if p.filter_format == "OIX":
+        w = np.moveaxis(w, (0, 1), (-1, -2))  # [K, C/g, *X] -> [*X, C/g, K]
+    w = w.reshape((*p.ksz, p.icg, p.oc))
+    return np.ascontiguousarray(w, dtype=p.compute_dtype)
+
+
+def _to_user(r, p):
+    """A canonical result in the user's layout (a view where possible)."""
+    nd = p.ndim
+    if p.direction == "bwd_w":
+        ks = p.ksz[3 - nd:]
+        if p.filter_format == "XIM":
+            return r.reshape((*ks, p.ic, p.ocg))
+        r = r.reshape((*ks, p.icg, p.oc))
+        return np.moveaxis(r, (-1, -2), (0, 1)) if p.filter_format == "OIX" else r
+    shape = p.x_shape if p.direction == "bwd_d" else p.y_shape
+    ch = p.ic if p.direction == "bwd_d" else p.oc
+    sizes = (p.isz if p.direction == "bwd_d" else p.osz)[3 - nd:]
+    r = r.reshape((p.mb, *sizes, ch))
+    if p.data_format == "NCX":
+        r = np.moveaxis(r, -1, 1)
+    assert r.shape == shape
+    return r
+
+
+def check_out(out, p):
+    if out is None:
+        return
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
+    if out.dtype != np.dtype(p.dtype):
+        raise TypeError(f"out: expected dtype {p.dtype}, got {out.dtype}")
+    if out.shape != p.result_shape:
+        raise ValueError(f"out: expected shape {p.result_shape}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("out: the array is read-only")
+
+
+def canonical_operands(p, operands):
+    ops = {}
+    if "x" in operands:
+        ops["x"] = _data_to_canonical(operands["x"], p, p.ic, p.isz)
+    if "dy" in operands:
+        ops["dy"] = _data_to_canonical(operands["dy"], p, p.oc, p.osz)
+    if "w" in operands:
+        ops["w"] = _filter_to_canonical(operands["w"], p)
+    return ops
+
+
+def _launch(strategy, p, tiles, ops, threads):
+    import numba
+    global _layer
+
+    numba.set_num_threads(threads)  # thread-local in Numba: set for this calling thread
+    if _layer is None or _layer == "workqueue":
+        with _launch_lock:
+            r = strategy.run(p, tiles, ops)
+            if _layer is None:
+                try:
+                    _layer = numba.threading_layer()
+                except ValueError:  # no parallel region ran yet
+                    pass
+            return r
+    return strategy.run(p, tiles, ops)
+
+
+def execute(plan, operands, out=None):
+    """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result."""
+    from ..planner import candidates
+
+    p = plan.problem
+    check_out(out, p)
+    check_memory(plan)
+    if p.empty:
+        result = np.zeros(p.result_shape, p.dtype)
+    else:
+        strategy = next(s for s in candidates(p.direction) if s.name == plan.strategy)
+        ops = canonical_operands(p, operands)
+        r = _launch(strategy, p, plan.tiles, ops, plan.threads)
+        result = _to_user(r, p)
+    if out is not None:
+        np.copyto(out, result, casting="unsafe")
+        return out
+    if result.dtype != np.dtype(p.dtype):
+        return np.ascontiguousarray(result, dtype=p.dtype)
+    return np.ascontiguousarray(result)

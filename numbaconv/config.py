@@ -1,0 +1,28 @@
+"""Tunables and flags in one place.
+
+Tests patch these module attributes (``monkeypatch.setattr(config, "...", ...)``);
+code reads them at call time, never copies them at import.
+"""
+import os
+
+#: The one fastmath flag set of every kernel: reassociation and contraction so that
+#: float reductions vectorise, but no ``nnan``/``ninf``, so NaN and Inf still propagate.
+FASTMATH = frozenset({"nsz", "arcp", "contract", "afn", "reassoc"})
+
+#: Compile kernels with ``cache=True`` (falls back to in-memory when no cache dir is writable).
+CACHE = os.environ.get("NUMBACONV_CACHE", "1") not in ("0", "false", "no")
+
+#: Print the planner's dispatch trace (each declined strategy and its reason).
+VERBOSE = os.environ.get("NUMBACONV_VERBOSE", "0") not in ("", "0", "false", "no")
+
+#: Where ``tune=True`` stores its winners. ``None``: a per-user cache directory.
+TUNE_CACHE_DIR = os.environ.get("NUMBACONV_TUNE_DIR") or None
+
+#: Column slab of the blocked im2col (bytes); sized to stay in a 2 MiB L2 with its operands.
+GEMM_SLAB_BYTES = 512 * 1024
+
+#: Largest share of physical memory a single call may allocate for result plus workspace.
+MAX_MEMORY_FRACTION = 0.9
+
+#: Threads for numbaconv's kernels (0: Numba's current setting). See ``set_num_threads``.
+THREADS = 0

@@ -1,0 +1,140 @@
+"""The planner: per direction an ordered list of strategies, an immutable Plan, tuning.
+
+As oneDNN's ``cpu_convolution_list.cpp``: each direction has a best-first list of strategies
+ending in ``direct``, which accepts everything. Each strategy's ``accepts(problem)`` returns
+``None`` or a short reason; the first that accepts wins, unless ``strategy=`` forces one (a
+forced strategy that declines is a ValueError naming it and its reason) or ``tune=True``
+times every accepted candidate once and caches the winner on disk (as cuDNN's benchmark
+mode, Triton's autotune or FFTW's wisdom). ``NUMBACONV_VERBOSE=1`` prints the dispatch trace.
+"""
+from collections.abc import Mapping
+from dataclasses import dataclass
+import sys
+
+from . import config
+from .problem import ConvProblem
+from .strategies.direct import DIRECT
+
+STRATEGY_NAMES = ("direct", "gemm", "winograd")
+
+
+def _strategies():
+    """Best-first candidates (a new strategy is one more entry here)."""
+    return [DIRECT]
+
+
+def candidates(direction):
+    return [s for s in _strategies() if direction in s.directions]
+
+
+class FrozenMapping(Mapping):
+    """A small immutable, hashable mapping for ``Plan.tiles``."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items=()):
+        object.__setattr__(self, "_items", tuple(sorted(dict(items).items())))
+
+    def __getitem__(self, key):
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self):
+        return (k for k, _ in self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __hash__(self):
+        return hash(self._items)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Plan.tiles is immutable")
+
+    def __repr__(self):
+        return "{" + ", ".join(f"{k}: {v!r}" for k, v in self._items) + "}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What will run for one problem, and why. Immutable."""
+
+    problem: ConvProblem
+    strategy: str
+    tiles: FrozenMapping
+    threads: int
+    flops: int
+    workspace_bytes: int
+    reason: str
+    declined: tuple = ()
+
+    def __str__(self):
+        tiles = ", ".join(f"{k}={v}" for k, v in self.tiles.items())
+        s = (f"{self.problem.op or self.problem.direction} {self.problem.descriptor()}: "
+             f"{self.strategy}({tiles}) on {self.threads} thread(s), "
+             f"{self.flops / 1e9:.3g} GFLOP, workspace {self.workspace_bytes} B: {self.reason}")
+        if self.declined:
+            s += "; declined " + ", ".join(f"{n} ({r})" for n, r in self.declined)
+        return s
+
+
+def _threads():
+    import numba
+    n = config.THREADS if config.THREADS else numba.get_num_threads()
+    return int(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+def _build(problem, strat, reason, declined, threads, machine):
+    tiles = strat.tiles(problem, machine)
+    return Plan(problem=problem, strategy=strat.name, tiles=FrozenMapping(tiles),
+                threads=threads, flops=problem.flops,
+                workspace_bytes=int(strat.workspace_bytes(problem, tiles)), reason=reason,
+                declined=tuple(declined))
+
+
+def make_plan(problem, strategy=None, tune=False, operands=None):
+    """Choose a strategy and its tiles for ``problem``; returns an immutable :class:`Plan`."""
+    from .machine import machine
+
+    if strategy is not None and (not isinstance(strategy, str)
+                                 or strategy not in STRATEGY_NAMES):
+        raise ValueError(f"strategy: expected one of {list(STRATEGY_NAMES)} or None, got "
+                         f"{strategy!r}")
+    if not isinstance(tune, (bool, int)) or isinstance(tune, float):
+        raise TypeError(f"tune: expected a bool, got {tune!r}")
+    m = machine()
+    threads = _threads()
+    cands = candidates(problem.direction)
+    trace = []
+    accepted = []
+    for s in cands:
+        why = s.accepts(problem)
+        if why is None:
+            accepted.append(s)
+        else:
+            trace.append((s.name, why))
+    if strategy is not None:
+        forced = [s for s in cands if s.name == strategy]
+        if not forced:
+            raise ValueError(f"strategy: {strategy!r} does not implement direction "
+                             f"{problem.direction!r} ({problem.op})")
+        why = forced[0].accepts(problem)
+        if why is not None:
+            raise ValueError(f"strategy: {strategy!r} declines {problem.descriptor()}: {why}")
+        plan = _build(problem, forced[0], "forced by strategy=", trace, threads, m)
+    elif tune and len(accepted) > 1 and not problem.empty:
+        from .tune import tuned_choice
+        winner, why = tuned_choice(problem, accepted, threads, m)
+        plan = _build(problem, winner, why, trace, threads, m)
+    else:
+        why = "first accepted in the best-first list"
+        if problem.empty:
+            why = "empty problem: the result is zeros"
+        plan = _build(problem, accepted[0], why, trace, threads, m)
+    if config.VERBOSE:
+        for name, r in trace:
+            print(f"numbaconv: {problem.descriptor()}: {name} declined: {r}", file=sys.stderr)
+        print(f"numbaconv: {plan}", file=sys.stderr)
+    return plan

@@ -1,0 +1,47 @@
+"""Strategies: each can decline a problem with a short reason, size its tiles, and run.
+
+A strategy is a small object with:
+
+* ``name`` and ``directions`` (a subset of ``fwd``, ``bwd_d``, ``bwd_w``);
+* ``accepts(problem) -> None | reason`` (a flat run of guards, as oneDNN's ``init``);
+* ``tiles(problem, machine) -> dict`` and ``workspace_bytes(problem, tiles) -> int``;
+* ``run(problem, tiles, ops) -> result`` on canonical contiguous arrays (see
+  :mod:`numbaconv.kernels`), importing its kernel module lazily so that importing numbaconv
+  compiles nothing.
+
+The planner keeps, per direction, a best-first list ending in ``direct``, which accepts
+every problem.
+"""
+import numpy as np
+
+
+class Strategy:
+    name = ""
+    directions = ("fwd", "bwd_d", "bwd_w")
+
+    def accepts(self, problem):
+        return None
+
+    def tiles(self, problem, machine):
+        return {}
+
+    def workspace_bytes(self, problem, tiles):
+        return 0
+
+    def run(self, problem, tiles, ops):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def canonical_shapes(p):
+    """Canonical ``x``, ``y`` and ``w`` shapes of a problem (see numbaconv.kernels)."""
+    return ((p.mb, *p.isz, p.ic), (p.mb, *p.osz, p.oc), (*p.ksz, p.icg, p.oc))
+
+
+def geo(p):
+    from ..kernels import geometry
+    return geometry(p.mb, p.g, p.icg, p.ocg, p.isz, p.ksz, p.osz, p.stride, p.dilation,
+                    p.pad_begin)
+
+
+def itemsize(p):
+    return np.dtype(p.compute_dtype).itemsize
