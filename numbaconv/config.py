@@ -18,11 +18,14 @@ VERBOSE = os.environ.get("NUMBACONV_VERBOSE", "0") not in ("", "0", "false", "no
 #: Where ``tune=True`` stores its winners. ``None``: a per-user cache directory.
 TUNE_CACHE_DIR = os.environ.get("NUMBACONV_TUNE_DIR") or None
 
-#: Column slab of the blocked im2col (bytes); sized to stay in a 2 MiB L2 with its operands.
-GEMM_SLAB_BYTES = 512 * 1024
+#: Column slab of the blocked im2col (bytes): bounds the workspace; BLAS blocks for L2 itself.
+GEMM_SLAB_BYTES = 4 * 1024 * 1024
 
 #: Largest share of physical memory a single call may allocate for result plus workspace.
 MAX_MEMORY_FRACTION = 0.9
 
 #: Threads for numbaconv's kernels (0: Numba's current setting). See ``set_num_threads``.
 THREADS = 0
+
+#: Fewest GEMM rows per slab (BLAS needs a tall enough slab to reach its speed).
+GEMM_MIN_ROWS = 256

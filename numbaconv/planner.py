@@ -20,7 +20,8 @@ STRATEGY_NAMES = ("direct", "gemm", "winograd")
 
 def _strategies():
     """Best-first candidates (a new strategy is one more entry here)."""
-    return [DIRECT]
+    from .strategies.gemm import STRATEGY as GEMM
+    return [GEMM, DIRECT]
 
 
 def candidates(direction):

@@ -1,1 +1,1 @@
-"""CPU kernels (``numba.njit(parallel=True)`` loop nests)."""
+"""CPU kernels: parallel loop nests compiled through numbaconv._jit."""

@@ -1,0 +1,193 @@
+"""The GEMM strategy: blocked im2col + BLAS GEMMs, for all three directions.
+
+With channels-last data every direction is a sum of GEMMs (JAX's ``conv_general_dilated``
+transposes, written for row-major 2-D slabs):
+
+* forward:           Y[rows, K]      = col(x)[rows, taps*C/g] @ W[taps*C/g, K/g]   (per group)
+* backward weights:  dW[taps*C/g, K] = sum over slabs of col(x)^T @ dY[slab rows]
+* backward data, per stride phase q (input positions q + s*j, taps whose offset
+  ``(q + p - t*d)/s`` is exact): dX[q + s*j, C] = col_q(dY)[j, taps_q*K/g] @ W_q^T.
+  At stride 1 this is one phase: a forward convolution of dY with the flipped, transposed
+  filter (oneDNN's and JAX's derivation); at stride s it is s^nd smaller ones, never a
+  scatter-add.
+
+1x1 convolutions at stride 1 without padding need no packing at all: the channels-last
+arrays are the GEMM operands (``dX = dY @ W^T``, ``dW = X^T @ dY``). Otherwise columns are
+packed slab by slab, each slab bounded by ``config.GEMM_SLAB_BYTES``, so that a large
+problem never builds its full im2col matrix. The GEMMs go to NumPy's BLAS, which owns all
+cores during the call; packing runs serially between calls, so Numba's and BLAS's thread
+pools never fight over the cores (see :mod:`numbaconv.blas`).
+"""
+import itertools
+import math
+
+import numpy as np
+
+from . import Strategy, canonical_shapes, itemsize
+from .. import config
+
+#: Below this many columns in a GEMM's result (per group), BLAS runs far from its peak and
+#: the direct kernels win (measured: N=3 in ResNet's stem backward data).
+MIN_N = 8
+#: Grouped GEMMs are batched small GEMMs; below this many channels per group they lose.
+MIN_GROUP_CHANNELS = 16
+
+R_SMALL_N = "result has {n} column(s) per GEMM (< %d): BLAS far from peak" % MIN_N
+R_GROUPS = "{g} groups of {icg}x{ocg} channels: batched small GEMMs (< %d per group)" % (
+    MIN_GROUP_CHANNELS)
+
+
+def _taps(p):
+    return list(itertools.product(range(p.ksz[0]), range(p.ksz[1]), range(p.ksz[2])))
+
+
+def _phases(p):
+    """Backward-data stride phases: (q, grid, [(tap index, offsets)])."""
+    out = []
+    for q in itertools.product(*(range(s) for s in p.stride)):
+        grid = tuple(-(-(i - qa) // s) for i, qa, s in zip(p.isz, q, p.stride))
+        taps = []
+        for ti, t in enumerate(_taps(p)):
+            num = [qa + pb - ta * d for qa, pb, ta, d in zip(q, p.pad_begin, t, p.dilation)]
+            if all(v % s == 0 for v, s in zip(num, p.stride)):
+                taps.append((ti, tuple(v // s for v, s in zip(num, p.stride))))
+        out.append((q, grid, taps))
+    return out
+
+
+def _is_identity(ntaps, a, boff, grid, src, cn):
+    return (ntaps == 1 and all(v == 1 for v in a) and not np.any(boff)
+            and tuple(grid) == src.shape[1:4] and cn == src.shape[4])
+
+
+def _blas_threads():
+    from ..planner import _threads
+    return _threads()
+
+
+class Gemm(Strategy):
+    name = "gemm"
+
+    def accepts(self, p):
+        n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
+        if n < MIN_N:
+            return R_SMALL_N.format(n=n)
+        if p.g > 1 and min(p.icg, p.ocg) < MIN_GROUP_CHANNELS:
+            return R_GROUPS.format(g=p.g, icg=p.icg, ocg=p.ocg)
+        return None
+
+    def _packed_channels(self, p):
+        return p.ocg if p.direction == "bwd_d" else p.icg
+
+    def _identity(self, p):
+        if p.g != 1 or math.prod(p.ksz) != 1 or any(p.pad_begin):
+            return False
+        return p.direction == "bwd_d" or all(s == 1 for s in p.stride)
+
+    def tiles(self, p, machine):
+        ntaps = math.prod(p.ksz)
+        cn = self._packed_channels(p)
+        rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
+        if self._identity(p):
+            return {"slab_rows": rows, "packed": False}
+        row_bytes = max(ntaps * cn * itemsize(p), 1)
+        slab = max(config.GEMM_MIN_ROWS, config.GEMM_SLAB_BYTES // row_bytes)
+        return {"slab_rows": int(min(rows, slab)), "packed": True}
+
+    def workspace_bytes(self, p, tiles):
+        item = itemsize(p)
+        ntaps = math.prod(p.ksz)
+        r = tiles["slab_rows"]
+        ws = r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
+        if p.direction == "bwd_w":
+            ws += 2 * ntaps * p.icg * p.ocg * item  # per-group accumulator and slab product
+        elif p.g > 1 or any(s > 1 for s in p.stride):
+            n = p.icg if p.direction == "bwd_d" else p.ocg
+            ws += r * n * item
+        return ws
+
+    # -- running ----------------------------------------------------------------------------
+    def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf):
+        from ..kernels.cpu import gemm as k
+        if _is_identity(len(boff), a, boff, grid, src, cn):
+            return src.reshape(-1, cn)[r0:r1]
+        col = buf[: (r1 - r0) * len(boff) * cn].reshape(r1 - r0, len(boff), cn)
+        k.im2col(src, col, np.asarray(grid, np.int64), np.asarray(a, np.int64), boff,
+                 np.int64(c0), np.int64(r0))
+        return col.reshape(r1 - r0, len(boff) * cn)
+
+    def run(self, p, tiles, ops):
+        from .. import blas
+        blas.set_threads(tiles.get("threads", 0) or _blas_threads())
+        xs, ys, ws = canonical_shapes(p)
+        ct = np.dtype(p.compute_dtype)
+        R = tiles["slab_rows"]
+        buf = np.empty(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"] else 0,
+                       ct)
+        if p.direction == "bwd_d":
+            return self._bwd_d(p, ops, xs, ct, R, buf)
+        taps = _taps(p)
+        boff = np.array([[t[a] * p.dilation[a] - p.pad_begin[a] for a in range(3)]
+                         for t in taps], np.int64).reshape(len(taps), 3)
+        x = ops["x"]
+        M = p.mb * math.prod(p.osz)
+        icg, ocg, g = p.icg, p.ocg, p.g
+        if p.direction == "fwd":
+            W = ops["w"].reshape(len(taps), icg, p.oc)
+            y = np.empty(ys, ct)
+            y2 = y.reshape(M, p.oc)
+            for gi in range(g):
+                Wg = np.ascontiguousarray(W[:, :, gi * ocg:(gi + 1) * ocg]).reshape(-1, ocg)
+                for r0 in range(0, M, R):
+                    r1 = min(M, r0 + R)
+                    col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf)
+                    if g == 1:
+                        np.matmul(col, Wg, out=y2[r0:r1])
+                    else:
+                        y2[r0:r1, gi * ocg:(gi + 1) * ocg] = col @ Wg
+            return y
+        dy2 = ops["dy"].reshape(M, p.oc)
+        dw = np.empty(ws, ct)
+        dW3 = dw.reshape(len(taps), icg, p.oc)
+        for gi in range(g):
+            acc = None
+            dyg = dy2[:, gi * ocg:(gi + 1) * ocg]
+            for r0 in range(0, M, R):
+                r1 = min(M, r0 + R)
+                col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf)
+                prod = col.T @ dyg[r0:r1]
+                acc = prod if acc is None else np.add(acc, prod, out=acc)
+            dW3[:, :, gi * ocg:(gi + 1) * ocg] = acc.reshape(len(taps), icg, ocg)
+        return dw
+
+    def _bwd_d(self, p, ops, xs, ct, R, buf):
+        from ..kernels.cpu import gemm as k
+        dy, icg, ocg, g = ops["dy"], p.icg, p.ocg, p.g
+        W = ops["w"].reshape(-1, icg, p.oc)
+        unit = all(s == 1 for s in p.stride)
+        dx = np.empty(xs, ct) if unit else np.zeros(xs, ct)
+        dx2 = dx.reshape(-1, p.ic)
+        stride = np.asarray(p.stride, np.int64)
+        for q, grid, taps in _phases(p):
+            if not taps or 0 in grid:
+                continue
+            idx = [ti for ti, _ in taps]
+            boff = np.array([off for _, off in taps], np.int64).reshape(len(taps), 3)
+            Mq = p.mb * math.prod(grid)
+            g_arr, q_arr = np.asarray(grid, np.int64), np.asarray(q, np.int64)
+            for gi in range(g):
+                # W_q^T: [taps_q, K/g, C/g] so that col_q (taps-major, then K) @ W_q^T -> C.
+                WT = np.ascontiguousarray(
+                    W[idx][:, :, gi * ocg:(gi + 1) * ocg].transpose(0, 2, 1)).reshape(-1, icg)
+                for r0 in range(0, Mq, R):
+                    r1 = min(Mq, r0 + R)
+                    col = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, buf)
+                    if unit and g == 1:
+                        np.matmul(col, WT, out=dx2[r0:r1])
+                    else:
+                        k.scatter_phase(col @ WT, dx, g_arr, stride, q_arr, np.int64(gi * icg),
+                                        np.int64(r0))
+        return dx
+
+
+STRATEGY = Gemm()

@@ -1,0 +1,69 @@
+"""The one kernel wrapper: fastmath policy, cache fallback."""
+import pathlib
+import re
+import types
+import warnings
+
+import numba
+import numpy as np
+
+from numbaconv import _jit, config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_fastmath_flags_keep_nan_and_inf():
+    assert "nnan" not in config.FASTMATH and "ninf" not in config.FASTMATH
+    assert "fast" not in config.FASTMATH
+    assert "reassoc" in config.FASTMATH and "contract" in config.FASTMATH
+
+
+def test_no_kernel_sets_its_own_jit_options():
+    # caching, fastmath and threading policy live in numbaconv/_jit.py only
+    offenders = []
+    for path in list((ROOT / "kernels").rglob("*.py")) + list((ROOT / "numbaconv").rglob("*.py")):
+        if path.name == "_jit.py":
+            continue
+        text = path.read_text()
+        if re.search(r"fastmath\s*=|numba\.njit|@njit|from numba import .*njit", text):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+def test_cache_fallback_warns_once_and_compiles(monkeypatch):
+    calls = []
+    real = numba.njit
+
+    def fake_njit(**opts):
+        if opts.get("cache"):
+            calls.append("cache")
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(**opts)
+
+    monkeypatch.setattr(_jit, "numba", types.SimpleNamespace(njit=fake_njit))
+    monkeypatch.setattr(_jit, "_cache_ok", None)
+
+    def f(a):
+        return a.sum()
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        k1 = _jit.kernel(f, parallel=False)
+        k2 = _jit.kernel(f, parallel=False)
+    assert sum("no writable cache directory" in str(w.message) for w in rec) == 1
+    assert calls == ["cache"]  # the second kernel does not even try
+    assert k1(np.ones(4)) == 4.0 and k2(np.ones(3)) == 3.0
+    assert _jit.cache_enabled() is False
+    monkeypatch.setattr(_jit, "_cache_ok", None)
+
+
+def test_nan_and_inf_propagate():
+    import numbaconv as nc
+    x = np.ones((1, 4, 4, 8), np.float32)
+    x[0, 1, 1, 0] = np.nan
+    x[0, 3, 3, 1] = np.inf
+    w = np.ones((3, 3, 8, 8), np.float32)
+    y = nc.conv2d(x, w, 1, "SAME", strategy="direct")
+    assert np.isnan(y[0, 0, 0]).all() and np.isnan(y[0, 2, 2]).all()
+    dx = nc.conv2d_backprop_input(x.shape, w, y, 1, "SAME", strategy="gemm")
+    assert np.isnan(dx).any()

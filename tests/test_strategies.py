@@ -1,0 +1,103 @@
+"""Every strategy, forced, against the float64 reference, with tiles patched small so that
+slab and phase edges are crossed."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import config
+from numbaconv import reference as R
+from numbaconv.planner import candidates
+
+# (groups, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
+CASES = [
+    (1, 16, 24, (9, 8), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1)),
+    (1, 16, 16, (8, 8), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+    (1, 16, 16, (8, 7), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+    (1, 8, 16, (7, 6), (1, 1), (2, 3), (1, 1), (1, 0), (0, 1)),
+    (2, 32, 32, (7, 9), (3, 2), (2, 3), (2, 1), (1, 1), (1, 0)),
+    (1, 12, 8, (11,), (3,), (3,), (2,), (2,), (0,)),
+    (1, 8, 8, (4, 5, 5), (3, 1, 2), (1, 2, 1), (1, 1, 2), (1, 0, 1), (1, 0, 0)),
+    (16, 32, 32, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    (1, 3, 16, (12, 12), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2)),
+]
+IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
+       f"s{'x'.join(map(str, c[5]))}" for c in CASES]
+
+
+@pytest.fixture(autouse=True)
+def small_slabs(monkeypatch):
+    # Tiny slabs: many slabs per problem, a partial last one, and packed columns everywhere.
+    monkeypatch.setattr(config, "GEMM_SLAB_BYTES", 512)
+    monkeypatch.setattr(config, "GEMM_MIN_ROWS", 7)
+
+
+def _run(direction, case, dtype, strategy, rng):
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    x = rng.standard_normal((2, *isz, ic))
+    w = rng.standard_normal((*k, ic // g, oc))
+    ref_args = (st, dl, pb, pe, g)
+    y = R.conv_fwd(x, w, *ref_args)
+    dy = rng.standard_normal(y.shape)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
+                 strategy=strategy)
+    xc, wc, dyc = x.astype(dtype), w.astype(dtype), dy.astype(dtype)
+    x, w, dy = xc.astype(np.float64), wc.astype(np.float64), dyc.astype(np.float64)
+    if direction == "fwd":
+        got = nc.convolution(xc, wc, **attrs)
+        ref, ra = R.conv_fwd(x, w, *ref_args), R.conv_fwd(abs(x), abs(w), *ref_args)
+    elif direction == "bwd_d":
+        got = nc.convolution_backprop_data(dyc, wc, isz, **attrs)
+        ref = R.conv_bwd_data(dy, w, isz, *ref_args)
+        ra = R.conv_bwd_data(abs(dy), abs(w), isz, *ref_args)
+    else:
+        got = nc.convolution_backprop_filters(xc, k, dyc, **attrs)
+        ref = R.conv_bwd_filter(x, dy, k, *ref_args)
+        ra = R.conv_bwd_filter(abs(x), abs(dy), k, *ref_args)
+    assert got.dtype == np.dtype(dtype)
+    assert got.shape == ref.shape
+    return R.normalized_error(got, ref, ra)
+
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+@pytest.mark.parametrize("strategy", ["direct", "gemm"])
+def test_forced_strategy_matches_reference(case, direction, strategy):
+    rng = np.random.default_rng(1)
+    dtype = "float64"
+    try:
+        err = _run(direction, case, dtype, strategy, rng)
+    except ValueError as exc:
+        # A strategy may decline; then the message names it and gives its reason.
+        assert strategy in str(exc) and "declines" in str(exc)
+        assert strategy != "direct"
+        return
+    assert err <= R.TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+def test_gemm_low_precision(dtype, direction):
+    rng = np.random.default_rng(2)
+    err = _run(direction, CASES[0], dtype, "gemm", rng)
+    assert err <= R.TOLERANCE[dtype]
+
+
+def test_direct_is_last_and_accepts_everything():
+    for direction in ("fwd", "bwd_d", "bwd_w"):
+        names = [s.name for s in candidates(direction)]
+        assert names[-1] == "direct"
+        assert "gemm" in names
+
+
+def test_gemm_declines_with_reason():
+    x = np.zeros((1, 8, 8, 3), np.float32)
+    dy = np.zeros((1, 8, 8, 16), np.float32)
+    w = np.zeros((3, 3, 3, 16), np.float32)
+    with pytest.raises(ValueError, match=r"gemm.*declines.*column"):
+        nc.conv2d_backprop_input(x.shape, w, dy, 1, "SAME", strategy="gemm")
+    # depthwise: batched 1x1-channel GEMMs are declined
+    with pytest.raises(ValueError, match=r"gemm.*declines.*(groups|column)"):
+        nc.depthwise_conv2d_native_backprop_filter(
+            np.zeros((1, 8, 8, 16), np.float32), [3, 3, 16, 1],
+            np.zeros((1, 8, 8, 16), np.float32), 1, "SAME", strategy="gemm")
