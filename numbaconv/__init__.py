@@ -17,6 +17,15 @@ from .planner import Plan
 from .problem import ConvProblem
 
 
+def warmup(dtypes=("float32",), verbose=False):
+    """Compile (and cache on disk) every strategy's kernels for ``dtypes`` ahead of time.
+
+    Returns the seconds spent. Later processes load the cached kernels instead of compiling.
+    """
+    from ._warmup import warmup as _warmup
+    return _warmup(dtypes=dtypes, verbose=verbose)
+
+
 def set_num_threads(n):
     """Threads used by numbaconv's kernels from now on (all calling threads).
 
@@ -44,5 +53,5 @@ __all__ = [
     "depthwise_conv2d_native_backprop_filter", "conv3d_backprop_input_v2",
     "conv3d_backprop_filter_v2", "conv2d", "depthwise_conv2d_native", "conv3d",
     "convolution", "convolution_backprop_data", "convolution_backprop_filters",
-    "plan", "Plan", "ConvProblem", "set_num_threads", "get_num_threads", "__version__",
+    "plan", "Plan", "ConvProblem", "warmup", "set_num_threads", "get_num_threads", "__version__",
 ]

@@ -41,6 +41,7 @@ def _info(args):
                    f"L3 {m.l3_bytes // 1024} KiB"),
         ("kernel cache", ("on" if _jit.cache_enabled() else "off (in-memory compilation)")
          + f", {cache_dir}"),
+        ("blas", _blas_status()),
         ("tune cache", __import__("numbaconv.tune", fromlist=["x"]).cache_path()),
         ("cuda", _cuda_status()),
     ]
@@ -49,6 +50,15 @@ def _info(args):
         print(f"{k:<{w}}  {v}")
     del cpu
     return 0
+
+
+def _blas_status():
+    from numbaconv import blas
+    n = blas.get_threads()
+    core = blas.corename()
+    env = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"NumPy's OpenBLAS, {core} kernels" + (f" (OPENBLAS_CORETYPE={env})" if env else "")
+            + (f", {n} thread(s)" if n else ""))
 
 
 def _cuda_status():
@@ -81,7 +91,7 @@ def _plan(args):
 
 
 def _warmup(args):
-    from numbaconv.warmup import warmup
+    from numbaconv._warmup import warmup
     warmup(dtypes=args.dtype, verbose=True)
     return 0
 

@@ -18,8 +18,9 @@ VERBOSE = os.environ.get("NUMBACONV_VERBOSE", "0") not in ("", "0", "false", "no
 #: Where ``tune=True`` stores its winners. ``None``: a per-user cache directory.
 TUNE_CACHE_DIR = os.environ.get("NUMBACONV_TUNE_DIR") or None
 
-#: Column slab of the blocked im2col (bytes): bounds the workspace; BLAS blocks for L2 itself.
-GEMM_SLAB_BYTES = 4 * 1024 * 1024
+#: Column slab of the blocked im2col (bytes); None: twice the L2 of one core (the slab is
+#: packed by one core, then read by every BLAS thread). Bounds the GEMM workspace.
+GEMM_SLAB_BYTES = None
 
 #: Largest share of physical memory a single call may allocate for result plus workspace.
 MAX_MEMORY_FRACTION = 0.9

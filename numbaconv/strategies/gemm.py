@@ -91,7 +91,8 @@ class Gemm(Strategy):
         if self._identity(p):
             return {"slab_rows": rows, "packed": False}
         row_bytes = max(ntaps * cn * itemsize(p), 1)
-        slab = max(config.GEMM_MIN_ROWS, config.GEMM_SLAB_BYTES // row_bytes)
+        budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
+        slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
         return {"slab_rows": int(min(rows, slab)), "packed": True}
 
     def workspace_bytes(self, p, tiles):
