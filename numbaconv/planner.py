@@ -13,6 +13,7 @@ import sys
 
 from . import config
 from .problem import ConvProblem
+from .strategies import label
 from .strategies.direct import DIRECT
 
 STRATEGY_NAMES = ("direct", "gemm", "winograd")
@@ -21,7 +22,8 @@ STRATEGY_NAMES = ("direct", "gemm", "winograd")
 def _strategies():
     """Best-first candidates (a new strategy is one more entry here)."""
     from .strategies.gemm import STRATEGY as GEMM
-    return [GEMM, DIRECT]
+    from .strategies.depthwise import STRATEGY as DEPTHWISE
+    return [GEMM, DEPTHWISE, DIRECT]
 
 
 def candidates(direction):
@@ -70,11 +72,12 @@ class Plan:
     workspace_bytes: int
     reason: str
     declined: tuple = ()
+    variant: str = ""
 
     def __str__(self):
         tiles = ", ".join(f"{k}={v}" for k, v in self.tiles.items())
         s = (f"{self.problem.op or self.problem.direction} {self.problem.descriptor()}: "
-             f"{self.strategy}({tiles}) on {self.threads} thread(s), "
+             f"{self.strategy}{'[' + self.variant + ']' if self.variant else ''}({tiles}) on {self.threads} thread(s), "
              f"{self.flops / 1e9:.3g} GFLOP, workspace {self.workspace_bytes} B: {self.reason}")
         if self.declined:
             s += "; declined " + ", ".join(f"{n} ({r})" for n, r in self.declined)
@@ -92,7 +95,15 @@ def _build(problem, strat, reason, declined, threads, machine):
     return Plan(problem=problem, strategy=strat.name, tiles=FrozenMapping(tiles),
                 threads=threads, flops=problem.flops,
                 workspace_bytes=int(strat.workspace_bytes(problem, tiles)), reason=reason,
-                declined=tuple(declined))
+                declined=tuple(declined), variant=strat.variant)
+
+
+def implementation(plan):
+    """The strategy object that runs ``plan``."""
+    for s in candidates(plan.problem.direction):
+        if s.name == plan.strategy and s.variant == plan.variant:
+            return s
+    raise LookupError(f"no implementation {plan.strategy}[{plan.variant}]")
 
 
 def make_plan(problem, strategy=None, tune=False, operands=None):
@@ -115,16 +126,17 @@ def make_plan(problem, strategy=None, tune=False, operands=None):
         if why is None:
             accepted.append(s)
         else:
-            trace.append((s.name, why))
+            trace.append((label(s), why))
     if strategy is not None:
         forced = [s for s in cands if s.name == strategy]
         if not forced:
             raise ValueError(f"strategy: {strategy!r} does not implement direction "
                              f"{problem.direction!r} ({problem.op})")
-        why = forced[0].accepts(problem)
-        if why is not None:
+        ok = [s for s in forced if s in accepted]
+        if not ok:
+            why = "; ".join(f"{label(s)}: {s.accepts(problem)}" for s in forced)
             raise ValueError(f"strategy: {strategy!r} declines {problem.descriptor()}: {why}")
-        plan = _build(problem, forced[0], "forced by strategy=", trace, threads, m)
+        plan = _build(problem, ok[0], "forced by strategy=", trace, threads, m)
     elif tune and len(accepted) > 1 and not problem.empty:
         from .tune import tuned_choice
         winner, why = tuned_choice(problem, accepted, threads, m)

@@ -92,7 +92,8 @@ def time_strategy(strategy, problem, machine, ops, repeat=3):
 def tuned_choice(problem, accepted, threads, machine):
     """``(strategy, reason)``: the cached winner, or the fastest after timing each once."""
     key = f"{_host_key(machine, threads)}/{problem.descriptor()}"
-    names = {s.name: s for s in accepted}
+    from .strategies import label
+    names = {label(s): s for s in accepted}
     path = cache_path()
     with _lock:
         entries = _load(path)
@@ -100,7 +101,7 @@ def tuned_choice(problem, accepted, threads, machine):
         if isinstance(hit, dict) and hit.get("strategy") in names:
             return names[hit["strategy"]], f"tuned (cached in {path})"
         ops = _random_operands(problem)
-        times = {s.name: time_strategy(s, problem, machine, ops) for s in accepted}
+        times = {label(s): time_strategy(s, problem, machine, ops) for s in accepted}
         best = min(times, key=times.get)
         entries[key] = {"strategy": best, "seconds": times}
         _store(path, entries)

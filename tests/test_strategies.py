@@ -19,6 +19,9 @@ CASES = [
     (1, 8, 8, (4, 5, 5), (3, 1, 2), (1, 2, 1), (1, 1, 2), (1, 0, 1), (1, 0, 0)),
     (16, 32, 32, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
     (1, 3, 16, (12, 12), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2)),
+    (6, 6, 6, (9, 8), (3, 3), (2, 1), (1, 2), (0, 1), (1, 1)),        # depthwise
+    (5, 5, 10, (7, 6), (3, 2), (1, 2), (2, 1), (1, 0), (2, 1)),       # depthwise, multiplier 2
+    (4, 4, 4, (5, 6, 7), (2, 3, 3), (2, 1, 2), (1, 1, 1), (1, 1, 0), (0, 1, 1)),  # 3-D depthwise
 ]
 IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
@@ -101,3 +104,28 @@ def test_gemm_declines_with_reason():
         nc.depthwise_conv2d_native_backprop_filter(
             np.zeros((1, 8, 8, 16), np.float32), [3, 3, 16, 1],
             np.zeros((1, 8, 8, 16), np.float32), 1, "SAME", strategy="gemm")
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+def test_depthwise_variant_and_generic_direct_agree(direction):
+    """Depthwise problems run the depthwise variant; the generic loop nest gives the same."""
+    from numbaconv.backends import cpu
+    from numbaconv.strategies.direct import DIRECT
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 7, 6, 6))
+    w = rng.standard_normal((3, 3, 1, 12))
+    dy = rng.standard_normal((2, 4, 6, 12))
+    attrs = dict(strides=(2, 1), pads_begin=1, pads_end=1, groups=6)
+    call = {"fwd": ("convolution", (x, w)), "bwd_d": ("convolution_backprop_data", (dy, w, (7, 6))),
+            "bwd_w": ("convolution_backprop_filters", (x, (3, 3), dy))}[direction]
+    plan = nc.plan(call[0], *call[1], **attrs)
+    assert (plan.strategy, plan.variant) == ("direct", "depthwise")
+    got = getattr(nc, call[0])(*call[1], **attrs)
+    p = plan.problem
+    ops = cpu.canonical_operands(p, dict(zip({"fwd": ("x", "w"), "bwd_d": ("dy", "w"),
+                                               "bwd_w": ("x", "dy")}[direction],
+                                              [a for a in call[1] if isinstance(a, np.ndarray)])))
+    generic = DIRECT.run(p, DIRECT.tiles(p, __import__("numbaconv.machine").machine.machine()),
+                         ops)
+    np.testing.assert_allclose(cpu._to_user(generic, p), got, rtol=1e-12, atol=1e-12)

@@ -125,7 +125,7 @@ def _launch(strategy, p, tiles, ops, threads):
 
 def execute(plan, operands, out=None):
     """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result."""
-    from ..planner import candidates
+    from ..planner import implementation
 
     p = plan.problem
     check_out(out, p)
@@ -133,7 +133,7 @@ def execute(plan, operands, out=None):
     if p.empty:
         result = np.zeros(p.result_shape, p.dtype)
     else:
-        strategy = next(s for s in candidates(p.direction) if s.name == plan.strategy)
+        strategy = implementation(plan)
         ops = canonical_operands(p, operands)
         r = _launch(strategy, p, plan.tiles, ops, plan.threads)
         result = _to_user(r, p)

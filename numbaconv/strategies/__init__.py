@@ -17,6 +17,9 @@ import numpy as np
 
 class Strategy:
     name = ""
+    #: Several implementations may share a public strategy name (e.g. the depthwise variant
+    #: of ``direct``); ``variant`` tells them apart in plans and traces.
+    variant = ""
     directions = ("fwd", "bwd_d", "bwd_w")
 
     def accepts(self, problem):
@@ -30,6 +33,10 @@ class Strategy:
 
     def run(self, problem, tiles, ops):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def label(s):
+    return f"{s.name}[{s.variant}]" if s.variant else s.name
 
 
 def canonical_shapes(p):

@@ -1,0 +1,126 @@
+"""Depthwise direct loop nests (groups == channels, channel multiplier ``m``).
+
+The general direct kernels loop over groups and then over ``C/g = 1`` channels: nothing to
+vectorise. Here the innermost loop runs over all channels ``c`` of one pixel, contiguous in
+channels-last data, so every tap is one vector sweep over the row of channels; each tensor is
+read once per tap from L1/L2 and written once (the arithmetic intensity of a depthwise 3x3 is
+about 2 flop per byte: it is bound by memory bandwidth, not by FMAs).
+
+Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[kd, kh, kw, 1, C*m]`` with
+output channel ``c*m + j`` reading input channel ``c``.
+"""
+from numba import prange
+
+from numbaconv._jit import kernel
+
+
+@kernel
+def fwd_depthwise(x, w, y, geo):
+    """y (zeroed) = depthwise conv(x, w)."""
+    mb, C, m = geo[0], geo[1], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    for r in prange(mb * od * oh):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                for o_w in range(ow):
+                    for t_w in range(kw):
+                        i_w = o_w * sw - pw + t_w * dw
+                        if i_w < 0 or i_w >= iw:
+                            continue
+                        for j in range(m):
+                            for c in range(C):
+                                y[n, o_d, o_h, o_w, c * m + j] += (
+                                    x[n, i_d, i_h, i_w, c] * w[t_d, t_h, t_w, 0, c * m + j])
+
+
+@kernel
+def bwd_d_depthwise(dy, w, dx, geo):
+    """dx (zeroed) = depthwise conv^T(dy, w), as a gather over the taps that reach each row."""
+    mb, C, m = geo[0], geo[1], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    for r in prange(mb * id_ * ih):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        for t_d in range(kd):
+            a_d = i_d + pd - t_d * dd
+            if a_d < 0:
+                break
+            if a_d % sd != 0 or a_d // sd >= od:
+                continue
+            o_d = a_d // sd
+            for t_h in range(kh):
+                a_h = i_h + ph - t_h * dh
+                if a_h < 0:
+                    break
+                if a_h % sh != 0 or a_h // sh >= oh:
+                    continue
+                o_h = a_h // sh
+                for i_w in range(iw):
+                    for t_w in range(kw):
+                        a_w = i_w + pw - t_w * dw
+                        if a_w < 0:
+                            break
+                        if a_w % sw != 0 or a_w // sw >= ow:
+                            continue
+                        o_w = a_w // sw
+                        for j in range(m):
+                            for c in range(C):
+                                dx[n, i_d, i_h, i_w, c] += (
+                                    dy[n, o_d, o_h, o_w, c * m + j] * w[t_d, t_h, t_w, 0, c * m + j])
+
+
+@kernel
+def bwd_w_depthwise(x, dy, part, geo):
+    """part[j] (zeroed, ``[kd, kh, kw, 1, C*m]``): dW summed over the output rows of chunk j."""
+    mb, C, m = geo[0], geo[1], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    nchunks = part.shape[0]
+    for ch in prange(nchunks):
+        pj = part[ch]
+        for r in range(rows * ch // nchunks, rows * (ch + 1) // nchunks):
+            n = r // (od * oh)
+            o_d = (r // oh) % od
+            o_h = r % oh
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    for o_w in range(ow):
+                        for t_w in range(kw):
+                            i_w = o_w * sw - pw + t_w * dw
+                            if i_w < 0 or i_w >= iw:
+                                continue
+                            for j in range(m):
+                                for c in range(C):
+                                    pj[t_d, t_h, t_w, 0, c * m + j] += (
+                                        x[n, i_d, i_h, i_w, c] * dy[n, o_d, o_h, o_w, c * m + j])
