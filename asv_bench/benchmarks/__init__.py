@@ -1,0 +1,1 @@
+"""asv benchmarks of numbaconv (one module per topic; shared inputs in common.py)."""
