@@ -13,6 +13,7 @@ forward pass and its two adjoints written as gathers, so no two iterations of a
 
 The innermost loop always runs over contiguous channels (output channels of a group).
 """
+import numpy as np
 from numba import prange
 
 from numbaconv._jit import kernel
@@ -98,6 +99,59 @@ def bwd_d_direct(dy, w, dx, geo):
                                 for k in range(gi * ocg, gi * ocg + ocg):
                                     acc += dy[n, o_d, o_h, o_w, k] * w[t_d, t_h, t_w, c, k]
                                 dx[n, i_d, i_h, i_w, gi * icg + c] += acc
+
+
+@kernel
+def bwd_d_direct_acc(dy, w, dx, geo):
+    """As :func:`bwd_d_direct` for few input channels: per pixel, one vector accumulator per
+    input channel runs over all taps and is reduced once (instead of one horizontal sum per
+    tap and channel, which dominates when ``C/g`` is small and the taps many)."""
+    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * id_ * ih
+    for r in prange(rows):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        acc = np.empty((g * icg, ocg), dx.dtype)
+        for i_w in range(iw):
+            acc[:, :] = 0
+            for t_d in range(kd):
+                a_d = i_d + pd - t_d * dd
+                if a_d < 0:
+                    break
+                if a_d % sd != 0 or a_d // sd >= od:
+                    continue
+                o_d = a_d // sd
+                for t_h in range(kh):
+                    a_h = i_h + ph - t_h * dh
+                    if a_h < 0:
+                        break
+                    if a_h % sh != 0 or a_h // sh >= oh:
+                        continue
+                    o_h = a_h // sh
+                    for t_w in range(kw):
+                        a_w = i_w + pw - t_w * dw
+                        if a_w < 0:
+                            break
+                        if a_w % sw != 0 or a_w // sw >= ow:
+                            continue
+                        o_w = a_w // sw
+                        for gi in range(g):
+                            for c in range(icg):
+                                for k in range(ocg):
+                                    acc[gi * icg + c, k] += (dy[n, o_d, o_h, o_w, gi * ocg + k]
+                                                             * w[t_d, t_h, t_w, c, gi * ocg + k])
+            for cc in range(g * icg):
+                s = acc[cc, 0]
+                for k in range(1, ocg):
+                    s += acc[cc, k]
+                dx[n, i_d, i_h, i_w, cc] = s
 
 
 @kernel

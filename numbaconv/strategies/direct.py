@@ -6,14 +6,22 @@ import numpy as np
 from . import Strategy, canonical_shapes, geo, itemsize
 
 
+#: Backward data keeps a per-pixel ``[C, K/g]`` accumulator when the input channels per group
+#: are few (per-tap horizontal sums would dominate) and the accumulator fits in half of L1.
+ACC_MAX_ICG = 8
+
+
 class Direct(Strategy):
     name = "direct"
 
     def tiles(self, problem, machine):
-        if problem.direction != "bwd_w":
-            return {"rows": problem.mb * problem.isz[0] * problem.isz[1]
-                    if problem.direction == "bwd_d"
-                    else problem.mb * problem.osz[0] * problem.osz[1]}
+        if problem.direction == "bwd_d":
+            acc_bytes = problem.ic * problem.ocg * itemsize(problem)
+            per_pixel = problem.icg <= ACC_MAX_ICG and acc_bytes <= machine.l1d_bytes // 2
+            return {"rows": problem.mb * problem.isz[0] * problem.isz[1],
+                    "accumulate": "per-pixel" if per_pixel else "per-tap"}
+        if problem.direction == "fwd":
+            return {"rows": problem.mb * problem.osz[0] * problem.osz[1]}
         rows = problem.mb * problem.osz[0] * problem.osz[1]
         # One private partial dW per thread (rows split in contiguous ranges), reduced once.
         return {"chunks": max(1, min(machine.cores, rows))}
@@ -35,7 +43,10 @@ class Direct(Strategy):
             return y
         if problem.direction == "bwd_d":
             dx = np.empty(xs, ct)
-            k.bwd_d_direct(ops["dy"], ops["w"], dx, g)
+            if tiles.get("accumulate") == "per-pixel":
+                k.bwd_d_direct_acc(ops["dy"], ops["w"], dx, g)
+            else:
+                k.bwd_d_direct(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]
         part = np.zeros((chunks, *ws), ct)
