@@ -14,6 +14,7 @@ OpenBLAS picks its kernels at load time; ``OPENBLAS_CORETYPE`` in the environmen
 that choice (on this project's reference machine it is set to ``Haswell``, AVX2 kernels), and
 ``corename()`` reports what is in use (``numbaconv info`` prints it).
 """
+import contextlib
 import ctypes
 import glob
 import os
@@ -75,3 +76,15 @@ def set_threads(n):
     if get_threads() != n:
         fn(ctypes.c_int(int(n)))
     return True
+
+
+@contextlib.contextmanager
+def threads(n):
+    """Run the block with ``n`` OpenBLAS threads, then restore the caller's setting."""
+    before = get_threads()
+    changed = before is not None and before != n and set_threads(n)
+    try:
+        yield
+    finally:
+        if changed:
+            set_threads(before)

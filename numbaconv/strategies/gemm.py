@@ -119,7 +119,10 @@ class Gemm(Strategy):
 
     def run(self, p, tiles, ops):
         from .. import blas
-        blas.set_threads(tiles.get("threads", 0) or _blas_threads())
+        with blas.threads(_blas_threads()):
+            return self._run(p, tiles, ops)
+
+    def _run(self, p, tiles, ops):
         xs, ys, ws = canonical_shapes(p)
         ct = np.dtype(p.compute_dtype)
         R = tiles["slab_rows"]
