@@ -30,3 +30,17 @@ THREADS = 0
 
 #: Fewest GEMM rows per slab (BLAS needs a tall enough slab to reach its speed).
 GEMM_MIN_ROWS = 256
+
+#: CUDA implicit GEMM: block tile BM x BN, K slice BK, per-thread register tile TM x TN.
+CUDA_BLOCK_M = 64
+CUDA_BLOCK_N = 64
+CUDA_BLOCK_K = 8
+CUDA_THREAD_M = 4
+CUDA_THREAD_N = 4
+#: Threads per block of the element-wise CUDA kernels (depthwise, layout, reduction).
+CUDA_THREADS = 256
+#: Weight-gradient split: aim at this many blocks, >= this many pixels per split, at most
+#: this many splits (partials reduced by a second kernel in a fixed order: no atomics).
+CUDA_TARGET_BLOCKS = 1024
+CUDA_SPLIT_MIN_PIXELS = 256
+CUDA_MAX_SPLITS = 64

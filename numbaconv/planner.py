@@ -106,7 +106,21 @@ def implementation(plan):
     raise LookupError(f"no implementation {plan.strategy}[{plan.variant}]")
 
 
-def make_plan(problem, strategy=None, tune=False, operands=None):
+def _gpu_plan(problem, strategy):
+    """The GPU's plan: implicit GEMM or direct kernels, block and tile sizes (``threads`` is
+    threads per block); ``tune`` does not apply on the GPU."""
+    from .backends import cuda as gpu
+    f = gpu.gpu_plan(problem, strategy)  # ValueError for a strategy the GPU does not have
+    plan = Plan(problem=problem, strategy=f["strategy"], tiles=FrozenMapping(f["tiles"]),
+                threads=f["threads"], flops=problem.flops,
+                workspace_bytes=f["workspace_bytes"], reason=f["reason"],
+                declined=f["declined"], variant=f["variant"])
+    if config.VERBOSE:
+        print(f"numbaconv: {plan}", file=sys.stderr)
+    return plan
+
+
+def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
     """Choose a strategy and its tiles for ``problem``; returns an immutable :class:`Plan`."""
     from .machine import machine
 
@@ -116,6 +130,11 @@ def make_plan(problem, strategy=None, tune=False, operands=None):
                          f"{strategy!r}")
     if not isinstance(tune, (bool, int)) or isinstance(tune, float):
         raise TypeError(f"tune: expected a bool, got {tune!r}")
+    if device is None and operands:
+        from .backends.cuda import on_device
+        device = "cuda" if on_device(operands) else "cpu"
+    if device == "cuda":
+        return _gpu_plan(problem, strategy)
     m = machine()
     threads = _threads()
     cands = candidates(problem.direction)

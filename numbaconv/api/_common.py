@@ -20,10 +20,10 @@ def as_float_array(value, name):
     else:
         if value is None or isinstance(value, (str, bytes, dict, set)):
             raise TypeError(f"{name}: expected a float array, got {type(value).__name__}")
-        if hasattr(value, "__cuda_array_interface__"):
-            raise TypeError(
-                f"{name}: a device array ({type(value).__name__}) was given; the numba.cuda "
-                "backend is not available in this version of numbaconv, pass NumPy arrays")
+        if (hasattr(value, "__cuda_array_interface__")
+                or getattr(value, "__cuda_ndarray__", False) is True):
+            from ..backends import cuda as _cuda
+            return _cuda.as_device_array(value, name)  # numba device array (.shape/.dtype)
         try:
             arr = np.asarray(value)
         except (ValueError, TypeError) as exc:

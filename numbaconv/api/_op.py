@@ -24,16 +24,19 @@ def op(parse):
     @functools.wraps(parse)
     def public(*args, **kwargs):
         from .. import planner
-        from ..backends import cpu
+        from ..backends import cpu, cuda
 
         bound = sig.bind(*args, **kwargs)
         extra = bound.arguments
         name = extra.get("name")
         try:
             problem, operands = parse(*args, **kwargs)
+            out = extra.get("out")
+            device = cuda.on_device(operands, out)  # TypeError when host and device mix
             the_plan = planner.make_plan(problem, strategy=extra.get("strategy"),
-                                         tune=extra.get("tune", False), operands=operands)
-            return cpu.execute(the_plan, operands, out=extra.get("out"))
+                                         tune=extra.get("tune", False), operands=operands,
+                                         device="cuda" if device else "cpu")
+            return (cuda if device else cpu).execute(the_plan, operands, out=out)
         except (TypeError, ValueError) as exc:
             _prefixed(exc, name)
 

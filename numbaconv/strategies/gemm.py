@@ -80,9 +80,14 @@ class Gemm(Strategy):
         return p.ocg if p.direction == "bwd_d" else p.icg
 
     def _identity(self, p):
+        """True when every GEMM operand is the channels-last array itself (no packing): 1x1,
+        one group, no leading pad, and the GEMM grid equal to the source's spatial size
+        (a trailing pad or a stride would add rows that read only padding)."""
         if p.g != 1 or math.prod(p.ksz) != 1 or any(p.pad_begin):
             return False
-        return p.direction == "bwd_d" or all(s == 1 for s in p.stride)
+        if p.direction == "bwd_d":  # one live phase (q = 0), grid ceil(i/s) rows per axis
+            return all(-(-i // s) == o for i, s, o in zip(p.isz, p.stride, p.osz))
+        return all(s == 1 for s in p.stride) and p.osz == p.isz
 
     def tiles(self, p, machine):
         ntaps = math.prod(p.ksz)
@@ -112,7 +117,10 @@ class Gemm(Strategy):
         from ..kernels.cpu import gemm as k
         if _is_identity(len(boff), a, boff, grid, src, cn):
             return src.reshape(-1, cn)[r0:r1]
-        col = buf[: (r1 - r0) * len(boff) * cn].reshape(r1 - r0, len(boff), cn)
+        need = (r1 - r0) * len(boff) * cn
+        if buf.size < need:  # never with the planned tiles; stay correct regardless
+            buf = np.empty(need, src.dtype)
+        col = buf[:need].reshape(r1 - r0, len(boff), cn)
         k.im2col(src, col, np.asarray(grid, np.int64), np.asarray(a, np.int64), boff,
                  np.int64(c0), np.int64(r0))
         return col.reshape(r1 - r0, len(boff) * cn)

@@ -1,0 +1,177 @@
+"""Depthwise CUDA kernels: one result element per thread, channels across threads.
+
+Depthwise problems (``g == ic``, ``icg == 1``, channel multiplier ``ocg``) have no GEMM to
+speak of (``K`` is the number of taps) and are bound by memory bandwidth (PERF_NOTES), so
+these kernels read each operand in channels-last order with consecutive threads on
+consecutive channels (coalesced) and accumulate in a register. They loop over ``icg`` and
+``ocg`` as well, so they are correct for every grouping (the planner's GPU ``direct``).
+
+* forward: a thread per ``y[n, o, k]``: ``sum_{t, c} x[n, o*s - p + t*d, gi*icg + c] * w[t, c, k]``.
+* backward data: a thread per ``dx[n, i, cc]``, gathering the taps with
+  ``(i + p - t*d) % s == 0`` (no scatter, each element written once).
+* backward weights: a thread per ``dw[t, c, k]`` and per split of the output rows
+  (``blockIdx.y``), into its own partial buffer, reduced afterwards in a fixed order by
+  :func:`numbaconv.kernels.cuda.gemm.reduce_partials` (deterministic, no atomics).
+"""
+import functools
+
+from numba import cuda, float32, float64
+
+_TYPES = {"float32": float32, "float64": float64}
+
+
+@functools.lru_cache(maxsize=None)
+def fwd_depthwise(dtype):
+    """Grid-stride over ``y`` (``[mb, od, oh, ow, oc]``, fully written)."""
+    T = _TYPES[dtype]
+
+    def fwd_depthwise(x, w, y, geo):
+        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+        id_, ih, iw = geo[4], geo[5], geo[6]
+        kd, kh, kw = geo[7], geo[8], geo[9]
+        od, oh, ow = geo[10], geo[11], geo[12]
+        sd, sh, sw = geo[13], geo[14], geo[15]
+        dd, dh, dw = geo[16], geo[17], geo[18]
+        pd, ph, pw = geo[19], geo[20], geo[21]
+        oc = g * ocg
+        size = mb * od * oh * ow * oc
+        e = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while e < size:
+            k = e % oc
+            r = e // oc
+            o_w = r % ow
+            r = r // ow
+            o_h = r % oh
+            r = r // oh
+            o_d = r % od
+            n = r // od
+            xc = (k // ocg) * icg
+            acc = T(0)
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    for t_w in range(kw):
+                        i_w = o_w * sw - pw + t_w * dw
+                        if i_w < 0 or i_w >= iw:
+                            continue
+                        for c in range(icg):
+                            acc += x[n, i_d, i_h, i_w, xc + c] * w[t_d, t_h, t_w, c, k]
+            y[n, o_d, o_h, o_w, k] = acc
+            e += step
+
+    return cuda.jit(fwd_depthwise)
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_d_depthwise(dtype):
+    """Grid-stride over ``dx`` (``[mb, id, ih, iw, ic]``, fully written)."""
+    T = _TYPES[dtype]
+
+    def bwd_d_depthwise(dy, w, dx, geo):
+        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+        id_, ih, iw = geo[4], geo[5], geo[6]
+        kd, kh, kw = geo[7], geo[8], geo[9]
+        od, oh, ow = geo[10], geo[11], geo[12]
+        sd, sh, sw = geo[13], geo[14], geo[15]
+        dd, dh, dw = geo[16], geo[17], geo[18]
+        pd, ph, pw = geo[19], geo[20], geo[21]
+        ic = g * icg
+        size = mb * id_ * ih * iw * ic
+        e = cuda.grid(1)
+        step = cuda.gridsize(1)
+        while e < size:
+            cc = e % ic
+            r = e // ic
+            i_w = r % iw
+            r = r // iw
+            i_h = r % ih
+            r = r // ih
+            i_d = r % id_
+            n = r // id_
+            c = cc % icg
+            k0 = (cc // icg) * ocg
+            acc = T(0)
+            for t_d in range(kd):
+                a_d = i_d + pd - t_d * dd
+                if a_d < 0:
+                    break
+                if a_d % sd != 0 or a_d // sd >= od:
+                    continue
+                for t_h in range(kh):
+                    a_h = i_h + ph - t_h * dh
+                    if a_h < 0:
+                        break
+                    if a_h % sh != 0 or a_h // sh >= oh:
+                        continue
+                    for t_w in range(kw):
+                        a_w = i_w + pw - t_w * dw
+                        if a_w < 0:
+                            break
+                        if a_w % sw != 0 or a_w // sw >= ow:
+                            continue
+                        for k in range(k0, k0 + ocg):
+                            acc += (dy[n, a_d // sd, a_h // sh, a_w // sw, k]
+                                    * w[t_d, t_h, t_w, c, k])
+            dx[n, i_d, i_h, i_w, cc] = acc
+            e += step
+
+    return cuda.jit(bwd_d_depthwise)
+
+
+@functools.lru_cache(maxsize=None)
+def bwd_w_depthwise(dtype):
+    """``part[j, t, c, k]`` (every element written) over output rows of split ``j = blockIdx.y``.
+
+    Grid ``(ceil(kd*kh*kw*icg*oc / threads), nsplit)``; split ``j`` sums the output rows
+    ``[R*j // nsplit, R*(j+1) // nsplit)`` of ``R = mb*od*oh``.
+    """
+    T = _TYPES[dtype]
+
+    def bwd_w_depthwise(x, dy, part, geo):
+        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+        id_, ih, iw = geo[4], geo[5], geo[6]
+        kd, kh, kw = geo[7], geo[8], geo[9]
+        od, oh, ow = geo[10], geo[11], geo[12]
+        sd, sh, sw = geo[13], geo[14], geo[15]
+        dd, dh, dw = geo[16], geo[17], geo[18]
+        pd, ph, pw = geo[19], geo[20], geo[21]
+        oc = g * ocg
+        e = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if e >= kd * kh * kw * icg * oc:
+            return
+        nsplit = part.shape[0]
+        sp = cuda.blockIdx.y
+        rows = mb * od * oh
+        r0 = rows * sp // nsplit
+        r1 = rows * (sp + 1) // nsplit
+        k = e % oc
+        r = e // oc
+        c = r % icg
+        r = r // icg
+        t_w = r % kw
+        r = r // kw
+        t_h = r % kh
+        t_d = r // kh
+        xc = (k // ocg) * icg + c
+        acc = T(0)
+        for row in range(r0, r1):
+            o_h = row % oh
+            o_d = (row // oh) % od
+            n = row // (oh * od)
+            i_d = o_d * sd - pd + t_d * dd
+            i_h = o_h * sh - ph + t_h * dh
+            if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
+                continue
+            for o_w in range(ow):
+                i_w = o_w * sw - pw + t_w * dw
+                if i_w >= 0 and i_w < iw:
+                    acc += x[n, i_d, i_h, i_w, xc] * dy[n, o_d, o_h, o_w, k]
+        part[sp, t_d, t_h, t_w, c, k] = acc
+
+    return cuda.jit(bwd_w_depthwise)

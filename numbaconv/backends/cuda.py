@@ -1,0 +1,413 @@
+"""The CUDA backend: canonicalise device operands on the device, launch, return the user's layout.
+
+Same contract as :mod:`numbaconv.backends.cpu`, for arrays exposing
+``__cuda_array_interface__`` (numba device arrays, CuPy arrays, torch CUDA tensors; wrapped
+zero-copy by ``numba.cuda.as_cuda_array``). Operands are brought to the canonical layouts of
+:mod:`numbaconv.kernels` by small gather kernels (float16 widened to float32 once, on the
+device; already-canonical operands are used in place), the kernels of
+:mod:`numbaconv.kernels.cuda` run on the default stream, and one scatter kernel writes the
+result in the user's layout and dtype (rounding float16 once), into ``out=`` when given.
+Nothing goes through the host. The result is a numba device array.
+
+``numba.cuda`` is imported only inside functions here, so importing numbaconv needs no GPU,
+driver or toolkit; device arrays without a usable GPU give a RuntimeError that says so.
+
+Tunables are read from :mod:`numbaconv.config` at call time (tests patch them so that the
+CUDA simulator, ``NUMBA_ENABLE_CUDASIM=1``, crosses tile edges with tiny tiles); the
+defaults are in :data:`DEFAULTS`.
+"""
+import math
+
+import numpy as np
+
+from .. import config
+
+#: Defaults of the ``config.CUDA_*`` tunables.
+DEFAULTS = {
+    # implicit GEMM: block tile BM x BN, K slice BK, per-thread register tile TM x TN
+    "CUDA_BLOCK_M": 64,
+    "CUDA_BLOCK_N": 64,
+    "CUDA_BLOCK_K": 8,
+    "CUDA_THREAD_M": 4,
+    "CUDA_THREAD_N": 4,
+    # threads per block of the element-wise kernels (depthwise, layout, reduction)
+    "CUDA_THREADS": 256,
+    # weight-gradient split: aim at this many thread blocks, each split summing at least
+    # CUDA_SPLIT_MIN_PIXELS output pixels (rows for depthwise), at most CUDA_MAX_SPLITS splits
+    "CUDA_TARGET_BLOCKS": 1024,
+    "CUDA_SPLIT_MIN_PIXELS": 256,
+    "CUDA_MAX_SPLITS": 64,
+}
+
+#: Hardware limits the launch configuration assumes (every GPU numba.cuda supports).
+MAX_THREADS_PER_BLOCK = 1024
+MAX_STATIC_SHARED = 48 * 1024
+MAX_GRID_YZ = 65535
+
+REASON_NO_WINOGRAD = "no Winograd kernel on the GPU"
+REASON_GRID = "more than 65535 groups x phases/splits for one grid dimension"
+
+_DATA_ALIASES = ("x", "dy")
+
+
+def cfg(name):
+    """A ``config.CUDA_*`` tunable, read at call time."""
+    return int(getattr(config, name, DEFAULTS[name]))
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+# -- numba.cuda, lazily ----------------------------------------------------------------------
+def _cuda(name="array"):
+    try:
+        from numba import cuda
+    except Exception as exc:  # pragma: no cover - numba without its CUDA target
+        raise RuntimeError(f"numbaconv: {name}: a device array was given but numba.cuda "
+                           f"cannot be imported ({exc})") from None
+    return cuda
+
+
+def simulator():
+    """True when numba.cuda runs in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    from numba import config as nconfig
+    return bool(nconfig.ENABLE_CUDASIM)
+
+
+def _require_gpu(cuda, name):
+    if simulator():
+        return
+    try:
+        ok = cuda.is_available()
+    except Exception:  # pragma: no cover
+        ok = False
+    if not ok:
+        raise RuntimeError(
+            f"numbaconv: {name}: a device array was given but no usable CUDA GPU was found "
+            "(numba.cuda.is_available() is False: no GPU, no driver, or no CUDA toolkit "
+            "NVVM; `numba -s` shows why); pass NumPy arrays to run on the CPU")
+
+
+def is_device_array(obj):
+    """True for anything exposing ``__cuda_array_interface__``, and for numba's (also
+    simulated) device arrays, which carry ``__cuda_ndarray__``; never imports numba.cuda."""
+    return (hasattr(obj, "__cuda_array_interface__")
+            or getattr(obj, "__cuda_ndarray__", False) is True)
+
+
+def on_device(operands, out=None):
+    """Whether a call runs on the GPU: all of its arrays are device arrays (TypeError if mixed)."""
+    flags = [is_device_array(v) for v in operands.values()]
+    if any(flags) and not all(flags):
+        where = ", ".join(f"{k}={'device' if f else 'host'}"
+                          for k, f in zip(operands, flags))
+        raise TypeError(f"all arrays of one call must be on one device, got {where}")
+    dev = bool(flags) and all(flags)
+    if out is not None and is_device_array(out) != dev:
+        raise TypeError(f"out: expected a {'device' if dev else 'NumPy'} array like the "
+                        f"operands, got {type(out).__name__}")
+    return dev
+
+
+def as_device_array(value, name):
+    """``value`` (exposing ``__cuda_array_interface__``) as a numba device array, zero-copy.
+
+    TypeError for a dtype other than float16/32/64; RuntimeError when no GPU can be used.
+    """
+    cuda = _cuda(name)
+    _require_gpu(cuda, name)
+    try:
+        arr = value if cuda.devicearray.is_cuda_ndarray(value) else cuda.as_cuda_array(value)
+    except Exception as exc:
+        raise RuntimeError(f"numbaconv: {name}: numba.cuda cannot use the device array "
+                           f"{type(value).__name__} ({type(exc).__name__}: {exc})") from None
+    if np.dtype(arr.dtype) not in (np.dtype(np.float16), np.dtype(np.float32),
+                                   np.dtype(np.float64)):
+        raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {arr.dtype}")
+    return arr
+
+
+# -- the launch plan -------------------------------------------------------------------------
+def canonical_shapes(p):
+    """Canonical ``x``, ``y`` and ``w`` shapes (see :mod:`numbaconv.kernels`)."""
+    return ((p.mb, *p.isz, p.ic), (p.mb, *p.osz, p.oc), (*p.ksz, p.icg, p.oc))
+
+
+def _phase_rows(p):
+    """Largest number of input positions of one stride phase, per axis."""
+    from ..kernels.cuda.gemm import axis_phase
+    return [max(axis_phase(q, s, d, b, k, n)[6] for q in range(s))
+            for s, d, b, k, n in zip(p.stride, p.dilation, p.pad_begin, p.ksz, p.isz)]
+
+
+def accepts(problem, kernel):
+    """``None`` or the reason why GPU ``kernel`` (``"gemm"`` or ``"direct"``) declines."""
+    if kernel == "winograd":
+        return REASON_NO_WINOGRAD
+    if kernel == "gemm":
+        z = problem.g * (math.prod(problem.stride) if problem.direction == "bwd_d" else 1)
+        if z > MAX_GRID_YZ:
+            return REASON_GRID
+    return None
+
+
+def default_kernel(problem):
+    """The GPU kernel family for ``problem``: depthwise-style ``direct`` or implicit ``gemm``."""
+    return "direct" if problem.is_depthwise or problem.icg == 1 and problem.ocg <= 4 else "gemm"
+
+
+def plan_tiles(problem, kernel=None):
+    """Launch configuration of ``problem`` on the GPU, as an immutable-friendly dict.
+
+    Keys: ``kernel`` (``"gemm"`` or ``"direct"``), ``threads`` (per block), ``grid`` of the main
+    kernel, ``splits`` (weight gradient partial buffers, 1 = none), ``shared_bytes`` (static
+    shared memory per block), and for ``gemm`` ``block_m``, ``block_n``, ``block_k``,
+    ``thread_m``, ``thread_n`` and ``phases`` (stride phases of backward data).
+    """
+    p = problem
+    kernel = kernel or default_kernel(p)
+    item = np.dtype(p.compute_dtype).itemsize
+    target = cfg("CUDA_TARGET_BLOCKS")
+    if kernel == "gemm":
+        bm, bn, bk = cfg("CUDA_BLOCK_M"), cfg("CUDA_BLOCK_N"), cfg("CUDA_BLOCK_K")
+        tm, tn = cfg("CUDA_THREAD_M"), cfg("CUDA_THREAD_N")
+        if bm % tm or bn % tn:
+            raise ValueError(f"config: CUDA_BLOCK_M/N ({bm}, {bn}) must be multiples of "
+                             f"CUDA_THREAD_M/N ({tm}, {tn})")
+        threads = (bm // tm) * (bn // tn)
+        if threads > MAX_THREADS_PER_BLOCK:
+            raise ValueError(f"config: {threads} threads per block exceed "
+                             f"{MAX_THREADS_PER_BLOCK}")
+        shared = (bm + bn) * bk * item
+        t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
+             "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
+             "phases": 1}
+        if p.direction == "fwd":
+            m = p.mb * math.prod(p.osz)
+            t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.ocg, bn)), max(1, p.g))
+        elif p.direction == "bwd_d":
+            phases = math.prod(p.stride)
+            m = p.mb * math.prod(_phase_rows(p))
+            t["phases"] = phases
+            t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.icg, bn)), max(1, p.g * phases))
+        else:
+            m = math.prod(p.ksz) * p.icg
+            pixels = p.mb * math.prod(p.osz)
+            base = max(1, _cdiv(m, bm) * _cdiv(p.ocg, bn) * p.g)
+            splits = min(_cdiv(target, base), pixels // cfg("CUDA_SPLIT_MIN_PIXELS"),
+                         cfg("CUDA_MAX_SPLITS"), MAX_GRID_YZ // max(1, p.g))
+            t["splits"] = splits = max(1, splits)
+            t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.ocg, bn)), max(1, p.g * splits))
+        return t
+    threads = cfg("CUDA_THREADS")
+    t = {"kernel": "direct", "threads": threads, "shared_bytes": 0, "splits": 1}
+    if p.direction == "bwd_w":
+        elems = math.prod(p.ksz) * p.icg * p.oc
+        rows = p.mb * p.osz[0] * p.osz[1]
+        base = max(1, _cdiv(elems, threads))
+        min_rows = max(1, _cdiv(cfg("CUDA_SPLIT_MIN_PIXELS"), max(1, p.osz[2])))
+        splits = min(_cdiv(target, base), rows // min_rows, cfg("CUDA_MAX_SPLITS"))
+        t["splits"] = splits = max(1, splits)
+        t["grid"] = (base, splits)
+    else:
+        elems = p.mb * (math.prod(p.osz) * p.oc if p.direction == "fwd"
+                        else math.prod(p.isz) * p.ic)
+        t["grid"] = (max(1, min(_cdiv(elems, threads), 1 << 20)),)
+    return t
+
+
+def workspace_bytes(problem, tiles):
+    """Device bytes beyond the result: the weight gradient's partial buffers."""
+    if tiles.get("splits", 1) <= 1:
+        return 0
+    item = np.dtype(problem.compute_dtype).itemsize
+    return tiles["splits"] * math.prod(canonical_shapes(problem)[2]) * item
+
+
+def gpu_plan(problem, strategy=None):
+    """The planner's fields for a device call: ``strategy``, ``variant``, ``tiles``,
+    ``threads``, ``workspace_bytes``, ``reason``, ``declined``.
+
+    ``strategy="gemm"`` forces the implicit GEMM, ``"direct"`` the one-element-per-thread
+    kernels (depthwise-style, any grouping); ``"winograd"`` declines (ValueError).
+    """
+    if strategy is not None:
+        why = accepts(problem, strategy)
+        if why is not None:
+            raise ValueError(f"strategy: {strategy!r} declines {problem.descriptor()} on the "
+                             f"GPU: {why}")
+        kernel, reason = strategy, "forced by strategy="
+    else:
+        kernel = default_kernel(problem)
+        reason = ("depthwise: channels across threads" if kernel == "direct"
+                  else "implicit GEMM")
+        if kernel == "gemm" and accepts(problem, "gemm") is not None:
+            kernel, reason = "direct", f"gemm declined ({accepts(problem, 'gemm')})"
+    tiles = plan_tiles(problem, kernel)
+    return {"strategy": kernel, "variant": "cuda-depthwise" if kernel == "direct" else "cuda",
+            "tiles": tiles, "threads": tiles["threads"],
+            "workspace_bytes": workspace_bytes(problem, tiles), "reason": reason,
+            "declined": ()}
+
+
+# -- layouts ---------------------------------------------------------------------------------
+def _layout(p, which):
+    """``(canonical dims, sel, div, identity)`` of operand/result ``which`` (x, dy, w)."""
+    nd = p.ndim
+    sp = tuple(range(3 - nd, 3))
+    if which == "w":
+        cdims = (*p.ksz, p.icg, p.oc)
+        if p.filter_format == "OIX":
+            return cdims, (4, 3, *sp), 1, False
+        if p.filter_format == "XIM":
+            return cdims, (*sp, 5, 6), max(1, p.ocg), True
+        return cdims, (*sp, 3, 4), 1, True
+    ch, sizes = (p.ic, p.isz) if which == "x" else (p.oc, p.osz)
+    cdims = (p.mb, *sizes, ch)
+    spd = tuple(a + 1 for a in sp)
+    if p.data_format == "NCX":
+        return cdims, (0, 4, *spd), 1, False
+    return cdims, (0, *spd, 4), 1, True
+
+
+def _blocks(n, threads):
+    return max(1, min(_cdiv(n, threads), 1 << 16))
+
+
+def _to_canonical(cuda, a, p, which):
+    cdims, sel, div, identity = _layout(p, which)
+    ct = p.compute_dtype
+    if identity and np.dtype(a.dtype) == np.dtype(ct) and a.is_c_contiguous():
+        return a.reshape(cdims)
+    from ..kernels.cuda import layout
+
+    n = math.prod(cdims)
+    canon = cuda.device_array(n, ct)
+    threads = cfg("CUDA_THREADS")
+    layout.gather(a.ndim)[_blocks(n, threads), threads](a, canon, cdims, sel, div)
+    return canon.reshape(cdims)
+
+
+def _result_which(p):
+    return {"fwd": "dy", "bwd_d": "x", "bwd_w": "w"}[p.direction]
+
+
+def _to_user(cuda, r, p, out):
+    """The canonical result ``r`` (contiguous) in the user's layout and dtype."""
+    cdims, sel, div, identity = _layout(p, _result_which(p))
+    shape = p.result_shape
+    if out is None and identity and np.dtype(p.dtype) == np.dtype(r.dtype):
+        return r.reshape(shape)
+    from ..kernels.cuda import layout
+
+    dst = out if out is not None else cuda.device_array(shape, p.dtype)
+    n = math.prod(cdims)
+    if n:
+        threads = cfg("CUDA_THREADS")
+        layout.scatter(len(shape))[_blocks(n, threads), threads](r.reshape(n), dst, cdims,
+                                                                 sel, div)
+    return dst
+
+
+def check_out(out, p):
+    if out is None:
+        return None
+    if not is_device_array(out):
+        raise TypeError(f"out: expected a device array, got {type(out).__name__}")
+    arr = as_device_array(out, "out")
+    if np.dtype(arr.dtype) != np.dtype(p.dtype):
+        raise TypeError(f"out: expected dtype {p.dtype}, got {arr.dtype}")
+    if tuple(arr.shape) != tuple(p.result_shape):
+        raise ValueError(f"out: expected shape {tuple(p.result_shape)}, got {tuple(arr.shape)}")
+    return arr
+
+
+def check_memory(cuda, p, tiles):
+    """MemoryError, before any work, when result + workspace + copies exceed free GPU memory."""
+    item = np.dtype(p.compute_dtype).itemsize
+    xs, ys, ws = canonical_shapes(p)
+    need = (math.prod(xs) + math.prod(ys) + math.prod(ws)) * item + workspace_bytes(p, tiles)
+    try:
+        free, _total = cuda.current_context().get_memory_info()
+    except Exception:  # simulator, or a driver that cannot tell: let the allocator decide
+        return
+    if need > free:
+        raise MemoryError(
+            f"numbaconv: {p.op or p.direction} {p.descriptor()} needs {need / 2**30:.3g} GiB "
+            f"of GPU memory (operands, result and workspace of "
+            f"{workspace_bytes(p, tiles) / 2**30:.3g} GiB) but {free / 2**30:.3g} GiB are free")
+
+
+# -- running ---------------------------------------------------------------------------------
+def _geo(p):
+    return (p.mb, p.g, p.icg, p.ocg, *p.isz, *p.ksz, *p.osz, *p.stride, *p.dilation,
+            *p.pad_begin)
+
+
+def _run(cuda, p, t, ops):
+    """Launch the kernels of tiles ``t``; returns the contiguous canonical result."""
+    from ..kernels.cuda import depthwise, gemm
+
+    ct = p.compute_dtype
+    xs, ys, ws = canonical_shapes(p)
+    geo = tuple(int(v) for v in _geo(p))
+    grid, threads, splits = tuple(t["grid"]), t["threads"], t["splits"]
+    if t["kernel"] == "gemm":
+        tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
+        if p.direction == "fwd":
+            y = cuda.device_array(ys, ct)
+            gemm.fwd_gemm(ct, *tile)[grid, threads](ops["x"], ops["w"], y, geo)
+            return y
+        if p.direction == "bwd_d":
+            dx = cuda.device_array(xs, ct)
+            gemm.bwd_d_gemm(ct, *tile)[grid, threads](ops["dy"], ops["w"], dx, geo)
+            return dx
+        part = cuda.device_array((splits, *ws), ct)
+        gemm.bwd_w_gemm(ct, *tile)[grid, threads](ops["x"], ops["dy"], part, geo)
+    else:
+        if p.direction == "fwd":
+            y = cuda.device_array(ys, ct)
+            depthwise.fwd_depthwise(ct)[grid, threads](ops["x"], ops["w"], y, geo)
+            return y
+        if p.direction == "bwd_d":
+            dx = cuda.device_array(xs, ct)
+            depthwise.bwd_d_depthwise(ct)[grid, threads](ops["dy"], ops["w"], dx, geo)
+            return dx
+        part = cuda.device_array((splits, *ws), ct)
+        depthwise.bwd_w_depthwise(ct)[grid, threads](ops["x"], ops["dy"], part, geo)
+    if splits == 1:
+        return part.reshape(ws)
+    n = math.prod(ws)
+    dw = cuda.device_array(n, ct)
+    rt = cfg("CUDA_THREADS")
+    gemm.reduce_partials(ct)[_blocks(n, rt), rt](part.reshape(splits, n), dw)
+    return dw.reshape(ws)
+
+
+def execute(plan, operands, out=None):
+    """Run ``plan`` on device ``operands``; returns a numba device array in the user's
+    layout and dtype (``out`` itself when given: a device array of the exact shape and dtype).
+    """
+    p = plan.problem
+    cuda = _cuda(p.op or p.direction)
+    ops = {k: as_device_array(v, k) for k, v in operands.items()}
+    dst = check_out(out, p)
+    tiles = dict(plan.tiles)
+    if tiles.get("kernel") not in ("gemm", "direct"):
+        tiles = plan_tiles(p)
+    check_memory(cuda, p, tiles)
+    if math.prod(p.result_shape) == 0:
+        return dst if dst is not None else cuda.device_array(p.result_shape, p.dtype)
+    if p.empty:
+        from ..kernels.cuda import layout
+
+        n = math.prod(canonical_shapes(p)[{"fwd": 1, "bwd_d": 0, "bwd_w": 2}[p.direction]])
+        r = cuda.device_array(n, p.compute_dtype)
+        threads = cfg("CUDA_THREADS")
+        layout.fill_zero()[_blocks(n, threads), threads](r)
+        r = r.reshape(_layout(p, _result_which(p))[0])
+    else:
+        canon = {k: _to_canonical(cuda, a, p, k) for k, a in ops.items()}
+        r = _run(cuda, p, tiles, canon)
+    return _to_user(cuda, r, p, dst)

@@ -1,0 +1,252 @@
+"""The CUDA backend (numbaconv.backends.cuda, numbaconv.kernels.cuda) against the NumPy reference.
+
+Without a GPU the kernels run in numba's CUDA simulator, which must be switched on before
+numba.cuda is first imported; so every group of cases runs this file as a script in a child
+process (``python tests/test_cuda.py GROUP``) with ``NUMBA_ENABLE_CUDASIM=1``, unless a usable
+GPU is present, in which case the same cases run on it unchanged. The children start
+together (two cores in CI) and each test waits for its own. The tiles are patched tiny (as
+STUMPY patches its threads per block) so that the simulator crosses block, tile and K-slice
+edges, including thread counts that do not divide the tile; problems are tiny because the
+simulator runs every thread in Python.
+"""
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# -- the cases (run in the child) ----------------------------------------------------------------
+#: (direction, kernel, mb, g, ic, oc, isz, ksz, stride, dilation, pad_begin, pad_end, extra)
+_GEOMETRIES = [
+    # 2-D, strided, dilated, asymmetric pads
+    (2, 1, 3, 4, (5, 5), (3, 3), (2, 2), (1, 2), (1, 0), (0, 2)),
+    # groups, 3-D, mixed strides/dilations (stride phases without taps)
+    (1, 2, 4, 6, (3, 4, 5), (2, 2, 3), (2, 1, 3), (1, 2, 1), (1, 0, 2), (0, 1, 1)),
+    # 1-D, stride 3 dilation 2, large pads
+    (2, 1, 5, 3, (6,), (3,), (3,), (2,), (2,), (3,)),
+    # 1x1 stride 2 (a plain GEMM that subsamples)
+    (2, 1, 6, 5, (4, 4), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+]
+_DEPTHWISE = [
+    (2, 3, 3, 6, (5, 5), (3, 3), (2, 1), (1, 2), (1, 1), (2, 0)),   # multiplier 2
+    (1, 4, 4, 4, (3, 4, 4), (2, 3, 2), (1, 2, 2), (2, 1, 1), (0, 1, 1), (1, 1, 0)),
+]
+_TILES = {  # config patches: (BM, BN, BK, TM, TN)
+    "small": (4, 4, 2, 2, 2),          # 4 threads
+    "odd": (6, 4, 3, 2, 2),            # 6 threads, loads not a multiple of the threads
+}
+
+
+def _groups():
+    g = {}
+    dirs = ("fwd", "bwd_d", "bwd_w")
+    for d in dirs:
+        g[f"gemm_{d}"] = [dict(direction=d, kernel="gemm", geo=geo, tiles=t)
+                          for geo in _GEOMETRIES for t in ("small", "odd")]
+    g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
+                   for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
+    g["gemm_depthwise"] = [dict(direction=d, kernel="gemm", geo=_DEPTHWISE[0], tiles="odd")
+                           for d in dirs]
+    lay = []
+    for d in dirs:
+        lay.append(dict(direction=d, kernel="gemm", geo=_GEOMETRIES[0], tiles="small",
+                        data_format="NCX", filter_format="OIX", dtype="float32"))
+        lay.append(dict(direction=d, kernel="direct", geo=_DEPTHWISE[0], tiles="small",
+                        filter_format="XIM", dtype="float16"))
+        lay.append(dict(direction=d, kernel="gemm", geo=_GEOMETRIES[2], tiles="small",
+                        dtype="float16", data_format="NCX", out=True))
+        lay.append(dict(direction=d, kernel="direct", geo=_GEOMETRIES[3], tiles="small",
+                        out=True, strided_out=True))
+        lay.append(dict(direction=d, kernel="gemm", geo=_GEOMETRIES[3], tiles="small",
+                        empty=True))
+    g["layouts"] = lay
+    return g
+
+
+def _user_data(a, fmt):
+    return np.ascontiguousarray(np.moveaxis(a, -1, 1) if fmt == "NCX" else a)
+
+
+def _user_filter(w, fmt, g):
+    nd = w.ndim - 2
+    if fmt == "OIX":
+        return np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1)))
+    if fmt == "XIM":
+        return np.ascontiguousarray(w.reshape((*w.shape[:nd], g, w.shape[-1] // g)))
+    return w
+
+
+def _canon_result(r, direction, data_format, filter_format, g):
+    nd = r.ndim - 2
+    if direction == "bwd_w":
+        if filter_format == "OIX":
+            return np.moveaxis(r, (0, 1), (-1, -2))
+        if filter_format == "XIM":
+            return r.reshape((*r.shape[:nd], 1, -1))
+        return r
+    return np.moveaxis(r, 1, -1) if data_format == "NCX" else r
+
+
+def _run_case(case):
+    from numba import cuda
+    from numbaconv import config, reference
+    from numbaconv.backends import cuda as backend
+    from numbaconv.problem import ConvProblem
+
+    bm, bn, bk, tm, tn = _TILES[case["tiles"]]
+    config.CUDA_BLOCK_M, config.CUDA_BLOCK_N, config.CUDA_BLOCK_K = bm, bn, bk
+    config.CUDA_THREAD_M, config.CUDA_THREAD_N = tm, tn
+    config.CUDA_THREADS = 16
+    config.CUDA_SPLIT_MIN_PIXELS = 2          # several weight-gradient splits
+    mb, g, ic, oc, isz, ksz, st, dl, pb, pe = case["geo"]
+    if case.get("empty"):
+        mb = 0
+    direction, dtype = case["direction"], case.get("dtype", "float64")
+    dfmt, ffmt = case.get("data_format", "NXC"), case.get("filter_format", "XIO")
+    nd = len(isz)
+    osz = reference.out_size(isz, ksz, st, dl, pb, pe)
+    lift = lambda v, f: (f,) * (3 - nd) + tuple(v)  # noqa: E731
+    p = ConvProblem(direction, mb, g, ic, oc, lift(isz, 1), lift(ksz, 1), lift(osz, 1),
+                    lift(st, 1), lift(dl, 1), lift(pb, 0), lift(pe, 0), nd, dtype, dfmt, ffmt,
+                    op="test")
+    rng = np.random.default_rng(len(str(case)))
+    x = rng.uniform(-1, 1, (mb, *isz, ic)).astype(dtype)
+    w = rng.uniform(-1, 1, (*ksz, ic // g, oc)).astype(dtype)
+    dy = rng.uniform(-1, 1, (mb, *osz, oc)).astype(dtype)
+    if direction == "fwd":
+        f = lambda a, b: reference.conv_fwd(a, b, st, dl, pb, pe, g)  # noqa: E731
+        args, ops = (x, w), {"x": _user_data(x, dfmt), "w": _user_filter(w, ffmt, g)}
+    elif direction == "bwd_d":
+        f = lambda a, b: reference.conv_bwd_data(a, b, isz, st, dl, pb, pe, g)  # noqa: E731
+        args, ops = (dy, w), {"dy": _user_data(dy, dfmt), "w": _user_filter(w, ffmt, g)}
+    else:
+        f = lambda a, b: reference.conv_bwd_filter(a, b, ksz, st, dl, pb, pe, g)  # noqa: E731
+        args, ops = (x, dy), {"x": _user_data(x, dfmt), "dy": _user_data(dy, dfmt)}
+    ref = f(*args)
+    ref_abs = f(*(np.abs(a) for a in args))
+    plan = types.SimpleNamespace(problem=p, tiles=backend.plan_tiles(p, case["kernel"]))
+    out = None
+    if case.get("out"):
+        out = cuda.to_device(np.full(p.result_shape, np.nan, dtype))
+    if case.get("strided_out"):
+        # a non-contiguous out: every other element of a wider device array
+        big = cuda.to_device(np.full((*p.result_shape[:-1], 2 * p.result_shape[-1]), np.nan,
+                                     dtype))
+        out = big[..., ::2]
+    res = backend.execute(plan, {k: cuda.to_device(v) for k, v in ops.items()}, out=out)
+    if out is not None and res is not out:
+        return "out= was not returned"
+    got = res.copy_to_host()
+    if got.dtype != np.dtype(dtype) or got.shape != tuple(p.result_shape):
+        return f"got {got.dtype}{got.shape}, expected {dtype}{tuple(p.result_shape)}"
+    got = _canon_result(got, direction, dfmt, ffmt, g)
+    if case.get("empty"):
+        return None if not np.any(got) else "empty problem: result not zero"
+    err = reference.normalized_error(got.astype(np.float64), ref, ref_abs)
+    if not err <= reference.TOLERANCE[dtype]:
+        return f"error {err:.3g} > {reference.TOLERANCE[dtype]:.0e} (tiles {dict(plan.tiles)})"
+    return None
+
+
+def _child(group):
+    failures = []
+    for case in _groups()[group]:
+        why = _run_case(case)
+        print(("FAIL " if why else "ok   ") + repr(case) + (f": {why}" if why else ""))
+        if why:
+            failures.append(why)
+    return 1 if failures else 0
+
+
+# -- the parent (pytest) ---------------------------------------------------------------------
+def _env():
+    """The children's environment: the simulator unless a usable GPU is present."""
+    env = dict(os.environ)
+    if "NUMBA_ENABLE_CUDASIM" not in env:
+        probe = subprocess.run([sys.executable, "-c",
+                                "from numba import cuda; print(cuda.is_available())"],
+                               capture_output=True, text=True, env=env, timeout=120)
+        env["NUMBA_ENABLE_CUDASIM"] = "0" if probe.stdout.strip() == "True" else "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def children():
+    env = _env()
+    procs = {name: subprocess.Popen([sys.executable, HERE, name], cwd=ROOT, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+             for name in _groups()}
+    yield procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+
+
+@pytest.mark.parametrize("group", sorted(_groups()))
+def test_kernels_match_reference(children, group):
+    proc = children[group]
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+
+
+def test_no_gpu_is_a_clear_error():
+    """A device array without a usable GPU: RuntimeError naming the argument, no crash."""
+    code = """
+import numpy as np
+from numba import cuda
+from numbaconv.backends import cuda as backend
+if cuda.is_available():
+    print("GPU")
+else:
+    class Fake:
+        __cuda_array_interface__ = {"shape": (1, 4, 4, 1), "typestr": "<f4", "data": (0, False),
+                                    "version": 3, "strides": None}
+    try:
+        backend.as_device_array(Fake(), "input")
+    except RuntimeError as exc:
+        assert "input" in str(exc) and "GPU" in str(exc), exc
+        print("RuntimeError")
+"""
+    env = dict(os.environ)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    if r.stdout.strip() == "GPU":
+        pytest.skip("a GPU is present")
+    assert r.stdout.strip() == "RuntimeError", r.stdout + r.stderr
+
+
+def test_import_needs_no_cuda():
+    """Importing numbaconv (and its CUDA backend module) never imports numba.cuda."""
+    code = ("import sys, numbaconv, numbaconv.backends.cuda as b\n"
+            "t = b.plan_tiles\n"
+            "print('numba.cuda' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_plan_tiles_defaults():
+    from numbaconv.backends import cuda as backend
+    from numbaconv.problem import ConvProblem
+
+    p = ConvProblem("bwd_w", 8, 1, 64, 64, (1, 56, 56), (1, 3, 3), (1, 56, 56), (1, 1, 1),
+                    (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32")
+    t = backend.plan_tiles(p)
+    assert t["kernel"] == "gemm" and t["threads"] == 256 and t["splits"] > 1
+    assert t["shared_bytes"] <= backend.MAX_STATIC_SHARED
+    assert backend.workspace_bytes(p, t) == t["splits"] * 9 * 64 * 64 * 4
+    q = ConvProblem("bwd_d", 8, 32, 32, 32, (1, 28, 28), (1, 3, 3), (1, 14, 14), (1, 2, 2),
+                    (1, 1, 1), (0, 0, 0), (0, 1, 1), 2, "float32")
+    assert backend.plan_tiles(q)["kernel"] == "direct"
+    assert backend.plan_tiles(q, "gemm")["phases"] == 4
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

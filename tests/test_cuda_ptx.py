@@ -1,0 +1,142 @@
+"""Every CUDA kernel compiles to PTX and assembles within the launch configuration's budget.
+
+For each kernel the backend can launch, for each dtype it can send it, ``numba.cuda.compile_ptx``
+builds PTX for sm_80 and sm_90 and ``ptxas -v`` assembles it; the test asserts no errors, no
+local-memory spills, registers x threads per block within 65536 (one block per SM at least)
+and static shared memory within 48 KiB and within what ``plan_tiles`` reports. Needs NVVM
+(a CUDA toolkit) and ptxas, not a GPU; skips with the reason where they are missing or where
+the whole run is under the CUDA simulator. ``pytest -s`` prints the usage table.
+"""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+CCS = ((8, 0), (9, 0))
+REGS_PER_SM = 65536
+
+
+def _ptxas():
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "bin", "ptxas")):
+            return os.path.join(home, "bin", "ptxas")
+    return None
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("NUMBA_ENABLE_CUDASIM is set: compile_ptx is not available in the simulator")
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("ptxas not found (PATH, CUDA_HOME, /usr/local/cuda)")
+    from numba import cuda, types
+
+    try:
+        cuda.compile_ptx(lambda a: None, (types.float32[::1],), cc=(8, 0))
+    except Exception as exc:
+        pytest.skip(f"NVVM not usable by numba.cuda.compile_ptx: {type(exc).__name__}: {exc}")
+    return ptxas
+
+
+def _kernels():
+    """(label, factory, args, signature builder, threads per block, shared bytes assumed)."""
+    from numbaconv.backends import cuda as backend
+
+    tile = (backend.DEFAULTS["CUDA_BLOCK_M"], backend.DEFAULTS["CUDA_BLOCK_N"],
+            backend.DEFAULTS["CUDA_BLOCK_K"], backend.DEFAULTS["CUDA_THREAD_M"],
+            backend.DEFAULTS["CUDA_THREAD_N"])
+    gemm_threads = (tile[0] // tile[3]) * (tile[1] // tile[4])
+    ew = backend.DEFAULTS["CUDA_THREADS"]
+    out = []
+    for dt in ("float32", "float64"):
+        item = 4 if dt == "float32" else 8
+        smem = (tile[0] + tile[1]) * tile[2] * item
+        for name, last in (("fwd_gemm", 5), ("bwd_d_gemm", 5), ("bwd_w_gemm", 6)):
+            out.append((f"{name}[{dt}]", "gemm", name, (dt, *tile),
+                        ("geo", dt, 5, 5, last), gemm_threads, smem))
+        for name, last in (("fwd_depthwise", 5), ("bwd_d_depthwise", 5),
+                           ("bwd_w_depthwise", 6)):
+            out.append((f"{name}[{dt}]", "depthwise", name, (dt,), ("geo", dt, 5, 5, last),
+                        ew, 0))
+        out.append((f"reduce_partials[{dt}]", "gemm", "reduce_partials", (dt,),
+                    ("reduce", dt), ew, 0))
+        out.append((f"fill_zero[{dt}]", "layout", "fill_zero", (), ("fill", dt), ew, 0))
+    for user in ("float16", "float32", "float64"):
+        ct = "float64" if user == "float64" else "float32"
+        for nd in (3, 4, 5):
+            for layout in ("A", "C"):
+                for name in ("gather", "scatter"):
+                    out.append((f"{name}{nd}[{user}->{ct},{layout}]", "layout", name, (nd,),
+                                (name, user, ct, nd, layout), ew, 0))
+    return out
+
+
+def _signature(spec):
+    from numba import types
+
+    if spec[0] == "geo":
+        _, dt, a, b, c = spec
+        T = getattr(types, dt)
+        return (types.Array(T, a, "C"), types.Array(T, b, "C"), types.Array(T, c, "C"),
+                types.UniTuple(types.int64, 22))
+    if spec[0] == "reduce":
+        T = getattr(types, spec[1])
+        return (types.Array(T, 2, "C"), types.Array(T, 1, "C"))
+    if spec[0] == "fill":
+        return (types.Array(getattr(types, spec[1]), 1, "C"),)
+    name, user, ct, nd, layout = spec
+    u = types.Array(getattr(types, user), nd, layout)
+    c = types.Array(getattr(types, ct), 1, "C")
+    pair = (u, c) if name == "gather" else (c, u)
+    return (*pair, types.UniTuple(types.int64, 5), types.UniTuple(types.int64, nd),
+            types.int64)
+
+
+_USAGE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _labels():
+    try:
+        return [k[0] for k in _kernels()]
+    except Exception:  # pragma: no cover - collection must not fail
+        return []
+
+
+@pytest.mark.parametrize("label", _labels())
+def test_kernel_assembles_within_budget(toolchain, label):
+    import importlib
+
+    from numba import cuda
+
+    spec = {k[0]: k for k in _kernels()}[label]
+    _, module, name, args, sig, threads, shared = spec
+    mod = importlib.import_module(f"numbaconv.kernels.cuda.{module}")
+    kernel = getattr(mod, name)(*args)
+    for cc in CCS:
+        ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(sig), cc=cc)
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            with open(src, "w") as f:
+                f.write(ptx)
+            r = subprocess.run([toolchain, "-v", f"-arch=sm_{cc[0]}{cc[1]}", src, "-o",
+                                os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
+                               timeout=300)
+        log = r.stdout + r.stderr
+        assert r.returncode == 0 and "error" not in log.lower(), log
+        used = _USAGE.search(log)
+        spill = _SPILL.search(log)
+        assert used and spill, log
+        regs, smem = int(used.group(1)), int(used.group(2) or 0)
+        print(f"{label} sm_{cc[0]}{cc[1]}: {regs} registers x {threads} threads, "
+              f"{smem} B shared, spills {spill.group(1)}/{spill.group(2)} B")
+        assert spill.group(1) == "0" and spill.group(2) == "0", log
+        assert regs * threads <= REGS_PER_SM, f"{regs} registers x {threads} threads: {log}"
+        assert smem <= 48 * 1024 and smem <= shared, log
