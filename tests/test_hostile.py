@@ -94,3 +94,14 @@ def test_plan_states_workspace_and_memory_check():
         assert isinstance(p.workspace_bytes, int) and p.workspace_bytes >= 0
         assert str(p.workspace_bytes) in str(p)
         cpu.check_memory(p)  # a problem that fits passes the check
+
+
+def test_non_native_byte_order_is_a_float_dtype():
+    x = np.arange(32, dtype=">f4").reshape(1, 4, 4, 2)
+    w = np.ones((3, 3, 2, 2), ">f4")
+    y = nc.conv2d(x, w, 1, "SAME")
+    ref = nc.conv2d(x.astype("<f4"), w.astype("<f4"), 1, "SAME")
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, ref)
+    with pytest.raises(TypeError, match="float16, float32 or float64"):
+        nc.conv2d(x.astype(np.longdouble), w.astype(np.longdouble), 1, "SAME")

@@ -29,7 +29,7 @@ def as_float_array(value, name):
         except (ValueError, TypeError) as exc:
             raise TypeError(f"{name}: expected a float array, got an object NumPy cannot "
                             f"convert to one ({exc})") from None
-    if arr.dtype not in FLOAT_DTYPES:
+    if arr.dtype.newbyteorder("=") not in FLOAT_DTYPES:  # either byte order is fine
         raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {arr.dtype}")
     return arr
 
@@ -41,11 +41,11 @@ def shape_of(value, name):
 
 def common_dtype(**arrays):
     """The one dtype all float operands of a call share (TypeError when they differ)."""
-    dtypes = {k: a.dtype for k, a in arrays.items()}
+    dtypes = {k: np.dtype(a.dtype).name for k, a in arrays.items()}
     if len(set(dtypes.values())) > 1:
         got = ", ".join(f"{k}={d}" for k, d in dtypes.items())
         raise TypeError(f"all arrays of one call must share one float dtype, got {got}")
-    return str(next(iter(dtypes.values())))
+    return next(iter(dtypes.values()))
 
 
 def check_rank(arr, name, ranks, what=""):
