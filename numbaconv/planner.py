@@ -23,7 +23,8 @@ def _strategies():
     """Best-first candidates (a new strategy is one more entry here)."""
     from .strategies.gemm import STRATEGY as GEMM
     from .strategies.depthwise import STRATEGY as DEPTHWISE
-    return [GEMM, DEPTHWISE, DIRECT]
+    from .strategies.grouped import STRATEGY as GROUPED
+    return [GROUPED, GEMM, DEPTHWISE, DIRECT]
 
 
 def candidates(direction):

@@ -22,6 +22,8 @@ CASES = [
     (6, 6, 6, (9, 8), (3, 3), (2, 1), (1, 2), (0, 1), (1, 1)),        # depthwise
     (5, 5, 10, (7, 6), (3, 2), (1, 2), (2, 1), (1, 0), (2, 1)),       # depthwise, multiplier 2
     (4, 4, 4, (5, 6, 7), (2, 3, 3), (2, 1, 2), (1, 1, 1), (1, 1, 0), (0, 1, 1)),  # 3-D depthwise
+    (8, 16, 24, (6, 7), (3, 3), (2, 1), (1, 2), (1, 1), (0, 1)),      # small groups
+    (8, 24, 16, (4, 5, 5), (3, 3, 3), (1, 2, 1), (1, 1, 1), (1, 1, 1), (1, 0, 1)),  # 3-D groups
 ]
 IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
@@ -106,21 +108,25 @@ def test_gemm_declines_with_reason():
             np.zeros((1, 8, 8, 16), np.float32), 1, "SAME", strategy="gemm")
 
 
+@pytest.mark.parametrize("groups,variant", [(6, "depthwise"), (3, "grouped")])
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
-def test_depthwise_variant_and_generic_direct_agree(direction):
-    """Depthwise problems run the depthwise variant; the generic loop nest gives the same."""
+def test_direct_variants_and_generic_direct_agree(direction, groups, variant, monkeypatch):
+    """Depthwise and small-group problems run their variants of direct; the generic loop
+    nest gives the same numbers."""
     from numbaconv.backends import cpu
+    from numbaconv.strategies import grouped
     from numbaconv.strategies.direct import DIRECT
 
+    monkeypatch.setattr(grouped, "MIN_GROUPS", 2)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 7, 6, 6))
-    w = rng.standard_normal((3, 3, 1, 12))
+    w = rng.standard_normal((3, 3, 6 // groups, 12))
     dy = rng.standard_normal((2, 4, 6, 12))
-    attrs = dict(strides=(2, 1), pads_begin=1, pads_end=1, groups=6)
+    attrs = dict(strides=(2, 1), pads_begin=1, pads_end=1, groups=groups, strategy="direct")
     call = {"fwd": ("convolution", (x, w)), "bwd_d": ("convolution_backprop_data", (dy, w, (7, 6))),
             "bwd_w": ("convolution_backprop_filters", (x, (3, 3), dy))}[direction]
     plan = nc.plan(call[0], *call[1], **attrs)
-    assert (plan.strategy, plan.variant) == ("direct", "depthwise")
+    assert (plan.strategy, plan.variant) == ("direct", variant)
     got = getattr(nc, call[0])(*call[1], **attrs)
     p = plan.problem
     ops = cpu.canonical_operands(p, dict(zip({"fwd": ("x", "w"), "bwd_d": ("dy", "w"),
