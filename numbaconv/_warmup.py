@@ -2,34 +2,45 @@
 import time
 
 
+def _problems(dt):
+    """Small problems that, together, every implementation accepts in every direction."""
+    import numpy as np
+    dense = (np.ones((1, 16, 16, 64), dt), np.ones((3, 3, 64, 64), dt), 1)   # winograd, gemm
+    narrow = (np.ones((1, 9, 9, 3), dt), np.ones((3, 3, 3, 16), dt), 1)      # per-pixel direct
+    depthwise = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 1, 16), dt), 16)
+    grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8)
+    return dense, narrow, depthwise, grouped
+
+
 def warmup(dtypes=("float32",), verbose=False):
-    """Compile every strategy's kernels for ``dtypes`` by running tiny problems.
+    """Compile every implementation's kernels for ``dtypes`` by running small problems.
 
     With the on-disk cache enabled, later processes load them instead of compiling.
     Returns the seconds spent.
     """
     import numpy as np
     import numbaconv as nc
-    from numbaconv.planner import candidates
+    from numbaconv.backends import cpu
+    from numbaconv.machine import machine
+    from numbaconv.planner import _build, _threads, candidates
+    from numbaconv.strategies import label
 
     t0 = time.perf_counter()
     for dt in dtypes:
-        x = np.ones((2, 6, 6, 4), dt)
-        w = np.ones((3, 3, 4, 4), dt)
-        dy = np.ones((2, 6, 6, 4), dt)
-        for direction in ("fwd", "bwd_d", "bwd_w"):
-            for s in candidates(direction):
-                kw = dict(strategy=s.name)
-                try:
-                    if direction == "fwd":
-                        nc.conv2d(x, w, 1, "SAME", **kw)
-                    elif direction == "bwd_d":
-                        nc.conv2d_backprop_input(x.shape, w, dy, 1, "SAME", **kw)
-                    else:
-                        nc.conv2d_backprop_filter(x, w.shape, dy, 1, "SAME", **kw)
-                except ValueError:
-                    pass  # the strategy declines this tiny problem
-                if verbose:
-                    print(f"warm {direction:<6} {s.name:<9} {dt:<8} "
-                          f"{time.perf_counter() - t0:6.2f} s")
+        for x, w, g in _problems(dt):
+            attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=g)
+            dy = np.ones((1, *x.shape[1:-1], w.shape[-1]), dt)
+            calls = {"fwd": (nc.convolution, (x, w)),
+                     "bwd_d": (nc.convolution_backprop_data, (dy, w, x.shape[1:-1])),
+                     "bwd_w": (nc.convolution_backprop_filters, (x, w.shape[:-2], dy))}
+            for direction, (fn, args) in calls.items():
+                problem, operands = fn.parse(*args, **attrs)
+                for s in candidates(direction):
+                    if s.accepts(problem) is not None:
+                        continue
+                    plan = _build(problem, s, "warmup", (), _threads(), machine())
+                    cpu.execute(plan, operands)
+                    if verbose:
+                        print(f"warm {direction:<6} {label(s):<18} {dt:<8} "
+                              f"{problem.descriptor():<48} {time.perf_counter() - t0:6.2f} s")
     return time.perf_counter() - t0

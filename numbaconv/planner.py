@@ -24,7 +24,8 @@ def _strategies():
     from .strategies.gemm import STRATEGY as GEMM
     from .strategies.depthwise import STRATEGY as DEPTHWISE
     from .strategies.grouped import STRATEGY as GROUPED
-    return [GROUPED, GEMM, DEPTHWISE, DIRECT]
+    from .strategies.winograd import STRATEGY as WINOGRAD
+    return [WINOGRAD, GROUPED, GEMM, DEPTHWISE, DIRECT]
 
 
 def candidates(direction):

@@ -100,19 +100,30 @@ def shape_vector(value, name, lengths):
         raise ValueError(f"{name}: expected {want} values, got {len(dims)}: {list(dims)}")
     if any(d < 0 for d in dims):
         raise ValueError(f"{name}: sizes must be non-negative, got {list(dims)}")
-    return dims
+    return _bounded(dims, name)
+
+
+#: Largest size, stride, dilation or padding accepted: kernels index in int64, and every
+#: product of two such values must stay far from 2^63.
+MAX_DIM = 2 ** 40
+
+
+def _bounded(values, name):
+    if any(v > MAX_DIM for v in values):
+        raise ValueError(f"{name}: values above 2^40 are not supported, got {list(values)}")
+    return tuple(values)
 
 
 def positive(values, name):
     if any(v < 1 for v in values):
         raise ValueError(f"{name}: every value must be a positive integer, got {list(values)}")
-    return tuple(values)
+    return _bounded(values, name)
 
 
 def non_negative(values, name):
     if any(v < 0 for v in values):
         raise ValueError(f"{name}: padding must be non-negative, got {list(values)}")
-    return tuple(values)
+    return _bounded(values, name)
 
 
 def lift3(values, fill):

@@ -1,0 +1,335 @@
+"""Tile transforms of the Winograd strategy (the transformed-domain GEMMs run in BLAS).
+
+Every Winograd pass (Lavin and Gray, 2016) is built from two moves between a channels-last
+image ``[n, h, w, c]`` and a tile-major transformed stack ``[alpha*alpha, tiles, c]``
+(``alpha = m + 2``):
+
+* :func:`to_tiles`: cut the image into ``q x q`` patches at origins ``(m*ti + off_h,
+  m*tj + off_w)`` (zero outside the image) and map each with ``L d L^T``: ``L = B^T``
+  (``kind`` 0, ``q = alpha``: input tiles) or ``L = A`` (``kind`` 1, ``q = m``: the ``dy``
+  tiles of the weight gradient, F(3x3, m x m));
+* :func:`from_tiles`: map each transformed tile with ``A^T s A`` and write the ``m x m``
+  result at ``(m*ti, m*tj)``, clipped to the image.
+
+The matrices are Lavin's F(2,3) and F(4,3) (points 0, +-1, +-2, infinity), written out as
+formulas, one per output row (``_bt*_row``, ``_a*_row``, ``_at*_row``; the strategy holds
+the same matrices for the filter transforms, and the tests check both against the
+reference). A 2-D transform is two separable passes; each output row of a pass is one loop
+over contiguous channels, which the loop vectoriser turns into SIMD code. Interior tiles
+are read and written in place; border tiles go through a small zero-filled scratch patch.
+
+Tile ``t`` is ``(n, ti, tj)`` in C order over ``[nb, th, tw]``; a call handles the tiles
+``t0 <= t < t1`` and uses row ``t - t0`` of its stack, so the driver may run the whole
+problem at once or in blocks.
+"""
+import numpy as np
+
+from numbaconv._jit import helper, kernel
+
+
+# -- 1-D transforms, one output row each ------------------------------------------------------
+# d[o + c] = (L[a] . (s[e + i*st + c])_i) for c < n. One store per loop: the loop vectoriser
+# gives up on a loop that stores through several runtime-offset pointers (it would need more
+# runtime alias checks than it allows), so every output row gets its own channel loop.
+# Offsets are unsigned: a signed index gets Numba's negative-index wraparound, which turns
+# the contiguous loads into gathers (and slicing views instead costs refcount atomics).
+# Scaling by 2, 4, 8 is written as additions: an integer literal times a float32 is a
+# float64 in Numba.
+@helper
+def _bt2_row(a, s, e, st, d, o, n):
+    u = np.uint64(st)
+    e0 = np.uint64(e)
+    e1 = e0 + u
+    e2 = e1 + u
+    e3 = e2 + u
+    o0 = np.uint64(o)
+    nn = np.uint64(n)
+    if a == 0:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] - s[e2 + c]
+    elif a == 1:
+        for c in range(nn):
+            d[o0 + c] = s[e1 + c] + s[e2 + c]
+    elif a == 2:
+        for c in range(nn):
+            d[o0 + c] = s[e2 + c] - s[e1 + c]
+    else:
+        for c in range(nn):
+            d[o0 + c] = s[e1 + c] - s[e3 + c]
+
+
+@helper
+def _a2_row(a, s, e, st, d, o, n):
+    u = np.uint64(st)
+    e0 = np.uint64(e)
+    e1 = e0 + u
+    o0 = np.uint64(o)
+    nn = np.uint64(n)
+    if a == 0:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c]
+    elif a == 1:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] + s[e1 + c]
+    elif a == 2:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] - s[e1 + c]
+    else:
+        for c in range(nn):
+            d[o0 + c] = -s[e1 + c]
+
+
+@helper
+def _at2_row(a, s, e, st, d, o, n):
+    u = np.uint64(st)
+    e0 = np.uint64(e)
+    e1 = e0 + u
+    e2 = e1 + u
+    e3 = e2 + u
+    o0 = np.uint64(o)
+    nn = np.uint64(n)
+    if a == 0:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] + s[e1 + c] + s[e2 + c]
+    else:
+        for c in range(nn):
+            d[o0 + c] = s[e1 + c] - s[e2 + c] - s[e3 + c]
+
+
+@helper
+def _bt4_row(a, s, e, st, d, o, n):
+    # B^T of F(4,3): [4 0 -5 0 1 0], [0 -4 -4 1 1 0], [0 4 -4 -1 1 0], [0 -2 -1 2 1 0],
+    # [0 2 -1 -2 1 0], [0 4 0 -5 0 1]
+    u = np.uint64(st)
+    e0 = np.uint64(e)
+    e1 = e0 + u
+    e2 = e1 + u
+    e3 = e2 + u
+    e4 = e3 + u
+    e5 = e4 + u
+    o0 = np.uint64(o)
+    nn = np.uint64(n)
+    if a == 0:
+        for c in range(nn):
+            t = s[e0 + c] - s[e2 + c]
+            t = t + t
+            d[o0 + c] = t + t + s[e4 + c] - s[e2 + c]
+    elif a == 1:
+        for c in range(nn):
+            t = s[e1 + c] + s[e2 + c]
+            t = t + t
+            d[o0 + c] = s[e3 + c] + s[e4 + c] - (t + t)
+    elif a == 2:
+        for c in range(nn):
+            t = s[e1 + c] - s[e2 + c]
+            t = t + t
+            d[o0 + c] = s[e4 + c] - s[e3 + c] + (t + t)
+    elif a == 3:
+        for c in range(nn):
+            t = s[e3 + c] - s[e1 + c]
+            d[o0 + c] = s[e4 + c] - s[e2 + c] + (t + t)
+    elif a == 4:
+        for c in range(nn):
+            t = s[e3 + c] - s[e1 + c]
+            d[o0 + c] = s[e4 + c] - s[e2 + c] - (t + t)
+    else:
+        for c in range(nn):
+            t = s[e1 + c] - s[e3 + c]
+            t = t + t
+            d[o0 + c] = t + t + s[e5 + c] - s[e3 + c]
+
+
+@helper
+def _a4_row(a, s, e, st, d, o, n):
+    # A = (A^T)^T of F(4,3): rows [1 0 0 0], [1 1 1 1], [1 -1 1 -1], [1 2 4 8], [1 -2 4 -8],
+    # [0 0 0 1]
+    u = np.uint64(st)
+    e0 = np.uint64(e)
+    e1 = e0 + u
+    e2 = e1 + u
+    e3 = e2 + u
+    o0 = np.uint64(o)
+    nn = np.uint64(n)
+    if a == 0:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c]
+    elif a == 1:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] + s[e1 + c] + s[e2 + c] + s[e3 + c]
+    elif a == 2:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] - s[e1 + c] + s[e2 + c] - s[e3 + c]
+    elif a == 3:
+        for c in range(nn):
+            t = s[e2 + c] + s[e3 + c] + s[e3 + c]     # d2 + 2 d3
+            t = s[e1 + c] + t + t                     # d1 + 2 d2 + 4 d3
+            d[o0 + c] = s[e0 + c] + t + t
+    elif a == 4:
+        for c in range(nn):
+            t = s[e2 + c] - s[e3 + c] - s[e3 + c]     # d2 - 2 d3
+            t = t + t - s[e1 + c]                     # -d1 + 2 d2 - 4 d3
+            d[o0 + c] = s[e0 + c] + t + t
+    else:
+        for c in range(nn):
+            d[o0 + c] = s[e3 + c]
+
+
+@helper
+def _at4_row(a, s, e, st, d, o, n):
+    # A^T of F(4,3): [1 1 1 1 1 0], [0 1 -1 2 -2 0], [0 1 1 4 4 0], [0 1 -1 8 -8 1]
+    u = np.uint64(st)
+    e0 = np.uint64(e)
+    e1 = e0 + u
+    e2 = e1 + u
+    e3 = e2 + u
+    e4 = e3 + u
+    e5 = e4 + u
+    o0 = np.uint64(o)
+    nn = np.uint64(n)
+    if a == 0:
+        for c in range(nn):
+            d[o0 + c] = s[e0 + c] + s[e1 + c] + s[e2 + c] + s[e3 + c] + s[e4 + c]
+    elif a == 1:
+        for c in range(nn):
+            t = s[e3 + c] - s[e4 + c]
+            d[o0 + c] = s[e1 + c] - s[e2 + c] + (t + t)
+    elif a == 2:
+        for c in range(nn):
+            t = s[e3 + c] + s[e4 + c]
+            t = t + t
+            d[o0 + c] = s[e1 + c] + s[e2 + c] + (t + t)
+    else:
+        for c in range(nn):
+            t = s[e3 + c] - s[e4 + c]
+            t = t + t
+            t = t + t
+            d[o0 + c] = s[e1 + c] - s[e2 + c] + (t + t) + s[e5 + c]
+
+
+@helper
+def _row(kind, m, a, s, e, st, d, o, n):
+    """Row ``a`` of the 1-D transform ``kind`` (0: B^T, 1: A, 2: A^T) of F(m, 3)."""
+    if m == 4:
+        if kind == 0:
+            _bt4_row(a, s, e, st, d, o, n)
+        elif kind == 1:
+            _a4_row(a, s, e, st, d, o, n)
+        else:
+            _at4_row(a, s, e, st, d, o, n)
+    else:
+        if kind == 0:
+            _bt2_row(a, s, e, st, d, o, n)
+        elif kind == 1:
+            _a2_row(a, s, e, st, d, o, n)
+        else:
+            _at2_row(a, s, e, st, d, o, n)
+
+
+@helper
+def _tile(kind, m, s, e, si, sj, tmp, d, o, da, db, n, cb):
+    """d[o + a*da + b*db + c] = (L x L^T)[a, b, c] with x[i, j, c] = s[e + i*si + j*sj + c]:
+    first along i into ``tmp`` ([p, q, cb]), then along j."""
+    p = m + 2 if kind < 2 else m
+    q = m if kind == 1 else m + 2
+    for a in range(p):
+        for j in range(q):
+            _row(kind, m, a, s, e + j * sj, si, tmp, (a * q + j) * cb, n)
+    for a in range(p):
+        for b in range(p):
+            _row(kind, m, b, tmp, a * q * cb, cb, d, o + a * da + b * db, n)
+
+
+# -- tile ranges --------------------------------------------------------------------------------
+@helper
+def _to_tiles_range(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+    H, W, C = src.shape[1], src.shape[2], src.shape[3]
+    alpha = m + 2
+    q = alpha if kind == 0 else m
+    R = out.shape[1]
+    flat = src.reshape(src.size)
+    dst = out.reshape(out.size)
+    buf = np.empty(q * q * cb, out.dtype)
+    tmp = np.empty(alpha * alpha * cb, out.dtype)
+    for t in range(t0, t1):
+        tj = t % tw
+        r = t // tw
+        ti = r % th
+        n = r // th
+        h0 = ti * m + off_h
+        w0 = tj * m + off_w
+        row = t - t0
+        inside = h0 >= 0 and w0 >= 0 and h0 + q <= H and w0 + q <= W
+        for c0 in range(0, C, cb):
+            cn = min(cb, C - c0)
+            o = row * C + c0
+            if inside:
+                _tile(kind, m, flat, ((n * H + h0) * W + w0) * C + c0, W * C, C, tmp, dst, o,
+                      alpha * R * C, R * C, cn, cb)
+            else:
+                for i in range(q):
+                    h = h0 + i
+                    for j in range(q):
+                        w = w0 + j
+                        e = (i * q + j) * cb
+                        if 0 <= h < H and 0 <= w < W:
+                            bv = buf[e:]
+                            sv = flat[((n * H + h) * W + w) * C + c0:]
+                            for c in range(cn):
+                                bv[c] = sv[c]
+                        else:
+                            bv = buf[e:]
+                            for c in range(cn):
+                                bv[c] = 0
+                _tile(kind, m, buf, 0, q * cb, cb, tmp, dst, o, alpha * R * C, R * C, cn, cb)
+
+
+@helper
+def _from_tiles_range(src, dst, m, th, tw, t0, t1, cb):
+    H, W, K = dst.shape[1], dst.shape[2], dst.shape[3]
+    alpha = m + 2
+    R = src.shape[1]
+    s = src.reshape(src.size)
+    flat = dst.reshape(dst.size)
+    buf = np.empty(m * m * cb, dst.dtype)
+    tmp = np.empty(m * alpha * cb, dst.dtype)
+    for t in range(t0, t1):
+        tj = t % tw
+        r = t // tw
+        ti = r % th
+        n = r // th
+        h0 = ti * m
+        w0 = tj * m
+        row = t - t0
+        inside = h0 + m <= H and w0 + m <= W
+        for k0 in range(0, K, cb):
+            kn = min(cb, K - k0)
+            e = row * K + k0
+            if inside:
+                _tile(2, m, s, e, alpha * R * K, R * K, tmp, flat,
+                      ((n * H + h0) * W + w0) * K + k0, W * K, K, kn, cb)
+            else:
+                _tile(2, m, s, e, alpha * R * K, R * K, tmp, buf, 0, m * cb, cb, kn, cb)
+                for a in range(min(m, H - h0)):
+                    for b in range(min(m, W - w0)):
+                        dv = flat[((n * H + h0 + a) * W + w0 + b) * K + k0:]
+                        bv = buf[(a * m + b) * cb:]
+                        for k in range(kn):
+                            dv[k] = bv[k]
+
+
+# -- entry points -------------------------------------------------------------------------------
+# Serial on purpose: they run between BLAS calls, which own the cores (see numbaconv.blas;
+# measured on 2 cores, parallel transforms next to multithreaded GEMMs ran 1.5-5x slower).
+@kernel(parallel=False)
+def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+    """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
+    d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
+    L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3)."""
+    _to_tiles_range(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb)
+
+
+@kernel(parallel=False)
+def from_tiles(src, dst, m, th, tw, t0, t1, cb):
+    """dst[n, m*ti + a, m*tj + b, k] = (A^T s_t A)[a, b, k] for tiles t0 <= t < t1 and the
+    positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]."""
+    _from_tiles_range(src, dst, m, th, tw, t0, t1, cb)

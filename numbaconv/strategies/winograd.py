@@ -1,0 +1,273 @@
+"""The Winograd strategy: F(2x2,3x3) and F(4x4,3x3) as batched GEMMs in the transformed domain.
+
+Lavin and Gray (2016), "Fast Algorithms for Convolutional Neural Networks". With the
+F(m, 3) matrices ``B^T`` (alpha x alpha), ``G`` (alpha x 3) and ``A^T`` (m x alpha),
+``alpha = m + 2``, a 3x3 stride-1 convolution is, per ``m x m`` output tile ``t``::
+
+    Y_t = A^T [ sum_c (G g_ck G^T) * (B^T d_tc B) ] A
+
+so that for each of the alpha^2 transformed positions ``xi`` one GEMM does the channel sum:
+``M[xi] = V[xi] @ U[xi]`` with ``V[xi]`` = [tiles, C] (transformed input tiles) and
+``U[xi]`` = [C, K] (transformed filters). ``numpy.matmul`` runs the alpha^2 GEMMs of a
+``[alpha^2, T, C] x [alpha^2, C, K]`` stack; the tile transforms are the loop nests of
+:mod:`numbaconv.kernels.cpu.winograd` (channels innermost).
+
+The three directions, all at stride 1 and dilation 1 (depth kernel 1: depth joins the batch):
+
+* forward: input tiles at origins ``m*t - pad_begin``, output tiles clipped to ``osz``.
+* backward data is the forward convolution of ``dy`` with the spatially flipped, transposed
+  filter ``w'[r, s, k, c] = w[2-r, 2-s, c, k]`` (JAX's and oneDNN's derivation): since
+  ``dx[i] = sum_r dy[i + pad_begin - r] w[r] = sum_r' dy[i + (pad_begin - 2) + r'] w'[r']``,
+  the ``dy`` tiles start at ``m*t + pad_begin - 2`` and the output grid is ``dx``'s own size
+  (at stride 1 it is exact: ``isz = osz + 2 - pad_begin - pad_end``, nothing is floored);
+  reads outside ``dy`` are zero, which covers pads of any size on either side.
+* backward weights is F(3x3, m x m), the same bilinear algorithm transposed: from
+  ``dw[r] = sum_o x[o + r - pad_begin] dy[o]`` and ``y = A^T[(G g) . (B^T d)]`` one gets
+  ``dw = G^T [ sum_tiles (A dy_t A^T) . (B^T x_t B) ]`` G, with ``m x m`` tiles of ``dy``
+  (zero beyond ``osz``) and ``alpha x alpha`` tiles of ``x`` at ``m*t - pad_begin``: the GEMM
+  per position is ``V[xi]^T @ D[xi]`` = [C, T] x [T, K], the tile index as its reduction.
+
+The tiles are processed in blocks of about ``TILE_ROWS``: transform a block (serial Numba
+loop nests), one batched ``matmul`` for it (BLAS owns the cores), inverse-transform it, so
+the transformed block stays in cache and the two thread pools never overlap (see
+:mod:`numbaconv.blas`). Transforms are computed and stored in the compute dtype (float32
+for float16 inputs), never in float16 (PERF_NOTES: stored in float16 the F(4x4) error
+grows to 1e-3). Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8:
+F(4x4) float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
+
+IEEE specials: the transforms add and subtract inputs, so an Inf in ``x``, ``dy`` or ``w``
+may come out as NaN where a direct sum would give Inf (``Inf - Inf``); NaN propagates.
+"""
+import numpy as np
+
+from . import Strategy, itemsize
+
+#: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
+#: transforms cost more than the multiplies they save (measured, batch 8, float32: 32
+#: channels lose to GEMM at 28x28 and 56x56, 64 channels win or tie).
+MIN_CHANNELS = 64
+#: Fewest tiles per channel of the wider side: with fewer, the transformed filters (or, for
+#: the weight gradient, the transformed product) outweigh the GEMMs (ResNet-50 res5, 7x7x512,
+#: loses to GEMM at batch 1, 16 tiles, and wins at batch 8, 128 tiles).
+MIN_TILES_PER_CHANNEL = 1 / 8
+#: Smallest tile grid side (output positions; dx positions for backward data) worth tiling.
+MIN_IMAGE = 4
+#: Tile sides offered; ``tiles`` chooses per shape (see ``choose_m``).
+TILE_SIZES = (2, 4)
+#: Channel block of the transform loop nests. Their cost is mostly per channel loop
+#: (alias checks, loop set-up), so long blocks pay (measured: 64 -> 256 channels, 2.5x
+#: faster); 256 keeps a tile's scratch (2 x 36 x 256 floats) in L2.
+CHANNEL_BLOCK = 256
+#: Tiles per block (about; the blocks are equal): each block is transformed, multiplied and
+#: transformed back before the next, so that its transformed tiles stay in cache between
+#: the transforms and the GEMMs (measured, batch 8, float32: blocks of ~220 tiles run
+#: ResNet-50 res2a 1.4-1.6x and res3b 1.1-1.2x faster than the whole problem at once, and
+#: blocks of 128 or 450+ tiles slower). 0: the whole problem in one block.
+TILE_ROWS = 256
+
+R_DEPTH = "kernel depth {kd} != 1"
+R_DEPTH_GEOMETRY = "depth stride, dilation or padding (depth joins the batch only without)"
+R_KERNEL = "kernel {kh}x{kw}, not 3x3"
+R_STRIDE = "stride {s} != 1"
+R_DILATION = "dilation {d} != 1"
+R_GROUPS = "{g} groups (only groups == 1)"
+R_CHANNELS = "{ic}->{oc} channels (< {least}): transforms cost more than they save"
+R_SMALL = "image {h}x{w} smaller than {least}x{least}: too few tiles"
+R_FEW_TILES = "{t} tiles for {c} channels: the transformed filters outweigh the GEMMs"
+
+# Lavin's F(2,3) and F(4,3) (points 0, +-1, +-2 and infinity), as exact rationals.
+_MATRICES = {
+    2: dict(
+        BT=[[1, 0, -1, 0],
+            [0, 1, 1, 0],
+            [0, -1, 1, 0],
+            [0, 1, 0, -1]],
+        G=[[1, 0, 0],
+           [1 / 2, 1 / 2, 1 / 2],
+           [1 / 2, -1 / 2, 1 / 2],
+           [0, 0, 1]],
+        AT=[[1, 1, 1, 0],
+            [0, 1, -1, -1]]),
+    4: dict(
+        BT=[[4, 0, -5, 0, 1, 0],
+            [0, -4, -4, 1, 1, 0],
+            [0, 4, -4, -1, 1, 0],
+            [0, -2, -1, 2, 1, 0],
+            [0, 2, -1, -2, 1, 0],
+            [0, 4, 0, -5, 0, 1]],
+        G=[[1 / 4, 0, 0],
+           [-1 / 6, -1 / 6, -1 / 6],
+           [-1 / 6, 1 / 6, -1 / 6],
+           [1 / 24, 1 / 12, 1 / 6],
+           [1 / 24, -1 / 12, 1 / 6],
+           [0, 0, 1]],
+        AT=[[1, 1, 1, 1, 1, 0],
+            [0, 1, -1, 2, -2, 0],
+            [0, 1, 1, 4, 4, 0],
+            [0, 1, -1, 8, -8, 1]]),
+}
+
+
+def matrices(m, dtype="float64"):
+    """``(BT, G, AT)`` of F(m, 3) as C-contiguous arrays of ``dtype``."""
+    d = _MATRICES[m]
+    return tuple(np.array(d[k], np.float64).astype(dtype) for k in ("BT", "G", "AT"))
+
+
+def grid(p):
+    """The spatial size tiled: the output's, or dx's for backward data (h, w)."""
+    return tuple(p.isz[1:]) if p.direction == "bwd_d" else tuple(p.osz[1:])
+
+
+def n_tiles(p, m):
+    h, w = grid(p)
+    return p.mb * p.isz[0] * -(-h // m) * -(-w // m)
+
+
+def choose_m(p):
+    """The tile side: F(4x4) unless its tiles are few for the channels, else the fewest
+    transformed-domain multiplies.
+
+    The GEMM work is ``alpha^2 * tiles``; F(4x4) does fewer multiplies unless its tiles
+    overhang the image much more than F(2x2)'s. But its transformed filters are
+    ``36*C*K`` against ``16*C*K``: when the GEMMs have fewer rows (tiles) than half the
+    channels, that traffic decides (measured, float32: ResNet-50 res4b 14x14x256 runs
+    F(2x2) faster at batch 1 (49 vs 16 tiles) and ties at batch 8; res5b 7x7x512 runs
+    F(2x2) faster at batch 8; res2a and res3b run F(4x4) 1.4-1.7x faster).
+    """
+    h, w = grid(p)
+    sizes = [m for m in TILE_SIZES
+             if m == min(TILE_SIZES) or 2 * n_tiles(p, m) >= max(p.ic, p.oc)]
+    cost = {m: (m + 2) ** 2 * -(-h // m) * -(-w // m) for m in sizes}
+    return min(sizes, key=lambda m: (cost[m], -m))
+
+
+class Winograd(Strategy):
+    name = "winograd"
+
+    def accepts(self, p):
+        if p.ksz[0] != 1:
+            return R_DEPTH.format(kd=p.ksz[0])
+        if p.stride[0] != 1 or p.dilation[0] != 1 or p.pad_begin[0] or p.pad_end[0]:
+            return R_DEPTH_GEOMETRY
+        if tuple(p.ksz[1:]) != (3, 3):
+            return R_KERNEL.format(kh=p.ksz[1], kw=p.ksz[2])
+        if any(s != 1 for s in p.stride):
+            return R_STRIDE.format(s=max(p.stride))
+        if any(d != 1 for d in p.dilation):
+            return R_DILATION.format(d=max(p.dilation))
+        if p.g != 1:
+            return R_GROUPS.format(g=p.g)
+        if min(p.ic, p.oc) < MIN_CHANNELS:
+            return R_CHANNELS.format(ic=p.ic, oc=p.oc, least=MIN_CHANNELS)
+        h, w = grid(p)
+        if min(h, w) < MIN_IMAGE:
+            return R_SMALL.format(h=h, w=w, least=MIN_IMAGE)
+        t = n_tiles(p, choose_m(p))
+        if t < MIN_TILES_PER_CHANNEL * max(p.ic, p.oc):
+            return R_FEW_TILES.format(t=t, c=max(p.ic, p.oc))
+        return None
+
+    def tiles(self, p, machine):
+        from ..planner import _threads
+        m = choose_m(p)
+        T = n_tiles(p, m)
+        nblocks = -(-T // TILE_ROWS) if TILE_ROWS else 1
+        rows = -(-T // nblocks)
+        return {"m": m, "tile_rows": rows, "threads": _threads()}
+
+    def workspace_bytes(self, p, tiles):
+        """The transformed buffers: one block of tiles of each operand, and the transformed
+        filters (forward, backward data) or the accumulated product (backward weights),
+        with the intermediate of their 3x3 <-> alpha x alpha transform."""
+        m, rows = tiles["m"], tiles["tile_rows"]
+        alpha = m + 2
+        ck = p.ic * p.oc
+        n = alpha * alpha * rows * (p.ic + p.oc) + alpha * alpha * ck + 3 * alpha * ck
+        if p.direction == "bwd_w" and rows < n_tiles(p, m):
+            n += alpha * alpha * ck                # one block's product
+        return n * itemsize(p)
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, p, tiles, ops):
+        from .. import blas
+        from ..kernels.cpu import winograd as k
+
+        from ..planner import _threads
+        blas.set_threads(int(tiles.get("threads", 0) or _threads()))
+        ct = np.dtype(p.compute_dtype)
+        m = int(tiles["m"])
+        alpha, a2 = m + 2, (m + 2) ** 2
+        G = matrices(m, ct)[1]
+        nb = p.mb * p.isz[0]                       # depth joins the batch (kd == 1)
+        (H, W), (OH, OW) = p.isz[1:], p.osz[1:]
+        C, K = p.ic, p.oc
+        gh, gw = grid(p)
+        th, tw = -(-gh // m), -(-gw // m)
+        T = nb * th * tw
+        rows = int(min(tiles["tile_rows"], T)) or T
+        cb = np.int64(min(CHANNEL_BLOCK, max(C, K)))
+        i64 = np.int64
+
+        def fwd_tiles(src, kind, out, oh, ow, t0, t1):
+            k.to_tiles(src, out, i64(m), i64(kind), i64(oh), i64(ow), i64(th), i64(tw), i64(t0),
+                       i64(t1), cb)
+
+        def inv_tiles(src, dst, t0, t1):
+            k.from_tiles(src, dst, i64(m), i64(th), i64(tw), i64(t0), i64(t1), cb)
+
+        if p.direction == "bwd_w":
+            x = ops["x"].reshape(nb, H, W, C)
+            dy = ops["dy"].reshape(nb, OH, OW, K)
+            vbuf = np.empty(a2 * rows * C, ct)
+            dbuf = np.empty(a2 * rows * K, ct)
+            acc = np.empty((a2, C, K), ct)
+            prod = np.empty((a2, C, K), ct) if rows < T else None
+            for t0 in range(0, T, rows):
+                t1 = min(T, t0 + rows)
+                V = vbuf[: a2 * (t1 - t0) * C].reshape(a2, t1 - t0, C)
+                D = dbuf[: a2 * (t1 - t0) * K].reshape(a2, t1 - t0, K)
+                fwd_tiles(x, 0, V, -p.pad_begin[1], -p.pad_begin[2], t0, t1)
+                fwd_tiles(dy, 1, D, 0, 0, t0, t1)
+                # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K] per position
+                if t0 == 0:
+                    np.matmul(V.transpose(0, 2, 1), D, out=acc)
+                else:
+                    np.matmul(V.transpose(0, 2, 1), D, out=prod)
+                    np.add(acc, prod, out=acc)
+            # dw = G^T M G per (c, k)
+            GT = np.ascontiguousarray(G.T)
+            t = np.matmul(GT, acc.reshape(alpha, alpha * C * K)).reshape(3, alpha, C * K)
+            return np.matmul(GT, t).reshape(1, 3, 3, C, K)
+
+        if p.direction == "fwd":
+            src = ops["x"].reshape(nb, H, W, C)
+            dst = np.empty((p.mb, *p.osz, K), ct)
+            Gw = G
+            off = (-p.pad_begin[1], -p.pad_begin[2])
+            cin, cout = C, K
+        else:
+            src = ops["dy"].reshape(nb, OH, OW, K)
+            dst = np.empty((p.mb, *p.isz, C), ct)
+            Gw = np.ascontiguousarray(G[:, ::-1])   # the flip r -> 2 - r folded into G
+            off = (p.pad_begin[1] - 2, p.pad_begin[2] - 2)
+            cin, cout = K, C
+        # U[a, b] = Gw w Gw^T over (r, s), per (c, k)
+        t = np.matmul(Gw, ops["w"].reshape(3, 3 * C * K)).reshape(alpha, 3, C * K)
+        U = np.matmul(Gw, t).reshape(a2, C, K)
+        if p.direction == "bwd_d":
+            U = U.transpose(0, 2, 1)               # [a2, K, C]: a transposed BLAS operand
+        dst4 = dst.reshape(nb, gh, gw, cout)
+        vbuf = np.empty(a2 * rows * cin, ct)
+        mbuf = np.empty(a2 * rows * cout, ct)
+        for t0 in range(0, T, rows):
+            t1 = min(T, t0 + rows)
+            V = vbuf[: a2 * (t1 - t0) * cin].reshape(a2, t1 - t0, cin)
+            M = mbuf[: a2 * (t1 - t0) * cout].reshape(a2, t1 - t0, cout)
+            fwd_tiles(src, 0, V, off[0], off[1], t0, t1)
+            np.matmul(V, U, out=M)
+            inv_tiles(M, dst4, t0, t1)
+        return dst
+
+
+STRATEGY = Winograd()

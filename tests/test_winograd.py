@@ -1,0 +1,195 @@
+"""The Winograd strategy against the float64 reference: every direction, dtype and tile size,
+every pad combination, tile and channel blocks crossed; its declines; ResNet-50 accuracy."""
+import itertools
+
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import planner
+from numbaconv import reference as R
+from numbaconv.problem import ConvProblem
+from numbaconv.strategies import winograd as W
+
+
+def test_registered_first_for_every_direction():
+    for direction in ("fwd", "bwd_d", "bwd_w"):
+        assert planner.candidates(direction)[0] is W.STRATEGY
+
+
+@pytest.fixture(autouse=True)
+def small_problems(monkeypatch):
+    """Small channel counts and images stay accepted (the thresholds are about speed)."""
+    monkeypatch.setattr(W, "MIN_CHANNELS", 16)
+    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 0)
+
+
+@pytest.fixture
+def tile_size(monkeypatch):
+    def force(m):
+        monkeypatch.setattr(W, "TILE_SIZES", (m,))
+    return force
+
+
+def _run(direction, dtype, x, w, dy, isz, pb, pe, **extra):
+    """Result of the forced strategy and its normalised error (SPEC section 3)."""
+    st, dl = (1,) * len(pb), (1,) * len(pb)
+    ksz = w.shape[:-2]
+    xc, wc, dyc = x.astype(dtype), w.astype(dtype), dy.astype(dtype)
+    x, w, dy = xc.astype(np.float64), wc.astype(np.float64), dyc.astype(np.float64)
+    attrs = dict(strides=st, pads_begin=pb, pads_end=pe, strategy="winograd", **extra)
+    if direction == "fwd":
+        got = nc.convolution(xc, wc, **attrs)
+        ref, ra = R.conv_fwd(x, w, st, dl, pb, pe), R.conv_fwd(abs(x), abs(w), st, dl, pb, pe)
+    elif direction == "bwd_d":
+        got = nc.convolution_backprop_data(dyc, wc, isz, **attrs)
+        ref = R.conv_bwd_data(dy, w, isz, st, dl, pb, pe)
+        ra = R.conv_bwd_data(abs(dy), abs(w), isz, st, dl, pb, pe)
+    else:
+        got = nc.convolution_backprop_filters(xc, ksz, dyc, **attrs)
+        ref = R.conv_bwd_filter(x, dy, ksz, st, dl, pb, pe)
+        ra = R.conv_bwd_filter(abs(x), abs(dy), ksz, st, dl, pb, pe)
+    assert got.dtype == np.dtype(dtype) and got.shape == ref.shape
+    return R.normalized_error(got, ref, ra)
+
+
+def _operands(rng, mb, isz, ic, oc, pb, pe):
+    ksz = (1,) * (len(isz) - 2) + (3, 3)
+    osz = R.out_size(isz, ksz, (1,) * len(isz), (1,) * len(isz), pb, pe)
+    x = rng.standard_normal((mb, *isz, ic))
+    w = rng.standard_normal((*ksz, ic, oc))
+    dy = rng.standard_normal((mb, *osz, oc))
+    return x, w, dy
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_matrices_compute_the_correlation(m):
+    BT, G, AT = W.matrices(m)
+    rng = np.random.default_rng(0)
+    d, g = rng.standard_normal(m + 2), rng.standard_normal(3)
+    y = AT @ ((G @ g) * (BT @ d))
+    assert np.allclose(y, [d[i:i + 3] @ g for i in range(m)], rtol=0, atol=1e-13)
+
+
+# Every pad pair (0..2 at each end, each axis), odd and even sizes, batch 1 and 3, channel
+# blocks of 7 (a partial last block) and blocks of 5 tiles (the serial blocked path) in turn.
+PADS = list(itertools.product(range(3), repeat=4))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+@pytest.mark.parametrize("m", [2, 4])
+def test_every_pad_combination_matches_reference(m, direction, dtype, tile_size, monkeypatch):
+    tile_size(m)
+    rng = np.random.default_rng(7)
+    tol = R.WINOGRAD_TOLERANCE[dtype]
+    worst = 0.0
+    for i, (ph0, ph1, pw0, pw1) in enumerate(PADS):
+        monkeypatch.setattr(W, "CHANNEL_BLOCK", 7 if i % 2 else 256)
+        monkeypatch.setattr(W, "TILE_ROWS", 5 if i % 3 == 1 else 0)
+        isz = (7, 10) if i % 2 else (10, 9)
+        mb = 1 if i % 4 < 2 else 3
+        pb, pe = (ph0, pw0), (ph1, pw1)
+        x, w, dy = _operands(rng, mb, isz, 16, 24, pb, pe)
+        err = _run(direction, dtype, x, w, dy, isz, pb, pe)
+        assert err <= tol, (pb, pe, isz, mb, err)
+        worst = max(worst, err)
+    assert worst > 0
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+def test_tiny_images_and_pads_beyond_the_kernel(direction, tile_size, monkeypatch):
+    # a 1x1 tile grid, tiles overhanging on every side, and pads larger than the kernel
+    monkeypatch.setattr(W, "MIN_IMAGE", 1)
+    rng = np.random.default_rng(3)
+    for m, isz, pb, pe in [(4, (3, 3), (0, 0), (0, 0)), (2, (2, 5), (1, 2), (2, 0)),
+                           (4, (5, 4), (3, 0), (1, 4)), (2, (6, 6), (0, 3), (3, 1))]:
+        tile_size(m)
+        x, w, dy = _operands(rng, 2, isz, 16, 16, pb, pe)
+        assert _run(direction, "float64", x, w, dy, isz, pb, pe) <= 1e-12
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+def test_depth_joins_the_batch(direction):
+    # 3-D with a depth-1 kernel: every depth slice is an independent 2-D convolution
+    rng = np.random.default_rng(4)
+    x, w, dy = _operands(rng, 2, (3, 8, 9), 16, 16, (0, 1, 0), (0, 1, 2))
+    assert _run(direction, "float64", x, w, dy, (3, 8, 9), (0, 1, 0), (0, 1, 2)) <= 1e-12
+
+
+def _problem(**kw):
+    p = dict(direction="fwd", mb=2, g=1, ic=64, oc=64, isz=(1, 14, 14), ksz=(1, 3, 3),
+             osz=(1, 14, 14), stride=(1, 1, 1), dilation=(1, 1, 1), pad_begin=(0, 1, 1),
+             pad_end=(0, 1, 1), ndim=2, dtype="float32")
+    p.update(kw)
+    return ConvProblem(**p)
+
+
+def test_accepts_and_declines_with_reasons(monkeypatch):
+    monkeypatch.setattr(W, "MIN_CHANNELS", 64)
+    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 1 / 8)
+    s = W.STRATEGY
+    for d in ("fwd", "bwd_d", "bwd_w"):
+        assert s.accepts(_problem(direction=d, ic=64, oc=64)) is None
+        # ResNet-50 res5b at batch 1: 16 F(2x2) tiles for 512 channels; at batch 8: 128
+        res5 = dict(direction=d, ic=512, oc=512, isz=(1, 7, 7), osz=(1, 7, 7))
+        assert "16 tiles for 512 channels" in s.accepts(_problem(mb=1, **res5))
+        assert s.accepts(_problem(mb=8, **res5)) is None
+    cases = [
+        (dict(ksz=(1, 5, 5), osz=(1, 12, 12)), "not 3x3"),
+        (dict(ksz=(1, 3, 1)), "not 3x3"),
+        (dict(ksz=(3, 3, 3), isz=(3, 14, 14)), "kernel depth 3"),
+        (dict(isz=(3, 14, 14), osz=(5, 14, 14), pad_begin=(1, 1, 1), pad_end=(1, 1, 1)),
+         "depth stride, dilation or padding"),
+        (dict(stride=(1, 2, 2), osz=(1, 7, 7)), "stride 2"),
+        (dict(dilation=(1, 2, 2), osz=(1, 12, 12)), "dilation 2"),
+        (dict(g=2), "2 groups"),
+        (dict(g=64), "64 groups"),
+        (dict(ic=8), "8->64 channels"),
+        (dict(oc=3), "64->3 channels"),
+        (dict(ic=128, oc=32), "128->32 channels"),
+        (dict(isz=(1, 3, 14), osz=(1, 3, 14)), "image 3x14"),
+        (dict(isz=(1, 3, 14), osz=(1, 3, 14), direction="bwd_w"), "image 3x14"),
+    ]
+    for kw, reason in cases:
+        why = s.accepts(_problem(**kw))
+        assert why is not None and reason in why, (kw, why)
+    # a forced strategy that declines names itself and its reason
+    with pytest.raises(ValueError, match=r"winograd.*stride 2"):
+        nc.convolution(np.zeros((1, 8, 8, 16), np.float32), np.zeros((3, 3, 16, 16), np.float32),
+                       strides=(2, 2), strategy="winograd")
+
+
+def test_plan_tiles_and_workspace():
+    x = np.zeros((8, 56, 56, 64), np.float32)
+    p = nc.plan("conv2d_backprop_filter", x, [3, 3, 64, 64], x, 1, "SAME", strategy="winograd")
+    assert p.strategy == "winograd" and p.tiles["m"] in W.TILE_SIZES
+    assert isinstance(p.threads, int) and p.workspace_bytes > 0
+    a2 = (p.tiles["m"] + 2) ** 2
+    rows, T = p.tiles["tile_rows"], W.n_tiles(p.problem, p.tiles["m"])
+    assert 0 < rows <= T and -(-T // rows) == -(-T // W.TILE_ROWS)   # equal blocks
+    assert p.workspace_bytes >= a2 * rows * 128 * 4
+    # F(4x4) on large images; F(2x2) when F(4x4) would have few tiles for the channels
+    # (res4b at batch 1, res5b at batch 8)
+    big = dict(ic=256, oc=256, isz=(1, 14, 14), osz=(1, 14, 14))
+    assert W.choose_m(_problem(mb=8, isz=(1, 56, 56), osz=(1, 56, 56))) == 4
+    assert W.choose_m(_problem(mb=8, **big)) == 4
+    assert W.choose_m(_problem(mb=1, **big)) == 2
+    assert W.choose_m(_problem(mb=8, ic=512, oc=512, isz=(1, 7, 7), osz=(1, 7, 7))) == 2
+
+
+
+# ResNet-50's 3x3 stride-1 layers (batch 1 here; the report measures batch 8).
+RESNET = [(64, 56), (128, 28), (256, 14), (512, 7)]
+
+
+@pytest.mark.parametrize("c,s", RESNET, ids=[f"c{c}s{s}" for c, s in RESNET])
+def test_resnet50_accuracy(c, s, tile_size):
+    rng = np.random.default_rng(c)
+    x, w, dy = _operands(rng, 1, (s, s), c, c, (1, 1), (1, 1))
+    for m in (2, 4):
+        tile_size(m)
+        for direction in ("fwd", "bwd_d", "bwd_w"):
+            for dtype in ("float32", "float64"):
+                err = _run(direction, dtype, x, w, dy, (s, s), (1, 1), (1, 1))
+                assert err <= R.WINOGRAD_TOLERANCE[dtype], (m, direction, dtype, err)
