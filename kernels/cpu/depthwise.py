@@ -124,3 +124,108 @@ def bwd_w_depthwise(x, dy, part, geo):
                                 for c in range(C):
                                     pj[t_d, t_h, t_w, 0, c * m + j] += (
                                         x[n, i_d, i_h, i_w, c] * dy[n, o_d, o_h, o_w, c * m + j])
+
+
+@kernel
+def fwd_depthwise_3x3(x, w, y, geo):
+    """y = depthwise conv(x, w) for 3x3 filters (kd = 1, multiplier 1), any stride/dilation.
+
+    Interior pixels sum their nine taps in one expression, so the accumulator of each
+    channel lives in a vector register and y is written once (instead of read and written
+    per tap); border pixels take the checked per-tap loop.
+    """
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dh, dw = geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    for r in prange(mb * od * oh):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        i_d = o_d * sd - pd
+        h0 = o_h * sh - ph
+        rows_in = 0 <= i_d < id_ and h0 >= 0 and h0 + 2 * dh < ih
+        for o_w in range(ow):
+            w0 = o_w * sw - pw
+            if rows_in and w0 >= 0 and w0 + 2 * dw < iw:
+                h1, h2, w1, w2 = h0 + dh, h0 + 2 * dh, w0 + dw, w0 + 2 * dw
+                for c in range(C):
+                    y[n, o_d, o_h, o_w, c] = (
+                        x[n, i_d, h0, w0, c] * w[0, 0, 0, 0, c]
+                        + x[n, i_d, h0, w1, c] * w[0, 0, 1, 0, c]
+                        + x[n, i_d, h0, w2, c] * w[0, 0, 2, 0, c]
+                        + x[n, i_d, h1, w0, c] * w[0, 1, 0, 0, c]
+                        + x[n, i_d, h1, w1, c] * w[0, 1, 1, 0, c]
+                        + x[n, i_d, h1, w2, c] * w[0, 1, 2, 0, c]
+                        + x[n, i_d, h2, w0, c] * w[0, 2, 0, 0, c]
+                        + x[n, i_d, h2, w1, c] * w[0, 2, 1, 0, c]
+                        + x[n, i_d, h2, w2, c] * w[0, 2, 2, 0, c])
+            else:
+                for c in range(C):
+                    y[n, o_d, o_h, o_w, c] = 0
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(3):
+                    i_h = h0 + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    for t_w in range(3):
+                        i_w = w0 + t_w * dw
+                        if i_w < 0 or i_w >= iw:
+                            continue
+                        for c in range(C):
+                            y[n, o_d, o_h, o_w, c] += x[n, i_d, i_h, i_w, c] * w[0, t_h, t_w, 0, c]
+
+
+@kernel
+def bwd_d_depthwise_3x3(dy, w, dx, geo):
+    """dx = depthwise conv^T(dy, w) for 3x3 filters at stride 1 (kd = 1, multiplier 1).
+
+    At stride 1 every tap reaches every input pixel, so the gather has the forward's shape
+    with the taps reversed: dx[i] = sum_t dy[i + p - t*d] * w[t]; interior pixels sum the
+    nine terms in one expression (see :func:`fwd_depthwise_3x3`).
+    """
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    dh, dw = geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    for r in prange(mb * id_ * ih):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        o_d = i_d + pd
+        h0 = i_h + ph  # output row of tap 0; tap t reads h0 - t*dh
+        rows_in = o_d < od and h0 - 2 * dh >= 0 and h0 < oh
+        for i_w in range(iw):
+            w0 = i_w + pw
+            if rows_in and w0 - 2 * dw >= 0 and w0 < ow:
+                h1, h2, w1, w2 = h0 - dh, h0 - 2 * dh, w0 - dw, w0 - 2 * dw
+                for c in range(C):
+                    dx[n, i_d, i_h, i_w, c] = (
+                        dy[n, o_d, h0, w0, c] * w[0, 0, 0, 0, c]
+                        + dy[n, o_d, h0, w1, c] * w[0, 0, 1, 0, c]
+                        + dy[n, o_d, h0, w2, c] * w[0, 0, 2, 0, c]
+                        + dy[n, o_d, h1, w0, c] * w[0, 1, 0, 0, c]
+                        + dy[n, o_d, h1, w1, c] * w[0, 1, 1, 0, c]
+                        + dy[n, o_d, h1, w2, c] * w[0, 1, 2, 0, c]
+                        + dy[n, o_d, h2, w0, c] * w[0, 2, 0, 0, c]
+                        + dy[n, o_d, h2, w1, c] * w[0, 2, 1, 0, c]
+                        + dy[n, o_d, h2, w2, c] * w[0, 2, 2, 0, c])
+            else:
+                for c in range(C):
+                    dx[n, i_d, i_h, i_w, c] = 0
+                if o_d >= od:
+                    continue
+                for t_h in range(3):
+                    o_h = h0 - t_h * dh
+                    if o_h < 0 or o_h >= oh:
+                        continue
+                    for t_w in range(3):
+                        o_w = w0 - t_w * dw
+                        if o_w < 0 or o_w >= ow:
+                            continue
+                        for c in range(C):
+                            dx[n, i_d, i_h, i_w, c] += dy[n, o_d, o_h, o_w, c] * w[0, t_h, t_w, 0, c]

@@ -9,6 +9,15 @@ from .direct import Direct
 R_NOT_DEPTHWISE = "not depthwise (groups {g} != channels {ic})"
 
 
+def _unrolled_3x3(p):
+    """The nine-term kernels apply: 3x3 (depth 1), multiplier 1, and for backward data
+    stride 1 with no depth padding (every tap then reaches every input pixel)."""
+    base = p.ksz == (1, 3, 3) and p.oc == p.ic
+    if p.direction == "bwd_d":
+        return base and p.stride == (1, 1, 1) and p.pad_begin[0] == 0
+    return base
+
+
 class DepthwiseDirect(Direct):
     """The direct loop nests of :mod:`numbaconv.kernels.cpu.depthwise`."""
 
@@ -19,6 +28,13 @@ class DepthwiseDirect(Direct):
             return R_NOT_DEPTHWISE.format(g=p.g, ic=p.ic)
         return None
 
+    def tiles(self, p, machine):
+        t = super().tiles(p, machine)
+        t.pop("accumulate", None)  # the generic direct kernels' choice; not used here
+        if p.direction != "bwd_w":
+            t["unrolled_3x3"] = _unrolled_3x3(p)
+        return t
+
     def run(self, p, tiles, ops):
         from ..kernels.cpu import depthwise as k
         from ..kernels.cpu.direct import reduce_partials
@@ -27,12 +43,20 @@ class DepthwiseDirect(Direct):
         ct = p.compute_dtype
         g = geo(p)
         if p.direction == "fwd":
-            y = np.zeros(ys, ct)
-            k.fwd_depthwise(ops["x"], ops["w"], y, g)
+            if tiles.get("unrolled_3x3"):
+                y = np.empty(ys, ct)
+                k.fwd_depthwise_3x3(ops["x"], ops["w"], y, g)
+            else:
+                y = np.zeros(ys, ct)
+                k.fwd_depthwise(ops["x"], ops["w"], y, g)
             return y
         if p.direction == "bwd_d":
-            dx = np.zeros(xs, ct)
-            k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
+            if tiles.get("unrolled_3x3"):
+                dx = np.empty(xs, ct)
+                k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
+            else:
+                dx = np.zeros(xs, ct)
+                k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]
         part = np.zeros((chunks, *ws), ct)
