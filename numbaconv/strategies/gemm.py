@@ -187,10 +187,21 @@ class Gemm(Strategy):
             boff = np.array([off for _, off in taps], np.int64).reshape(len(taps), 3)
             Mq = p.mb * math.prod(grid)
             g_arr, q_arr = np.asarray(grid, np.int64), np.asarray(q, np.int64)
+            whole = _is_identity(len(taps), (1, 1, 1), boff, grid, dy, p.oc) and g == 1
             for gi in range(g):
-                # W_q^T: [taps_q, K/g, C/g] so that col_q (taps-major, then K) @ W_q^T -> C.
-                WT = np.ascontiguousarray(
-                    W[idx][:, :, gi * ocg:(gi + 1) * ocg].transpose(0, 2, 1)).reshape(-1, icg)
+                # W_q^T: [taps_q, K/g, C/g] so that col_q (taps-major, then K) @ W_q^T -> C;
+                # one tap needs no copy (BLAS takes the transposed view).
+                if len(idx) == 1:
+                    WT = W[idx[0], :, gi * ocg:(gi + 1) * ocg].T
+                else:
+                    WT = np.ascontiguousarray(
+                        W[idx][:, :, gi * ocg:(gi + 1) * ocg].transpose(0, 2, 1)).reshape(-1, icg)
+                if whole and not unit:
+                    # 1x1 at stride s: one GEMM on dy as it is, written to every s-th pixel
+                    sl = tuple(slice(qa, None, sa) for qa, sa in zip(q, p.stride))
+                    dx[(slice(None), *sl)] = (dy.reshape(-1, p.oc) @ WT).reshape(
+                        p.mb, *grid, icg)
+                    continue
                 for r0 in range(0, Mq, R):
                     r1 = min(Mq, r0 + R)
                     col = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, buf)
