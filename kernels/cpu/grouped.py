@@ -42,11 +42,24 @@ def fwd_grouped(x, w, y, geo):
                         i_w = o_w * sw - pw + t_w * dw
                         if i_w < 0 or i_w >= iw:
                             continue
-                        for c in range(icg):
-                            for k in range(ocg):
+                        for k in range(ocg):
+                            c = 0
+                            # four input channels per sweep: a quarter of the y traffic
+                            while c + 4 <= icg:
                                 for gi in range(g):
                                     y[n, o_d, o_h, o_w, k, gi] += (
-                                        x[n, i_d, i_h, i_w, c, gi] * w[t_d, t_h, t_w, c, k, gi])
+                                        x[n, i_d, i_h, i_w, c, gi] * w[t_d, t_h, t_w, c, k, gi]
+                                        + x[n, i_d, i_h, i_w, c + 1, gi]
+                                        * w[t_d, t_h, t_w, c + 1, k, gi]
+                                        + x[n, i_d, i_h, i_w, c + 2, gi]
+                                        * w[t_d, t_h, t_w, c + 2, k, gi]
+                                        + x[n, i_d, i_h, i_w, c + 3, gi]
+                                        * w[t_d, t_h, t_w, c + 3, k, gi])
+                                c += 4
+                            for cr in range(c, icg):
+                                for gi in range(g):
+                                    y[n, o_d, o_h, o_w, k, gi] += (
+                                        x[n, i_d, i_h, i_w, cr, gi] * w[t_d, t_h, t_w, cr, k, gi])
 
 
 @kernel
@@ -86,10 +99,23 @@ def bwd_d_grouped(dy, w, dx, geo):
                             continue
                         o_w = a_w // sw
                         for c in range(icg):
-                            for k in range(ocg):
+                            k = 0
+                            # four output channels per sweep: a quarter of the dx traffic
+                            while k + 4 <= ocg:
                                 for gi in range(g):
                                     dx[n, i_d, i_h, i_w, c, gi] += (
-                                        dy[n, o_d, o_h, o_w, k, gi] * w[t_d, t_h, t_w, c, k, gi])
+                                        dy[n, o_d, o_h, o_w, k, gi] * w[t_d, t_h, t_w, c, k, gi]
+                                        + dy[n, o_d, o_h, o_w, k + 1, gi]
+                                        * w[t_d, t_h, t_w, c, k + 1, gi]
+                                        + dy[n, o_d, o_h, o_w, k + 2, gi]
+                                        * w[t_d, t_h, t_w, c, k + 2, gi]
+                                        + dy[n, o_d, o_h, o_w, k + 3, gi]
+                                        * w[t_d, t_h, t_w, c, k + 3, gi])
+                                k += 4
+                            for kr in range(k, ocg):
+                                for gi in range(g):
+                                    dx[n, i_d, i_h, i_w, c, gi] += (
+                                        dy[n, o_d, o_h, o_w, kr, gi] * w[t_d, t_h, t_w, c, kr, gi])
 
 
 @kernel
@@ -118,13 +144,43 @@ def bwd_w_grouped(x, dy, part, geo):
                     i_h = o_h * sh - ph + t_h * dh
                     if i_h < 0 or i_h >= ih:
                         continue
-                    for o_w in range(ow):
-                        for t_w in range(kw):
-                            i_w = o_w * sw - pw + t_w * dw
+                    for t_w in range(kw):
+                        o_w = 0
+                        # four output pixels per sweep (when all four read inside the
+                        # input): a quarter of the partial-dW traffic
+                        while o_w + 4 <= ow:
+                            i0 = o_w * sw - pw + t_w * dw
+                            i3 = i0 + 3 * sw
+                            if i0 >= 0 and i3 < iw:
+                                i1 = i0 + sw
+                                i2 = i1 + sw
+                                for c in range(icg):
+                                    for k in range(ocg):
+                                        for gi in range(g):
+                                            pj[t_d, t_h, t_w, c, k, gi] += (
+                                                x[n, i_d, i_h, i0, c, gi] * dy[n, o_d, o_h, o_w, k, gi]
+                                                + x[n, i_d, i_h, i1, c, gi]
+                                                * dy[n, o_d, o_h, o_w + 1, k, gi]
+                                                + x[n, i_d, i_h, i2, c, gi]
+                                                * dy[n, o_d, o_h, o_w + 2, k, gi]
+                                                + x[n, i_d, i_h, i3, c, gi]
+                                                * dy[n, o_d, o_h, o_w + 3, k, gi])
+                                o_w += 4
+                            else:
+                                if 0 <= i0 < iw:
+                                    for c in range(icg):
+                                        for k in range(ocg):
+                                            for gi in range(g):
+                                                pj[t_d, t_h, t_w, c, k, gi] += (
+                                                    x[n, i_d, i_h, i0, c, gi]
+                                                    * dy[n, o_d, o_h, o_w, k, gi])
+                                o_w += 1
+                        for o_r in range(o_w, ow):
+                            i_w = o_r * sw - pw + t_w * dw
                             if i_w < 0 or i_w >= iw:
                                 continue
                             for c in range(icg):
                                 for k in range(ocg):
                                     for gi in range(g):
                                         pj[t_d, t_h, t_w, c, k, gi] += (
-                                            x[n, i_d, i_h, i_w, c, gi] * dy[n, o_d, o_h, o_w, k, gi])
+                                            x[n, i_d, i_h, i_w, c, gi] * dy[n, o_d, o_h, o_r, k, gi])
