@@ -13,6 +13,11 @@ Canonical layouts (every rank is 3-D: 2-D has depth 1, 1-D depth and height 1):
 The geometry vector ``geo`` (see :func:`numbaconv.kernels.geometry`) packs
 ``mb g icg ocg id ih iw kd kh kw od oh ow sd sh sw dd dh dw pd ph pw``; index arithmetic is
 int64 throughout.
+
+Each kernel module is self-contained (its loop nests repeat the same index preamble rather
+than sharing jitted helpers across files): Numba's on-disk cache checks only the source file
+of the function it loads, so a helper changed in another file would leave stale callers in
+the cache after an upgrade.
 """
 import numpy as np
 

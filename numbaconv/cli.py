@@ -12,7 +12,6 @@ def _info(args):
     import numbaconv
     from numbaconv import _jit, config
     from numbaconv.machine import machine
-    from numbaconv.backends import cpu
 
     m = machine()
     # Run one tiny op so that Numba's threading layer is known (and report it honestly).
@@ -48,7 +47,6 @@ def _info(args):
     w = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
-    del cpu
     return 0
 
 
@@ -69,7 +67,7 @@ def _cuda_status():
     try:
         if cuda.is_available():
             return f"usable: {cuda.get_current_device().name}"
-        return "no usable GPU (the numba.cuda backend is not part of this version)"
+        return "no usable GPU (device arrays give a clear error; NumPy arrays run on the CPU)"
     except Exception as exc:  # pragma: no cover
         return f"no usable GPU ({exc})"
 
