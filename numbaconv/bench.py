@@ -4,8 +4,9 @@ Per layer and pass one row: the benchdnn-style descriptor, the strategy the plan
 the best time of ``repeat`` calls after a warm-up call (so compilation is excluded), GFLOP/s,
 the share of the machine's measured sgemm peak, the error against the float64 reference
 (normalised as SPEC section 3) and, with ``--compare torch``, PyTorch's time on the same data
-in the same process, interleaved call by call, so that a noisy shared machine slows both
-alike. The end of the table gives geometric means per pass.
+in the same process, each timed in blocks of its own after an untimed call (so that one
+library's spinning idle threads do not land in the other's timings), two rounds each. The
+end of the table gives geometric means per pass.
 
 The core loop is :func:`run`, which takes an explicit list of
 :class:`numbaconv.suites.Layer` objects; :func:`main` only selects the layers, measures the
@@ -104,7 +105,7 @@ def add_arguments(parser):
     parser.add_argument("--strategy", default=None, choices=list(STRATEGY_NAMES),
                         help="force a strategy (layers it declines are reported and skipped)")
     parser.add_argument("--compare", default=None, choices=["torch"],
-                        help="also time PyTorch (CPU) on the same data, interleaved")
+                        help="also time PyTorch (CPU) on the same data, in the same process")
     parser.add_argument("--repeat", type=int, default=None, metavar="N",
                         help=f"timed calls per pass after the warm-up, best is reported "
                              f"(default: {DEFAULT_REPEAT}, 1 with --quick)")
@@ -295,17 +296,23 @@ def check_error(layer, direction, arrays, strategy, full_result=None):
     return R.normalized_error(got, ref, ref_abs), note
 
 
-def _interleaved(fns, repeat):
-    """Best ``time.perf_counter`` seconds of each function, called in turn ``repeat`` times.
+def _blocked(fns, repeat, rounds=2):
+    """Best ``time.perf_counter`` seconds of each function: ``rounds`` rounds in which each
+    function gets an untimed call and then ``repeat`` timed calls in a row.
 
-    Alternating the contenders call by call spreads a noisy neighbour's load over both.
+    Timing each contender in a block of its own, after an untimed call, keeps one library's
+    idle worker threads (OpenMP and OpenBLAS pools spin for a while after each parallel
+    call) from landing in the other's timed calls: measured here, alternating call by call
+    slowed both sides by up to 1.6x. Two rounds spread a noisy neighbour over both.
     """
     best = [math.inf] * len(fns)
-    for _ in range(max(repeat, 1)):
+    for _ in range(rounds):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
             fn()
-            best[i] = min(best[i], time.perf_counter() - t0)
+            for _ in range(max(repeat, 1)):
+                t0 = time.perf_counter()
+                fn()
+                best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
@@ -496,7 +503,7 @@ def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check
     del got
 
     fns = [nc_fn] + ([tp.fn] if tp is not None else [])
-    best = _interleaved(fns, repeat)
+    best = _blocked(fns, repeat)
     row.ms = best[0] * 1e3
     row.gflops = layer.flops / best[0] / 1e9
     if peak:
