@@ -296,6 +296,11 @@ def check_error(layer, direction, arrays, strategy, full_result=None):
     return R.normalized_error(got, ref, ref_abs), note
 
 
+#: Seconds of rest before each contender's block: OpenBLAS workers busy-wait for about
+#: 2^28 cycles after a call and OpenMP workers spin too; resting lets them go to sleep.
+IDLE_PAUSE = 0.3
+
+
 def _blocked(fns, repeat, rounds=2):
     """Best ``time.perf_counter`` seconds of each function: ``rounds`` rounds in which each
     function gets an untimed call and then ``repeat`` timed calls in a row.
@@ -308,6 +313,8 @@ def _blocked(fns, repeat, rounds=2):
     best = [math.inf] * len(fns)
     for _ in range(rounds):
         for i, fn in enumerate(fns):
+            if len(fns) > 1:
+                time.sleep(IDLE_PAUSE)
             fn()
             for _ in range(max(repeat, 1)):
                 t0 = time.perf_counter()
