@@ -72,7 +72,7 @@ def plan(op, *args, strategy=None, tune=False, **kwargs):
     >>> x = np.zeros((8, 56, 56, 64), np.float32); dy = np.zeros((8, 56, 56, 64), np.float32)
     >>> p = numbaconv.plan("conv2d_backprop_filter", x, [3, 3, 64, 64], dy, 1, "SAME")
     >>> p.flops
-    3699376128
+    1849688064
     """
     from .. import planner
 
