@@ -240,8 +240,14 @@ def _tile(kind, m, s, e, si, sj, tmp, d, o, da, db, n, cb):
 
 
 # -- tile ranges --------------------------------------------------------------------------------
-@helper
-def _to_tiles_range(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+# -- entry points -------------------------------------------------------------------------------
+# Serial on purpose: they run between BLAS calls, which own the cores (see numbaconv.blas;
+# measured on 2 cores, parallel transforms next to multithreaded GEMMs ran 1.5-5x slower).
+@kernel(parallel=False)
+def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+    """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
+    d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
+    L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3)."""
     H, W, C = src.shape[1], src.shape[2], src.shape[3]
     alpha = m + 2
     q = alpha if kind == 0 else m
@@ -283,8 +289,10 @@ def _to_tiles_range(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
                 _tile(kind, m, buf, 0, q * cb, cb, tmp, dst, o, alpha * R * C, R * C, cn, cb)
 
 
-@helper
-def _from_tiles_range(src, dst, m, th, tw, t0, t1, cb):
+@kernel(parallel=False)
+def from_tiles(src, dst, m, th, tw, t0, t1, cb):
+    """dst[n, m*ti + a, m*tj + b, k] = (A^T s_t A)[a, b, k] for tiles t0 <= t < t1 and the
+    positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]."""
     H, W, K = dst.shape[1], dst.shape[2], dst.shape[3]
     alpha = m + 2
     R = src.shape[1]
@@ -315,21 +323,3 @@ def _from_tiles_range(src, dst, m, th, tw, t0, t1, cb):
                         bv = buf[(a * m + b) * cb:]
                         for k in range(kn):
                             dv[k] = bv[k]
-
-
-# -- entry points -------------------------------------------------------------------------------
-# Serial on purpose: they run between BLAS calls, which own the cores (see numbaconv.blas;
-# measured on 2 cores, parallel transforms next to multithreaded GEMMs ran 1.5-5x slower).
-@kernel(parallel=False)
-def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
-    """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
-    d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
-    L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3)."""
-    _to_tiles_range(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb)
-
-
-@kernel(parallel=False)
-def from_tiles(src, dst, m, th, tw, t0, t1, cb):
-    """dst[n, m*ti + a, m*tj + b, k] = (A^T s_t A)[a, b, k] for tiles t0 <= t < t1 and the
-    positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]."""
-    _from_tiles_range(src, dst, m, th, tw, t0, t1, cb)
