@@ -93,6 +93,11 @@ def _threads():
 
 
 def _build(problem, strat, reason, declined, threads, machine):
+    """The Plan of ``strat``; ``declined`` keeps the reasons of the strategies ranked ahead
+    of it (why it, and not an earlier one, runs), as oneDNN's dispatch trace does."""
+    ahead = [label(s) for s in candidates(problem.direction)]
+    ahead = set(ahead[:ahead.index(label(strat))]) if label(strat) in ahead else set()
+    declined = [(n, r) for n, r in declined if n in ahead]
     tiles = strat.tiles(problem, machine)
     return Plan(problem=problem, strategy=strat.name, tiles=FrozenMapping(tiles),
                 threads=threads, flops=problem.flops,
