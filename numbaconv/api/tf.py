@@ -119,7 +119,7 @@ def _tf_problem(opname, direction, nd, *, x_shape, w_shape, dy_shape, strides, p
                 explicit_paddings, data_format, dilations, dtype, depthwise,
                 takes_explicit=True):
     fmt = _data_format(data_format, nd)
-    stride = _spatial_attr(strides, "strides", nd, fmt, None if strides is None else 1)
+    stride = _spatial_attr(strides, "strides", nd, fmt, 1)
     dilation = _spatial_attr(dilations, "dilations", nd, fmt, 1)
     mode, pb, pe = _padding(padding, explicit_paddings, nd, fmt, takes_explicit)
     mb, ic, isz = split_data_shape(x_shape, fmt)

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from .. import config
+from ..strategies import canonical_shapes
 
 #: Defaults of the ``config.CUDA_*`` tunables.
 DEFAULTS = {
@@ -129,11 +130,6 @@ def as_device_array(value, name):
 
 
 # -- the launch plan -------------------------------------------------------------------------
-def canonical_shapes(p):
-    """Canonical ``x``, ``y`` and ``w`` shapes (see :mod:`numbaconv.kernels`)."""
-    return ((p.mb, *p.isz, p.ic), (p.mb, *p.osz, p.oc), (*p.ksz, p.icg, p.oc))
-
-
 def _phase_rows(p):
     """Largest number of input positions of one stride phase, per axis."""
     from ..kernels.cuda.gemm import axis_phase
