@@ -22,6 +22,8 @@ Tile ``t`` is ``(n, ti, tj)`` in C order over ``[nb, th, tw]``; a call handles t
 ``t0 <= t < t1`` and uses row ``t - t0`` of its stack, so the driver may run the whole
 problem at once or in blocks.
 """
+import types
+
 import numpy as np
 
 from numbaconv._jit import helper, kernel
@@ -206,45 +208,34 @@ def _at4_row(a, s, e, st, d, o, n):
             d[o0 + c] = s[e1 + c] - s[e2 + c] + (t + t) + s[e5 + c]
 
 
-@helper
-def _row(kind, m, a, s, e, st, d, o, n):
-    """Row ``a`` of the 1-D transform ``kind`` (0: B^T, 1: A, 2: A^T) of F(m, 3)."""
-    if m == 4:
-        if kind == 0:
-            _bt4_row(a, s, e, st, d, o, n)
-        elif kind == 1:
-            _a4_row(a, s, e, st, d, o, n)
-        else:
-            _at4_row(a, s, e, st, d, o, n)
-    else:
-        if kind == 0:
-            _bt2_row(a, s, e, st, d, o, n)
-        elif kind == 1:
-            _a2_row(a, s, e, st, d, o, n)
-        else:
-            _at2_row(a, s, e, st, d, o, n)
+# -- one compiled chain per transform and tile size -----------------------------------------
+# The tile helper and the entry kernels below are templates: ``_chain`` makes a copy of them
+# per (transform, m) whose global ``_ROW`` (or ``_TILE``) is that transform's row function,
+# with its own qualified name (so its own cache index; Numba freezes globals as constants).
+# A call then compiles only the chain it uses: F(4x4) forward compiles B^T(4) and A^T(4),
+# not all six transforms inlined into every caller (measured, float32 F(4x4) forward, empty
+# cache: first call 8.7 s with one kernel dispatching on ``kind`` and ``m`` at run time).
+# ``m`` stays a run-time argument: as a constant, LLVM unrolls the tile loops and inlines
+# the row's vectorised loops 36 times over (2x the compile time). Closures would do the
+# same, but Numba keys a cached closure on a pickle of its cells, which differs between
+# processes for a dispatcher: the cache would never hit.
+_ROW = _TILE = None
 
 
-@helper
-def _tile(kind, m, s, e, si, sj, tmp, d, o, da, db, n, cb):
+def _tile(m, kind, s, e, si, sj, tmp, d, o, da, db, n, cb):
     """d[o + a*da + b*db + c] = (L x L^T)[a, b, c] with x[i, j, c] = s[e + i*si + j*sj + c]:
-    first along i into ``tmp`` ([p, q, cb]), then along j."""
+    first along i into ``tmp`` ([p, q, cb]), then along j. L is ``_ROW``'s transform."""
     p = m + 2 if kind < 2 else m
     q = m if kind == 1 else m + 2
     for a in range(p):
         for j in range(q):
-            _row(kind, m, a, s, e + j * sj, si, tmp, (a * q + j) * cb, n)
+            _ROW(a, s, e + j * sj, si, tmp, (a * q + j) * cb, n)
     for a in range(p):
         for b in range(p):
-            _row(kind, m, b, tmp, a * q * cb, cb, d, o + a * da + b * db, n)
+            _ROW(b, tmp, a * q * cb, cb, d, o + a * da + b * db, n)
 
 
-# -- tile ranges --------------------------------------------------------------------------------
-# -- entry points -------------------------------------------------------------------------------
-# Serial on purpose: they run between BLAS calls, which own the cores (see numbaconv.blas;
-# measured on 2 cores, parallel transforms next to multithreaded GEMMs ran 1.5-5x slower).
-@kernel(parallel=False)
-def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+def _to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
     """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
     d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
     L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3)."""
@@ -267,30 +258,26 @@ def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
         inside = h0 >= 0 and w0 >= 0 and h0 + q <= H and w0 + q <= W
         for c0 in range(0, C, cb):
             cn = min(cb, C - c0)
-            o = row * C + c0
-            if inside:
-                _tile(kind, m, flat, ((n * H + h0) * W + w0) * C + c0, W * C, C, tmp, dst, o,
-                      alpha * R * C, R * C, cn, cb)
-            else:
+            if inside:       # interior tiles are read in place
+                s, e, si, sj = flat, ((n * H + h0) * W + w0) * C + c0, W * C, C
+            else:            # border tiles through a zero-filled patch
                 for i in range(q):
                     h = h0 + i
                     for j in range(q):
                         w = w0 + j
-                        e = (i * q + j) * cb
+                        bv = buf[(i * q + j) * cb:]
                         if 0 <= h < H and 0 <= w < W:
-                            bv = buf[e:]
                             sv = flat[((n * H + h) * W + w) * C + c0:]
                             for c in range(cn):
                                 bv[c] = sv[c]
                         else:
-                            bv = buf[e:]
                             for c in range(cn):
                                 bv[c] = 0
-                _tile(kind, m, buf, 0, q * cb, cb, tmp, dst, o, alpha * R * C, R * C, cn, cb)
+                s, e, si, sj = buf, 0, q * cb, cb
+            _TILE(m, kind, s, e, si, sj, tmp, dst, row * C + c0, alpha * R * C, R * C, cn, cb)
 
 
-@kernel(parallel=False)
-def from_tiles(src, dst, m, th, tw, t0, t1, cb):
+def _from_tiles(src, dst, m, th, tw, t0, t1, cb):
     """dst[n, m*ti + a, m*tj + b, k] = (A^T s_t A)[a, b, k] for tiles t0 <= t < t1 and the
     positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]."""
     H, W, K = dst.shape[1], dst.shape[2], dst.shape[3]
@@ -311,15 +298,54 @@ def from_tiles(src, dst, m, th, tw, t0, t1, cb):
         inside = h0 + m <= H and w0 + m <= W
         for k0 in range(0, K, cb):
             kn = min(cb, K - k0)
-            e = row * K + k0
-            if inside:
-                _tile(2, m, s, e, alpha * R * K, R * K, tmp, flat,
-                      ((n * H + h0) * W + w0) * K + k0, W * K, K, kn, cb)
-            else:
-                _tile(2, m, s, e, alpha * R * K, R * K, tmp, buf, 0, m * cb, cb, kn, cb)
+            if inside:       # interior tiles are written in place
+                d, o, da, db = flat, ((n * H + h0) * W + w0) * K + k0, W * K, K
+            else:            # border tiles through a patch, clipped to dst
+                d, o, da, db = buf, 0, m * cb, cb
+            _TILE(m, 2, s, row * K + k0, alpha * R * K, R * K, tmp, d, o, da, db, kn, cb)
+            if not inside:
                 for a in range(min(m, H - h0)):
                     for b in range(min(m, W - w0)):
                         dv = flat[((n * H + h0 + a) * W + w0 + b) * K + k0:]
                         bv = buf[(a * m + b) * cb:]
                         for k in range(kn):
                             dv[k] = bv[k]
+
+
+def _copy(fn, name, **globals_):
+    """``fn`` with ``globals_`` bound and its own qualified name ``<fn>_<name>``."""
+    g = dict(fn.__globals__)
+    g.update(globals_)
+    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__)
+    f.__qualname__ = f"{fn.__name__}_{name}"
+    f.__doc__ = fn.__doc__
+    return f
+
+
+def _chain(kind, m, row):
+    name = f"{('bt', 'a', 'at')[kind]}{m}"
+    tile = helper(_copy(_tile, name, _ROW=row))
+    # Serial on purpose: they run between BLAS calls, which own the cores (see
+    # numbaconv.blas; measured on 2 cores, parallel transforms next to multithreaded GEMMs
+    # ran 1.5-5x slower).
+    return kernel(_copy(_from_tiles if kind == 2 else _to_tiles, name, _TILE=tile),
+                  parallel=False)
+
+
+_CHAINS = {(kind, m): _chain(kind, m, row) for (kind, m), row in {
+    (0, 2): _bt2_row, (1, 2): _a2_row, (2, 2): _at2_row,
+    (0, 4): _bt4_row, (1, 4): _a4_row, (2, 4): _at4_row}.items()}
+
+
+# -- entry points -------------------------------------------------------------------------------
+def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+    """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
+    d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
+    L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3)."""
+    _CHAINS[int(kind), int(m)](src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb)
+
+
+def from_tiles(src, dst, m, th, tw, t0, t1, cb):
+    """dst[n, m*ti + a, m*tj + b, k] = (A^T s_t A)[a, b, k] for tiles t0 <= t < t1 and the
+    positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]."""
+    _CHAINS[2, int(m)](src, dst, m, th, tw, t0, t1, cb)
