@@ -137,3 +137,13 @@ def test_direct_variants_and_generic_direct_agree(direction, groups, variant, mo
     generic = DIRECT.run(p, DIRECT.tiles(p, __import__("numbaconv.machine").machine.machine()),
                          ops)
     np.testing.assert_allclose(cpu._to_user(generic, p), got, rtol=1e-12, atol=1e-12)
+
+
+def test_gemm_tap_runs():
+    from numbaconv.strategies.gemm import _runs
+    # 2x3 taps at dilation 1: two rows of three w-neighbours
+    boff = np.array([[0, h - 1, w - 1] for h in range(2) for w in range(3)], np.int64)
+    assert _runs(boff).tolist() == [[0, 3], [3, 3]]
+    # dilation 2 in w: no neighbours; a gap or a new row ends a run
+    boff = np.array([[0, 0, 0], [0, 0, 2], [0, 0, 3], [0, 1, 4], [1, 1, 5]], np.int64)
+    assert _runs(boff).tolist() == [[0, 1], [1, 2], [3, 1], [4, 1]]

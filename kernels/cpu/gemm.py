@@ -10,16 +10,26 @@ One gather covers every im2col the GEMM strategy needs. A GEMM row is a point ``
   ``a = 1``, ``boff[t] = (q + pad_begin - t*dilation) / s`` for the taps where that division
   is exact (Lavin's and oneDNN's stride-phase decomposition: no scatter-add).
 """
+import numpy as np
+
 from numbaconv._jit import kernel
 
 
 # Serial on purpose: BLAS owns the cores between packs (see numbaconv.blas).
 @kernel(parallel=False)
-def im2col(src, col, grid, a, boff, c0, r0):
-    """col[rr, t, c] = src[n, j*a + boff[t], c0 + c] (0 outside) for rows r0 + rr."""
+def im2col(src, col, grid, a, boff, runs, c0, r0):
+    """col[rr, t, c] = src[n, j*a + boff[t], c0 + c] (0 outside) for rows r0 + rr.
+
+    ``runs[i] = (t0, L)`` splits the taps into runs whose offsets differ only in w, by 1 from
+    tap to tap: when a run lies inside the source and takes every channel, its ``L * cn``
+    values are contiguous in both ``src`` and ``col`` and are copied as one block (ResNet's
+    7x7 stem over 3 channels: blocks of 21 values instead of 3)."""
     rows, ntaps, cn = col.shape[0], col.shape[1], col.shape[2]
     jd_n, jh_n, jw_n = grid[0], grid[1], grid[2]
-    s_d, s_h, s_w = src.shape[1], src.shape[2], src.shape[3]
+    s_d, s_h, s_w, s_c = src.shape[1], src.shape[2], src.shape[3], src.shape[4]
+    sf = src.reshape(src.size)
+    cf = col.reshape(col.size)
+    full = cn == s_c
     for rr in range(rows):
         r = r0 + rr
         jw = r % jw_n
@@ -28,16 +38,30 @@ def im2col(src, col, grid, a, boff, c0, r0):
         q = q // jh_n
         jd = q % jd_n
         n = q // jd_n
-        for t in range(ntaps):
-            p_d = jd * a[0] + boff[t, 0]
-            p_h = jh * a[1] + boff[t, 1]
-            p_w = jw * a[2] + boff[t, 2]
-            if 0 <= p_d < s_d and 0 <= p_h < s_h and 0 <= p_w < s_w:
-                for c in range(cn):
-                    col[rr, t, c] = src[n, p_d, p_h, p_w, c0 + c]
-            else:
-                for c in range(cn):
-                    col[rr, t, c] = 0
+        for ri in range(runs.shape[0]):
+            t0 = runs[ri, 0]
+            L = runs[ri, 1]
+            p_d = jd * a[0] + boff[t0, 0]
+            p_h = jh * a[1] + boff[t0, 1]
+            p_w = jw * a[2] + boff[t0, 2]
+            dh_in = 0 <= p_d < s_d and 0 <= p_h < s_h
+            if full and dh_in and p_w >= 0 and p_w + L <= s_w:
+                # unsigned offsets: no negative-index wraparound, so the copies vectorise
+                e = np.uint64((((n * s_d + p_d) * s_h + p_h) * s_w + p_w) * s_c)
+                o = np.uint64((rr * ntaps + t0) * cn)
+                for i in range(np.uint64(L * cn)):
+                    cf[o + i] = sf[e + i]
+                continue
+            for t in range(t0, t0 + L):
+                pw = p_w + (t - t0)
+                o = np.uint64((rr * ntaps + t) * cn)
+                if dh_in and 0 <= pw < s_w:
+                    e = np.uint64((((n * s_d + p_d) * s_h + p_h) * s_w + pw) * s_c + c0)
+                    for c in range(np.uint64(cn)):
+                        cf[o + c] = sf[e + c]
+                else:
+                    for c in range(np.uint64(cn)):
+                        cf[o + c] = 0
 
 
 @kernel(parallel=False)

@@ -55,6 +55,21 @@ def _phases(p):
     return out
 
 
+def _runs(boff):
+    """``[(t0, L)]``: maximal runs of consecutive taps whose offsets differ only in w, by +1
+    from one tap to the next (their columns are one contiguous block: see ``im2col``)."""
+    runs = []
+    for t in range(len(boff)):
+        if runs:
+            t0, n = runs[-1]
+            if (boff[t, 0] == boff[t0, 0] and boff[t, 1] == boff[t0, 1]
+                    and boff[t, 2] == boff[t0, 2] + n):
+                runs[-1][1] += 1
+                continue
+        runs.append([t, 1])
+    return np.array(runs, np.int64).reshape(len(runs), 2)
+
+
 def _is_identity(ntaps, a, boff, grid, src, cn):
     return (ntaps == 1 and all(v == 1 for v in a) and not np.any(boff)
             and tuple(grid) == src.shape[1:4] and cn == src.shape[4])
@@ -113,7 +128,7 @@ class Gemm(Strategy):
         return ws
 
     # -- running ----------------------------------------------------------------------------
-    def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf):
+    def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf, runs=None):
         from ..kernels.cpu import gemm as k
         if _is_identity(len(boff), a, boff, grid, src, cn):
             return src.reshape(-1, cn)[r0:r1]
@@ -122,7 +137,7 @@ class Gemm(Strategy):
             buf = np.empty(need, src.dtype)
         col = buf[:need].reshape(r1 - r0, len(boff), cn)
         k.im2col(src, col, np.asarray(grid, np.int64), np.asarray(a, np.int64), boff,
-                 np.int64(c0), np.int64(r0))
+                 _runs(boff) if runs is None else runs, np.int64(c0), np.int64(r0))
         return col.reshape(r1 - r0, len(boff) * cn)
 
     def run(self, p, tiles, ops):
@@ -141,6 +156,7 @@ class Gemm(Strategy):
         taps = _taps(p)
         boff = np.array([[t[a] * p.dilation[a] - p.pad_begin[a] for a in range(3)]
                          for t in taps], np.int64).reshape(len(taps), 3)
+        runs = _runs(boff)
         x = ops["x"]
         M = p.mb * math.prod(p.osz)
         icg, ocg, g = p.icg, p.ocg, p.g
@@ -152,7 +168,7 @@ class Gemm(Strategy):
                 Wg = np.ascontiguousarray(W[:, :, gi * ocg:(gi + 1) * ocg]).reshape(-1, ocg)
                 for r0 in range(0, M, R):
                     r1 = min(M, r0 + R)
-                    col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf)
+                    col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf, runs)
                     if g == 1:
                         np.matmul(col, Wg, out=y2[r0:r1])
                     else:
@@ -166,7 +182,7 @@ class Gemm(Strategy):
             dyg = dy2[:, gi * ocg:(gi + 1) * ocg]
             for r0 in range(0, M, R):
                 r1 = min(M, r0 + R)
-                col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf)
+                col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf, runs)
                 prod = col.T @ dyg[r0:r1]
                 acc = prod if acc is None else np.add(acc, prod, out=acc)
             dW3[:, :, gi * ocg:(gi + 1) * ocg] = acc.reshape(len(taps), icg, ocg)
@@ -177,14 +193,21 @@ class Gemm(Strategy):
         dy, icg, ocg, g = ops["dy"], p.icg, p.ocg, p.g
         W = ops["w"].reshape(-1, icg, p.oc)
         unit = all(s == 1 for s in p.stride)
-        dx = np.empty(xs, ct) if unit else np.zeros(xs, ct)
+        dx = np.empty(xs, ct)
         dx2 = dx.reshape(-1, p.ic)
         stride = np.asarray(p.stride, np.int64)
+        tmp = None
         for q, grid, taps in _phases(p):
-            if not taps or 0 in grid:
+            if 0 in grid:
                 continue
+            if not taps:  # positions no tap reaches (stride > kernel extent): zero
+                dx[(slice(None), *(slice(qa, None, sa) for qa, sa in zip(q, p.stride)))] = 0
+                continue
+            # taps in offset order, so that w-neighbours form contiguous im2col runs
+            taps = sorted(taps, key=lambda t: t[1])
             idx = [ti for ti, _ in taps]
             boff = np.array([off for _, off in taps], np.int64).reshape(len(taps), 3)
+            runs = _runs(boff)
             Mq = p.mb * math.prod(grid)
             g_arr, q_arr = np.asarray(grid, np.int64), np.asarray(q, np.int64)
             whole = _is_identity(len(taps), (1, 1, 1), boff, grid, dy, p.oc) and g == 1
@@ -204,11 +227,15 @@ class Gemm(Strategy):
                     continue
                 for r0 in range(0, Mq, R):
                     r1 = min(Mq, r0 + R)
-                    col = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, buf)
+                    col = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, buf,
+                                    runs)
                     if unit and g == 1:
                         np.matmul(col, WT, out=dx2[r0:r1])
                     else:
-                        k.scatter_phase(col @ WT, dx, g_arr, stride, q_arr, np.int64(gi * icg),
+                        if tmp is None:
+                            tmp = np.empty((R, icg), ct)
+                        t = np.matmul(col, WT, out=tmp[: r1 - r0])
+                        k.scatter_phase(t, dx, g_arr, stride, q_arr, np.int64(gi * icg),
                                         np.int64(r0))
         return dx
 
