@@ -28,6 +28,10 @@ MAX_MEMORY_FRACTION = 0.9
 #: Threads for numbaconv's kernels (0: Numba's current setting). See ``set_num_threads``.
 THREADS = 0
 
+#: Packed GEMMs: each worker thread packs and multiplies its own slabs with a one-thread
+#: BLAS (True), or slabs are packed on one core and multiplied by BLAS on every core (False).
+GEMM_WORKERS = True
+
 #: Fewest GEMM rows per slab (BLAS needs a tall enough slab to reach its speed).
 GEMM_MIN_ROWS = 256
 

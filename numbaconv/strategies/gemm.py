@@ -113,18 +113,25 @@ class Gemm(Strategy):
         row_bytes = max(ntaps * cn * itemsize(p), 1)
         budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
         slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
-        return {"slab_rows": int(min(rows, slab)), "packed": True}
+        # slabs in a multiple of the workers, so that they finish together
+        workers = _blas_threads() if config.GEMM_WORKERS else 1
+        n = -(-rows // slab)
+        n = -(-n // workers) * workers
+        return {"slab_rows": int(max(1, min(rows, -(-rows // n)))), "packed": True,
+                "workers": workers}
 
     def workspace_bytes(self, p, tiles):
         item = itemsize(p)
         ntaps = math.prod(p.ksz)
         r = tiles["slab_rows"]
-        ws = r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
+        nw = tiles.get("workers", 1)
+        ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
         if p.direction == "bwd_w":
-            ws += 2 * ntaps * p.icg * p.ocg * item  # per-group accumulator and slab product
+            # per worker: the accumulator of every group and one slab product
+            ws += nw * (p.g + 1) * ntaps * p.icg * p.ocg * item
         elif p.g > 1 or any(s > 1 for s in p.stride):
             n = p.icg if p.direction == "bwd_d" else p.ocg
-            ws += r * n * item
+            ws += nw * r * n * item
         return ws
 
     # -- running ----------------------------------------------------------------------------
@@ -141,18 +148,31 @@ class Gemm(Strategy):
         return col.reshape(r1 - r0, len(boff) * cn)
 
     def run(self, p, tiles, ops):
-        from .. import blas
-        with blas.threads(_blas_threads()):
-            return self._run(p, tiles, ops)
-
-    def _run(self, p, tiles, ops):
-        xs, ys, ws = canonical_shapes(p)
-        ct = np.dtype(p.compute_dtype)
+        """Unpacked problems are one GEMM on every core (BLAS threads); packed ones are
+        slab tasks, each packed and multiplied by one worker thread with a one-thread BLAS
+        (see :mod:`numbaconv.workers`)."""
+        from .. import blas, workers
         R = tiles["slab_rows"]
-        buf = np.empty(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"] else 0,
-                       ct)
+        ct = np.dtype(p.compute_dtype)
+        nw = int(tiles.get("workers", 1)) if tiles["packed"] else 1
+        cols = _Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"]
+                        else 0, ct)
+        tasks, finish = self._tasks(p, ops, R, cols, ct)
+        if nw > 1 and len(tasks) > 1:
+            with blas.threads(1):
+                workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
+        else:
+            with blas.threads(_blas_threads()):
+                for t in tasks:
+                    t(0)
+        return finish()
+
+    def _tasks(self, p, ops, R, cols, ct):
+        """``(tasks, finish)``: independent callables ``task(slot)`` and a function that
+        returns the result once they have all run."""
         if p.direction == "bwd_d":
-            return self._bwd_d(p, ops, xs, ct, R, buf)
+            return self._bwd_d(p, ops, R, cols, ct)
+        xs, ys, ws = canonical_shapes(p)
         taps = _taps(p)
         boff = np.array([[t[a] * p.dilation[a] - p.pad_begin[a] for a in range(3)]
                          for t in taps], np.int64).reshape(len(taps), 3)
@@ -160,48 +180,85 @@ class Gemm(Strategy):
         x = ops["x"]
         M = p.mb * math.prod(p.osz)
         icg, ocg, g = p.icg, p.ocg, p.g
+        slabs = [(gi, r0, min(M, r0 + R)) for gi in range(g) for r0 in range(0, M, R)]
+
+        def col(gi, r0, r1, slot):
+            return self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, cols[slot], runs)
+
         if p.direction == "fwd":
             W = ops["w"].reshape(len(taps), icg, p.oc)
+            Wg = [np.ascontiguousarray(W[:, :, gi * ocg:(gi + 1) * ocg]).reshape(-1, ocg)
+                  for gi in range(g)]
             y = np.empty(ys, ct)
             y2 = y.reshape(M, p.oc)
-            for gi in range(g):
-                Wg = np.ascontiguousarray(W[:, :, gi * ocg:(gi + 1) * ocg]).reshape(-1, ocg)
-                for r0 in range(0, M, R):
-                    r1 = min(M, r0 + R)
-                    col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf, runs)
-                    if g == 1:
-                        np.matmul(col, Wg, out=y2[r0:r1])
-                    else:
-                        y2[r0:r1, gi * ocg:(gi + 1) * ocg] = col @ Wg
-            return y
-        dy2 = ops["dy"].reshape(M, p.oc)
-        dw = np.empty(ws, ct)
-        dW3 = dw.reshape(len(taps), icg, p.oc)
-        for gi in range(g):
-            acc = None
-            dyg = dy2[:, gi * ocg:(gi + 1) * ocg]
-            for r0 in range(0, M, R):
-                r1 = min(M, r0 + R)
-                col = self._col(x, p.osz, p.stride, boff, gi * icg, icg, r0, r1, buf, runs)
-                prod = col.T @ dyg[r0:r1]
-                acc = prod if acc is None else np.add(acc, prod, out=acc)
-            dW3[:, :, gi * ocg:(gi + 1) * ocg] = acc.reshape(len(taps), icg, ocg)
-        return dw
 
-    def _bwd_d(self, p, ops, xs, ct, R, buf):
+            def fwd_task(gi, r0, r1):
+                def task(slot):
+                    c = col(gi, r0, r1, slot)
+                    if g == 1:
+                        np.matmul(c, Wg[gi], out=y2[r0:r1])
+                    else:
+                        y2[r0:r1, gi * ocg:(gi + 1) * ocg] = c @ Wg[gi]
+                return task
+
+            return [fwd_task(*s) for s in slabs], lambda: y
+
+        dy2 = ops["dy"].reshape(M, p.oc)
+        acc = _Buffers(g * len(taps) * icg * ocg, ct, zero=True)
+        prod = _Buffers(len(taps) * icg * ocg, ct)
+
+        def bwd_w_task(gi, r0, r1):
+            def task(slot):
+                c = col(gi, r0, r1, slot)
+                a = acc[slot].reshape(g, len(taps) * icg, ocg)[gi]
+                pr = prod[slot].reshape(len(taps) * icg, ocg)
+                np.matmul(c.T, dy2[r0:r1, gi * ocg:(gi + 1) * ocg], out=pr)
+                np.add(a, pr, out=a)
+            return task
+
+        def finish():
+            total = acc.sum()
+            if g == 1:
+                return total.reshape(ws)
+            dw = np.empty(ws, ct)
+            dw.reshape(len(taps), icg, g, ocg)[...] = total.reshape(
+                g, len(taps), icg, ocg).transpose(1, 2, 0, 3)
+            return dw
+
+        return [bwd_w_task(*s) for s in slabs], finish
+
+    def _bwd_d(self, p, ops, R, cols, ct):
         from ..kernels.cpu import gemm as k
+        xs = canonical_shapes(p)[0]
         dy, icg, ocg, g = ops["dy"], p.icg, p.ocg, p.g
         W = ops["w"].reshape(-1, icg, p.oc)
         unit = all(s == 1 for s in p.stride)
         dx = np.empty(xs, ct)
         dx2 = dx.reshape(-1, p.ic)
         stride = np.asarray(p.stride, np.int64)
-        tmp = None
+        tmp = _Buffers(R * icg, ct)
+        tasks = []
+
+        def phase_task(grid, q, boff, runs, gi, WT, r0, r1):
+            g_arr, q_arr = np.asarray(grid, np.int64), np.asarray(q, np.int64)
+
+            def task(slot):
+                c = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, cols[slot],
+                              runs)
+                if unit and g == 1:
+                    np.matmul(c, WT, out=dx2[r0:r1])
+                else:
+                    t = np.matmul(c, WT, out=tmp[slot][: (r1 - r0) * icg].reshape(r1 - r0, icg))
+                    k.scatter_phase(t, dx, g_arr, stride, q_arr, np.int64(gi * icg),
+                                    np.int64(r0))
+            return task
+
         for q, grid, taps in _phases(p):
             if 0 in grid:
                 continue
+            sl = (slice(None), *(slice(qa, None, sa) for qa, sa in zip(q, p.stride)))
             if not taps:  # positions no tap reaches (stride > kernel extent): zero
-                dx[(slice(None), *(slice(qa, None, sa) for qa, sa in zip(q, p.stride)))] = 0
+                dx[sl] = 0
                 continue
             # taps in offset order, so that w-neighbours form contiguous im2col runs
             taps = sorted(taps, key=lambda t: t[1])
@@ -209,7 +266,6 @@ class Gemm(Strategy):
             boff = np.array([off for _, off in taps], np.int64).reshape(len(taps), 3)
             runs = _runs(boff)
             Mq = p.mb * math.prod(grid)
-            g_arr, q_arr = np.asarray(grid, np.int64), np.asarray(q, np.int64)
             whole = _is_identity(len(taps), (1, 1, 1), boff, grid, dy, p.oc) and g == 1
             for gi in range(g):
                 # W_q^T: [taps_q, K/g, C/g] so that col_q (taps-major, then K) @ W_q^T -> C;
@@ -221,23 +277,37 @@ class Gemm(Strategy):
                         W[idx][:, :, gi * ocg:(gi + 1) * ocg].transpose(0, 2, 1)).reshape(-1, icg)
                 if whole and not unit:
                     # 1x1 at stride s: one GEMM on dy as it is, written to every s-th pixel
-                    sl = tuple(slice(qa, None, sa) for qa, sa in zip(q, p.stride))
-                    dx[(slice(None), *sl)] = (dy.reshape(-1, p.oc) @ WT).reshape(
-                        p.mb, *grid, icg)
+                    def strided(slot, sl=sl, WT=WT, grid=grid):
+                        dx[sl] = (dy.reshape(-1, p.oc) @ WT).reshape(p.mb, *grid, icg)
+                    tasks.append(strided)
                     continue
                 for r0 in range(0, Mq, R):
-                    r1 = min(Mq, r0 + R)
-                    col = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, buf,
-                                    runs)
-                    if unit and g == 1:
-                        np.matmul(col, WT, out=dx2[r0:r1])
-                    else:
-                        if tmp is None:
-                            tmp = np.empty((R, icg), ct)
-                        t = np.matmul(col, WT, out=tmp[: r1 - r0])
-                        k.scatter_phase(t, dx, g_arr, stride, q_arr, np.int64(gi * icg),
-                                        np.int64(r0))
-        return dx
+                    tasks.append(phase_task(grid, q, boff, runs, gi, WT, r0, min(Mq, r0 + R)))
+        return tasks, lambda: dx
+
+
+class _Buffers:
+    """One lazily allocated flat buffer of ``n`` elements per worker slot."""
+
+    def __init__(self, n, dtype, zero=False):
+        self.n, self.dtype, self.zero = n, dtype, zero
+        self.bufs = {}
+
+    def __getitem__(self, slot):
+        b = self.bufs.get(slot)
+        if b is None:
+            b = self.bufs[slot] = (np.zeros if self.zero else np.empty)(self.n, self.dtype)
+        return b
+
+    def sum(self):
+        """The element-wise sum of the buffers allocated (zeros if none was)."""
+        bufs = list(self.bufs.values())
+        if not bufs:
+            return np.zeros(self.n, self.dtype)
+        total = bufs[0]
+        for b in bufs[1:]:
+            np.add(total, b, out=total)
+        return total
 
 
 STRATEGY = Gemm()
