@@ -135,7 +135,7 @@ class Gemm(Strategy):
         return ws
 
     # -- running ----------------------------------------------------------------------------
-    def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf, runs=None):
+    def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf, runs):
         from ..kernels.cpu import gemm as k
         if _is_identity(len(boff), a, boff, grid, src, cn):
             return src.reshape(-1, cn)[r0:r1]
@@ -144,7 +144,7 @@ class Gemm(Strategy):
             buf = np.empty(need, src.dtype)
         col = buf[:need].reshape(r1 - r0, len(boff), cn)
         k.im2col(src, col, np.asarray(grid, np.int64), np.asarray(a, np.int64), boff,
-                 _runs(boff) if runs is None else runs, np.int64(c0), np.int64(r0))
+                 runs, np.int64(c0), np.int64(r0))
         return col.reshape(r1 - r0, len(boff) * cn)
 
     def run(self, p, tiles, ops):
@@ -204,25 +204,33 @@ class Gemm(Strategy):
             return [fwd_task(*s) for s in slabs], lambda: y
 
         dy2 = ops["dy"].reshape(M, p.oc)
-        acc = _Buffers(g * len(taps) * icg * ocg, ct, zero=True)
+        # private partial dW per (worker slot, group): a slot's first slab of a group writes
+        # its product as the partial, later ones add to it; summed once at the end
+        acc = {}
         prod = _Buffers(len(taps) * icg * ocg, ct)
 
         def bwd_w_task(gi, r0, r1):
             def task(slot):
                 c = col(gi, r0, r1, slot)
-                a = acc[slot].reshape(g, len(taps) * icg, ocg)[gi]
-                pr = prod[slot].reshape(len(taps) * icg, ocg)
-                np.matmul(c.T, dy2[r0:r1, gi * ocg:(gi + 1) * ocg], out=pr)
-                np.add(a, pr, out=a)
+                d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
+                a = acc.get((slot, gi))
+                if a is None:
+                    acc[slot, gi] = c.T @ d
+                else:
+                    pr = np.matmul(c.T, d, out=prod[slot].reshape(len(taps) * icg, ocg))
+                    np.add(a, pr, out=a)
             return task
 
         def finish():
-            total = acc.sum()
-            if g == 1:
-                return total.reshape(ws)
             dw = np.empty(ws, ct)
-            dw.reshape(len(taps), icg, g, ocg)[...] = total.reshape(
-                g, len(taps), icg, ocg).transpose(1, 2, 0, 3)
+            dW4 = dw.reshape(len(taps) * icg, g, ocg)
+            for gi in range(g):
+                parts = [a for (_, gj), a in acc.items() if gj == gi]
+                for a in parts[1:]:
+                    np.add(parts[0], a, out=parts[0])
+                if g == 1:
+                    return parts[0].reshape(ws)
+                dW4[:, gi] = parts[0]
             return dw
 
         return [bwd_w_task(*s) for s in slabs], finish
@@ -293,25 +301,15 @@ class Gemm(Strategy):
 class _Buffers:
     """One lazily allocated flat buffer of ``n`` elements per worker slot."""
 
-    def __init__(self, n, dtype, zero=False):
-        self.n, self.dtype, self.zero = n, dtype, zero
+    def __init__(self, n, dtype):
+        self.n, self.dtype = n, dtype
         self.bufs = {}
 
     def __getitem__(self, slot):
         b = self.bufs.get(slot)
         if b is None:
-            b = self.bufs[slot] = (np.zeros if self.zero else np.empty)(self.n, self.dtype)
+            b = self.bufs[slot] = np.empty(self.n, self.dtype)
         return b
-
-    def sum(self):
-        """The element-wise sum of the buffers allocated (zeros if none was)."""
-        bufs = list(self.bufs.values())
-        if not bufs:
-            return np.zeros(self.n, self.dtype)
-        total = bufs[0]
-        for b in bufs[1:]:
-            np.add(total, b, out=total)
-        return total
 
 
 STRATEGY = Gemm()
