@@ -32,6 +32,11 @@ THREADS = 0
 #: BLAS (True), or slabs are packed on one core and multiplied by BLAS on every core (False).
 GEMM_WORKERS = True
 
+#: The GEMM engine: "numba" (numbaconv.kernels.cpu.ukernel, a register-blocked micro-kernel
+#: on the operands as they are), "blas" (NumPy's BLAS) or "auto" (per problem, as measured:
+#: see ``numbaconv.strategies.gemm.UK_MIN_ROWS``).
+GEMM_ENGINE = os.environ.get("NUMBACONV_GEMM_ENGINE", "auto")
+
 #: Fewest GEMM rows per slab (BLAS needs a tall enough slab to reach its speed).
 GEMM_MIN_ROWS = 256
 

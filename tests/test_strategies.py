@@ -68,10 +68,14 @@ def _run(direction, case, dtype, strategy, rng):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
-@pytest.mark.parametrize("strategy", ["direct", "gemm"])
-def test_forced_strategy_matches_reference(case, direction, strategy):
+@pytest.mark.parametrize("strategy", ["direct", "gemm", "gemm-numba", "gemm-blas"])
+def test_forced_strategy_matches_reference(case, direction, strategy, monkeypatch):
+    """``gemm-numba`` / ``gemm-blas``: the GEMM strategy with its engine forced."""
     rng = np.random.default_rng(1)
     dtype = "float64"
+    if strategy.startswith("gemm-"):
+        strategy, engine = strategy.split("-")
+        monkeypatch.setattr(config, "GEMM_ENGINE", engine)
     try:
         err = _run(direction, case, dtype, strategy, rng)
     except ValueError as exc:
@@ -82,12 +86,45 @@ def test_forced_strategy_matches_reference(case, direction, strategy):
     assert err <= R.TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("engine", ["numba", "blas"])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
-def test_gemm_low_precision(dtype, direction):
+def test_gemm_low_precision(dtype, direction, engine, monkeypatch):
+    monkeypatch.setattr(config, "GEMM_ENGINE", engine)
     rng = np.random.default_rng(2)
-    err = _run(direction, CASES[0], dtype, "gemm", rng)
-    assert err <= R.TOLERANCE[dtype]
+    for case in (CASES[0], CASES[1], CASES[2]):  # KxK with phases, 1x1, 1x1 strided
+        err = _run(direction, case, dtype, "gemm", rng)
+        assert err <= R.TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+def test_gemm_numba_engine_unpacked_blocks(direction, monkeypatch):
+    """1x1 problems on the Numba engine with the planner's own tiles (row slabs, column
+    blocks for backward data, reduction slabs with per-worker partials for backward
+    weights), large enough to cross the micro-kernel's reduction and column blocks."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
+    monkeypatch.setattr(config, "GEMM_SLAB_BYTES", None)
+    rng = np.random.default_rng(4)
+    for case in [(1, 300, 40, (5, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                 (1, 72, 520, (6, 6), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))]:
+        err = _run(direction, case, "float32", "gemm", rng)
+        assert err <= R.TOLERANCE["float32"]
+
+
+def test_gemm_engine_auto_choice(monkeypatch):
+    """"auto": the Numba engine for tall backward-weights reductions, BLAS elsewhere."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", "auto")
+    x = np.zeros((8, 56, 56, 64), np.float32)
+    dy = np.zeros((8, 56, 56, 64), np.float32)
+    w = np.zeros((1, 1, 64, 64), np.float32)
+    kw = dict(strides=1, pads_begin=0, pads_end=0, strategy="gemm")
+    tall = nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw)
+    assert tall.tiles["engine"] == "numba"
+    short = nc.plan("convolution_backprop_filters", x[:, :7, :7], (1, 1), dy[:, :7, :7], **kw)
+    assert short.tiles["engine"] == "blas"
+    assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
+    assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "numba"
 
 
 def test_direct_is_last_and_accepts_everything():

@@ -75,6 +75,28 @@ def _is_identity(ntaps, a, boff, grid, src, cn):
             and tuple(grid) == src.shape[1:4] and cn == src.shape[4])
 
 
+#: Reduction block of the Numba GEMM engine: an MR x KC tile of A stays in L1.
+UK_KC = 256
+
+
+#: "auto" picks the Numba engine for backward weights over at least this many GEMM rows
+#: (pixels summed over): measured in one process against OpenBLAS, 2 threads, float32, it won
+#: every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs 10.2 ms,
+#: res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers (res5b_branch2a 5.2
+#: vs 4.6 ms), where OpenBLAS splits the output across threads instead of the reduction.
+#: Backward data and forward stay on BLAS: there the two were within noise of each other.
+UK_MIN_ROWS = 16384
+
+
+def _engine(p):
+    """The GEMM engine for a problem: ``config.GEMM_ENGINE``, "auto" as measured above."""
+    e = config.GEMM_ENGINE
+    if e in ("numba", "blas"):
+        return e
+    rows = p.mb * math.prod(p.osz)
+    return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
+
+
 def _blas_threads():
     from ..planner import _threads
     return _threads()
@@ -105,33 +127,65 @@ class Gemm(Strategy):
         return all(s == 1 for s in p.stride) and p.osz == p.isz
 
     def tiles(self, p, machine):
+        """Slab rows and workers; with the Numba engine also its reduction block ``kc``
+        and column block ``nc`` (a ``kc x nc`` block of B fills half of one core's L2)."""
         ntaps = math.prod(p.ksz)
         cn = self._packed_channels(p)
         rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
+        engine = _engine(p)
+        engine_tiles = {"engine": engine}
+        if engine == "numba":
+            from ..kernels.cpu import ukernel as uk
+            item, panel = itemsize(p), uk.panel(itemsize(p))
+            nc = max(panel, machine.l2_bytes // 2 // (UK_KC * item) // panel * panel)
+            engine_tiles.update(kc=UK_KC, nc=int(nc))
+        workers = _blas_threads() if config.GEMM_WORKERS or engine == "numba" else 1
         if self._identity(p):
-            return {"slab_rows": rows, "packed": False}
+            if engine == "blas":  # one GEMM on every BLAS thread
+                return {"slab_rows": rows, "packed": False, **engine_tiles}
+            # two blocks per worker: row slabs (reduction slabs for backward weights), for
+            # backward data times column blocks where that moves less: each row slab reads
+            # all of B, each column block all of A (late layers: 392 rows, 2048 columns)
+            n, col_parts = 2 * workers, 1
+            if p.direction == "bwd_d":  # the GEMM's rows: dy's pixels, one live phase
+                rows = p.mb * math.prod(p.osz)
+                a_size, b_size = rows * p.oc, p.oc * p.ic
+                fits = [c for c in range(1, n + 1)
+                        if n % c == 0 and p.ic // c >= engine_tiles["nc"] // 8]
+                col_parts = min(fits or [1], key=lambda c: (n // c) * b_size + c * a_size)
+            tiles = {"slab_rows": int(max(1, -(-rows // (n // col_parts)))), "packed": False,
+                     "workers": workers, **engine_tiles}
+            if col_parts > 1:
+                tiles["col_parts"] = col_parts
+            return tiles
         row_bytes = max(ntaps * cn * itemsize(p), 1)
         budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
         slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
         # slabs in a multiple of the workers, so that they finish together
-        workers = _blas_threads() if config.GEMM_WORKERS else 1
         n = -(-rows // slab)
         n = -(-n // workers) * workers
         return {"slab_rows": int(max(1, min(rows, -(-rows // n)))), "packed": True,
-                "workers": workers}
+                "workers": workers, **engine_tiles}
 
     def workspace_bytes(self, p, tiles):
         item = itemsize(p)
         ntaps = math.prod(p.ksz)
         r = tiles["slab_rows"]
         nw = tiles.get("workers", 1)
+        numba_engine = tiles.get("engine") == "numba"
         ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
+        if numba_engine:
+            from ..kernels.cpu import ukernel as uk
+            ws += nw * uk.workspace(tiles["kc"], item) * item
         if p.direction == "bwd_w":
-            # per worker: the accumulator of every group and one slab product
-            ws += nw * (p.g + 1) * ntaps * p.icg * p.ocg * item
-        elif p.g > 1 or any(s > 1 for s in p.stride):
-            n = p.icg if p.direction == "bwd_d" else p.ocg
-            ws += nw * r * n * item
+            # per worker: the accumulator of every group (and one slab product for BLAS)
+            ws += nw * (p.g + (0 if numba_engine else 1)) * ntaps * p.icg * p.ocg * item
+        else:
+            if p.direction == "bwd_d" and numba_engine:  # W_q^T, every group
+                ws += ntaps * p.icg * p.oc * item
+            if any(s > 1 for s in p.stride) or (p.g > 1 and not numba_engine):
+                n = p.icg if p.direction == "bwd_d" else p.ocg
+                ws += nw * r * n * item
         return ws
 
     # -- running ----------------------------------------------------------------------------
@@ -154,10 +208,11 @@ class Gemm(Strategy):
         from .. import blas, workers
         R = tiles["slab_rows"]
         ct = np.dtype(p.compute_dtype)
-        nw = int(tiles.get("workers", 1)) if tiles["packed"] else 1
+        nw = int(tiles.get("workers", 1))
         cols = _Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"]
                         else 0, ct)
-        tasks, finish = self._tasks(p, ops, R, cols, ct)
+        tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct),
+                                    int(tiles.get("col_parts", 1)))
         if nw > 1 and len(tasks) > 1:
             with blas.threads(1):
                 workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
@@ -167,11 +222,11 @@ class Gemm(Strategy):
                     t(0)
         return finish()
 
-    def _tasks(self, p, ops, R, cols, ct):
+    def _tasks(self, p, ops, R, cols, ct, mm, col_parts=1):
         """``(tasks, finish)``: independent callables ``task(slot)`` and a function that
         returns the result once they have all run."""
         if p.direction == "bwd_d":
-            return self._bwd_d(p, ops, R, cols, ct)
+            return self._bwd_d(p, ops, R, cols, ct, mm, col_parts)
         xs, ys, ws = canonical_shapes(p)
         taps = _taps(p)
         boff = np.array([[t[a] * p.dilation[a] - p.pad_begin[a] for a in range(3)]
@@ -195,8 +250,8 @@ class Gemm(Strategy):
             def fwd_task(gi, r0, r1):
                 def task(slot):
                     c = col(gi, r0, r1, slot)
-                    if g == 1:
-                        np.matmul(c, Wg[gi], out=y2[r0:r1])
+                    if g == 1 or mm.numba:  # the Numba engine writes the group's columns
+                        mm(c, Wg[gi], y2[r0:r1, gi * ocg:(gi + 1) * ocg], slot)
                     else:
                         y2[r0:r1, gi * ocg:(gi + 1) * ocg] = c @ Wg[gi]
                 return task
@@ -207,19 +262,26 @@ class Gemm(Strategy):
         # private partial dW per (worker slot, group): a slot's first slab of a group writes
         # its product as the partial, later ones add to it; summed once at the end
         acc = {}
-        prod = _Buffers(len(taps) * icg * ocg, ct)
+        prod = _Buffers(0 if mm.numba else len(taps) * icg * ocg, ct)
 
         def bwd_w_task(gi, r0, r1):
             def task(slot):
                 c = col(gi, r0, r1, slot)
                 d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
                 a = acc.get((slot, gi))
-                if a is None:
+                if mm.numba:  # accumulates in place
+                    if a is None:
+                        a = acc[slot, gi] = np.empty((len(taps) * icg, ocg), ct)
+                    mm(c.T, d, a, slot, accumulate=(slot, gi) in started)
+                    started.add((slot, gi))
+                elif a is None:
                     acc[slot, gi] = c.T @ d
                 else:
                     pr = np.matmul(c.T, d, out=prod[slot].reshape(len(taps) * icg, ocg))
                     np.add(a, pr, out=a)
             return task
+
+        started = set()
 
         def finish():
             dw = np.empty(ws, ct)
@@ -235,7 +297,7 @@ class Gemm(Strategy):
 
         return [bwd_w_task(*s) for s in slabs], finish
 
-    def _bwd_d(self, p, ops, R, cols, ct):
+    def _bwd_d(self, p, ops, R, cols, ct, mm, col_parts=1):
         from ..kernels.cpu import gemm as k
         xs = canonical_shapes(p)[0]
         dy, icg, ocg, g = ops["dy"], p.icg, p.ocg, p.g
@@ -247,16 +309,32 @@ class Gemm(Strategy):
         tmp = _Buffers(R * icg, ct)
         tasks = []
 
-        def phase_task(grid, q, boff, runs, gi, WT, r0, r1):
+        def rowmap(grid, q, r0, r1, c0):
+            """Element offsets in dx of phase rows r0..r1 (pixel q + s*j), channel c0."""
+            r = np.arange(r0, r1, dtype=np.int64)
+            jw = r % grid[2]
+            r //= grid[2]
+            jh = r % grid[1]
+            r //= grid[1]
+            jd = r % grid[0]
+            n = r // grid[0]
+            i_d, i_h, i_w = (q[a] + p.stride[a] * j for a, j in enumerate((jd, jh, jw)))
+            return (((n * p.isz[0] + i_d) * p.isz[1] + i_h) * p.isz[2] + i_w) * p.ic + c0
+
+        def phase_task(grid, q, boff, runs, gi, WT, r0, r1, j0=0, j1=None):
             g_arr, q_arr = np.asarray(grid, np.int64), np.asarray(q, np.int64)
+            j1 = icg if j1 is None else j1
+            B = WT[:, j0:j1]
 
             def task(slot):
                 c = self._col(dy, grid, (1, 1, 1), boff, gi * ocg, ocg, r0, r1, cols[slot],
                               runs)
-                if unit and g == 1:
-                    np.matmul(c, WT, out=dx2[r0:r1])
+                if unit and (g == 1 or mm.numba):
+                    mm(c, B, dx2[r0:r1, gi * icg + j0:gi * icg + j1], slot)
+                elif mm.numba:  # rows straight into every s-th pixel of dx
+                    mm.rows(c, B, dx, rowmap(grid, q, r0, r1, gi * icg + j0), slot)
                 else:
-                    t = np.matmul(c, WT, out=tmp[slot][: (r1 - r0) * icg].reshape(r1 - r0, icg))
+                    t = mm(c, WT, tmp[slot][: (r1 - r0) * icg].reshape(r1 - r0, icg), slot)
                     k.scatter_phase(t, dx, g_arr, stride, q_arr, np.int64(gi * icg),
                                     np.int64(r0))
             return task
@@ -266,7 +344,9 @@ class Gemm(Strategy):
                 continue
             sl = (slice(None), *(slice(qa, None, sa) for qa, sa in zip(q, p.stride)))
             if not taps:  # positions no tap reaches (stride > kernel extent): zero
-                dx[sl] = 0
+                for n0 in range(0, p.mb, max(1, p.mb // 4)):  # in tasks, over the batch
+                    tasks.append(lambda slot, sl=(slice(n0, n0 + max(1, p.mb // 4)),
+                                                  *sl[1:]): dx.__setitem__(sl, 0))
                 continue
             # taps in offset order, so that w-neighbours form contiguous im2col runs
             taps = sorted(taps, key=lambda t: t[1])
@@ -280,22 +360,53 @@ class Gemm(Strategy):
                 # as the transposed view of a [C/g, taps_q*K/g] copy, whose rows are runs of
                 # K contiguous weights (an element-wise transposing copy took 3 ms of a 5 ms
                 # call for 5 taps of 512x512); one tap needs no copy.
-                if len(idx) == 1:
+                if mm.numba:  # B needs a unit column stride: [taps_q*K/g, C/g] itself
+                    Wt = np.empty((len(idx), ocg, icg), ct)
+                    mm.uk.transpose_taps(W, np.asarray(idx, np.int64), np.int64(gi * ocg), Wt)
+                    WT = Wt.reshape(-1, icg)
+                elif len(idx) == 1:
                     WT = W[idx[0], :, gi * ocg:(gi + 1) * ocg].T
                 else:
                     Wc = np.empty((icg, len(idx), ocg), ct)
                     for j, ti in enumerate(idx):
                         Wc[:, j] = W[ti, :, gi * ocg:(gi + 1) * ocg]
                     WT = Wc.reshape(icg, -1).T
-                if whole and not unit:
+                if whole and not unit and not mm.numba:
                     # 1x1 at stride s: one GEMM on dy as it is, written to every s-th pixel
                     def strided(slot, sl=sl, WT=WT, grid=grid):
                         dx[sl] = (dy.reshape(-1, p.oc) @ WT).reshape(p.mb, *grid, icg)
                     tasks.append(strided)
                     continue
+                step = -(-icg // col_parts)
                 for r0 in range(0, Mq, R):
-                    tasks.append(phase_task(grid, q, boff, runs, gi, WT, r0, min(Mq, r0 + R)))
+                    for j0 in range(0, icg, step):
+                        tasks.append(phase_task(grid, q, boff, runs, gi, WT, r0,
+                                                min(Mq, r0 + R), j0, min(icg, j0 + step)))
         return tasks, lambda: dx
+
+
+class _Multiply:
+    """``mm(a, b, out, slot, accumulate=False)``: ``out = a @ b`` (``out += a @ b``) with the
+    plan's engine; returns ``out``. ``mm.numba`` says whether it is the Numba micro-kernel
+    (any operand strides, in-place accumulation) or NumPy's BLAS (no accumulation)."""
+
+    def __init__(self, tiles, ct):
+        self.numba = tiles.get("engine") == "numba"
+        if self.numba:
+            from ..kernels.cpu import ukernel
+            self.uk = ukernel
+            self.kc, self.nc = int(tiles["kc"]), int(tiles["nc"])
+            self.work = _Buffers(ukernel.workspace(self.kc, ct.itemsize), ct)
+
+    def rows(self, a, b, out, rowmap, slot):
+        """Row i of ``a @ b`` to ``out.flat[rowmap[i]:]`` (Numba engine only)."""
+        return self.uk.matmul_rows(a, b, out, rowmap, False, self.kc, self.nc, self.work[slot])
+
+    def __call__(self, a, b, out, slot, accumulate=False):
+        if self.numba:
+            return self.uk.matmul(a, b, out, accumulate, self.kc, self.nc, self.work[slot])
+        assert not accumulate
+        return np.matmul(a, b, out=out)
 
 
 class _Buffers:

@@ -1,0 +1,351 @@
+"""A register-blocked GEMM in Numba: ``C = A @ B`` (or ``C += A @ B``) with an explicit-SIMD
+micro-kernel, for the GEMM strategy's tall, thin products where NumPy's BLAS runs far from
+the machine's peak.
+
+The micro-kernel is written in LLVM IR through ``numba.extending.intrinsic``: an
+``MR x (NV*VL)`` tile of ``C`` lives in ``MR*NV`` vector registers for the whole reduction
+(``VL`` lanes each: 16 float32 with AVX-512), and every step of the reduction loads ``NV``
+vectors of a row of ``B``, broadcasts ``MR`` scalars of a column of ``A`` and issues
+``MR*NV`` fused multiply-adds (BLIS's and oneDNN's brgemm's scheme). Numba's own loop
+vectoriser cannot do this: it keeps accumulators in memory (see PERF_NOTES).
+
+Operands are raw addresses with element strides, so one compiled driver serves every view
+(transposed, group slices, column blocks) with no copies:
+
+* ``A[i, k]`` at ``a + i*rsa + k*csa`` (any positive strides: row-major slabs or transposes);
+* ``B[k, j]`` at ``b + k*ldb + j`` (unit column stride);
+* ``C[i, j]`` at ``c + i*ldc + j`` (unit column stride), or at ``c + rowmap[i] + j`` with a
+  row map: the backward-data stride phases write their rows straight into every s-th pixel
+  of ``dX`` this way, with no temporary and no scatter.
+
+The driver blocks the reduction by ``kc`` (an ``MR x kc`` tile of ``A`` stays in L1 while it
+meets every panel of the block) and the columns by ``nc`` (a ``kc x nc`` block of ``B`` stays
+in L2 while every row tile meets it). Edges are exact: a last row tile of fewer than ``MR``
+rows is copied into a padded scratch tile, and columns beyond the last whole vector go
+through a padded scratch panel of ``B`` and a scratch tile of ``C``; nothing outside the
+operands is read or written.
+
+The vector width comes from the host (AVX-512: 64 bytes, AVX2: 32, else 16). Numba keys its
+disk cache on the host CPU, so code cached on one machine is never loaded on another.
+"""
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from numbaconv._jit import helper, kernel
+
+
+def _vector_bytes():
+    try:
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features()
+    except Exception:  # pragma: no cover - llvmlite without host queries
+        return 16
+    if feats.get("avx512f"):
+        return 64
+    if feats.get("avx2") or feats.get("avx"):
+        return 32
+    return 16
+
+
+VECTOR_BYTES = _vector_bytes()
+#: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
+#: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
+MR = 6
+NV = 4 if VECTOR_BYTES == 64 else 2
+
+
+def lanes(itemsize):
+    """Vector lanes for an element size (16 float32 or 8 float64 with AVX-512)."""
+    return VECTOR_BYTES // itemsize
+
+
+def panel(itemsize):
+    """Columns of a full register tile."""
+    return NV * lanes(itemsize)
+
+
+def _micro(nv):
+    """The micro-kernel with ``nv`` vectors across: ``C[:MR, :nv*VL] (+)= A[:MR, :kc] @
+    B[:kc, :nv*VL]``, accumulating into C when ``beta`` is non-zero. Row ``i`` of the C tile
+    starts at element ``crows[i]`` after ``c`` (``crows``: the address of MR int64). The
+    float type comes from the ``work`` array's dtype."""
+
+    @intrinsic
+    def micro(typingctx, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
+        sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp,
+                         types.intp, types.intp, types.intp, types.intp, work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            a, rsa, csa, b, ldb, c, crows, kc, beta, _ = args
+            f = context.get_value_type(dtype)
+            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            vty = ir.VectorType(f, vl)
+            fp, vp = f.as_pointer(), vty.as_pointer()
+            i64 = ir.IntType(64)
+            name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+            fma = cgutils.get_or_insert_function(builder.module,
+                                                 ir.FunctionType(vty, [vty] * 3), name)
+            pa = builder.inttoptr(a, fp)
+            pb = builder.inttoptr(b, fp)
+            pc = builder.inttoptr(c, fp)
+            zero = ir.Constant(vty, None)
+            undef = ir.Constant(vty, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), vl), None)
+            # accumulators as allocas: mem2reg turns them into registers
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                   for _ in range(MR)]
+            arow = [builder.mul(rsa, ir.Constant(i64, i)) for i in range(MR)]
+            with cgutils.for_range(builder, kc) as loop:
+                k = loop.index
+                bk = builder.mul(k, ldb)
+                ak = builder.mul(k, csa)
+                bv = [builder.load(builder.bitcast(
+                    builder.gep(pb, [builder.add(bk, ir.Constant(i64, v * vl))]), vp), align=1)
+                    for v in range(nv)]
+                for i in range(MR):
+                    s = builder.load(builder.gep(pa, [builder.add(arow[i], ak)]))
+                    s = builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0))
+                    s = builder.shuffle_vector(s, undef, splat)
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [s, bv[v], builder.load(acc[i][v])]),
+                                      acc[i][v])
+            add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+            for i in range(MR):
+                # row i of the tile starts crows[i] elements after c
+                crow = builder.load(builder.gep(builder.inttoptr(crows, i64.as_pointer()),
+                                                [ir.Constant(i64, i)]))
+                for v in range(nv):
+                    p = builder.bitcast(
+                        builder.gep(pc, [builder.add(crow, ir.Constant(i64, v * vl))]), vp)
+                    val = builder.load(acc[i][v])
+                    with builder.if_then(add):
+                        builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
+                    with builder.if_then(builder.not_(add)):
+                        builder.store(val, p, align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
+
+
+def workspace(kc, itemsize):
+    """Elements of scratch :func:`gemm` needs for a reduction block of ``kc``."""
+    vl = lanes(itemsize)
+    return MR * kc + kc * vl + MR * NV * vl
+
+
+@kernel(parallel=False)
+def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, offs):
+    """``C[:M, :N] = A @ B`` (``beta`` 0) or ``C += A @ B`` (``beta`` 1) on raw addresses
+    (see the module docstring); ``rowmap`` (int64, empty: ``i*ldc``) holds the element
+    offset of each row of C. ``work`` is scratch of :func:`workspace` elements and sets the
+    dtype, ``offs`` int64 scratch of ``2*MR``. ``nc`` is a multiple of the panel width."""
+    it = work.itemsize
+    vl = VECTOR_BYTES // it
+    nv_max = 4 if VECTOR_BYTES == 64 else 2
+    nr = nv_max * vl
+    wa = work[: MR * kc]                       # padded row tile of A: [MR, kc]
+    wb = work[MR * kc: MR * kc + kc * vl]      # padded edge panel of B: [kc, vl]
+    wc = work[MR * kc + kc * vl:]              # scratch tile of C: [MR, nr]
+    pwa, pwb, pwc = wa.ctypes.data, wb.ctypes.data, wc.ctypes.data
+    tile_rows = offs[:MR]                      # C offsets of the current row tile
+    for i in range(MR):
+        offs[MR + i] = i * nr                  # rows of the scratch tile
+    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    mapped = rowmap.shape[0] > 0
+    nfull = N - N % vl                         # columns in whole vectors
+    rem = N - nfull
+    for p0 in range(0, K, kc):
+        kk = min(kc, K - p0)
+        bt = beta if p0 == 0 else 1
+        if rem:  # the last partial vector of columns, zero-padded: [kk, vl]
+            for k in range(kk):
+                src = b + ((p0 + k) * ldb + nfull) * it
+                for j in range(vl):
+                    wb[k * vl + j] = 0
+                for j in range(rem):
+                    wb[k * vl + j] = _load(src, j, work)
+        for j0 in range(0, N, nc):
+            j1 = min(N, j0 + nc)
+            jf = min(j1, nfull)
+            for i0 in range(0, M, MR):
+                im = min(MR, M - i0)
+                for i in range(im):
+                    tile_rows[i] = rowmap[i0 + i] if mapped else (i0 + i) * ldc
+                if im == MR:
+                    pa, ra, ca = a + (i0 * rsa + p0 * csa) * it, rsa, csa
+                else:  # fewer than MR rows left: a zero-padded copy of the tile
+                    for i in range(MR):
+                        for k in range(kk):
+                            wa[i * kc + k] = (_load(a, (i0 + i) * rsa + (p0 + k) * csa, work)
+                                              if i < im else 0)
+                    pa, ra, ca = pwa, kc, 1
+                j = j0
+                while j < jf:
+                    nv = min(nv_max, (jf - j) // vl)
+                    pb = b + (p0 * ldb + j) * it
+                    if im == MR:
+                        _call(nv, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt, work)
+                    else:
+                        w = nv * vl
+                        if bt:
+                            for i in range(im):
+                                for jj in range(w):
+                                    wc[i * nr + jj] = _load(c, tile_rows[i] + j + jj, work)
+                        _call(nv, pa, ra, ca, pb, ldb, pwc, p_wrows, kk, bt, work)
+                        for i in range(im):
+                            for jj in range(w):
+                                _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
+                    j += nv * vl
+                if rem and j1 == N:  # the partial vector, through the scratch tile
+                    if bt:
+                        for i in range(im):
+                            for jj in range(rem):
+                                wc[i * nr + jj] = _load(c, tile_rows[i] + nfull + jj, work)
+                    _micro1(pa, ra, ca, pwb, vl, pwc, p_wrows, kk, bt, work)
+                    for i in range(im):
+                        for jj in range(rem):
+                            _store(c, tile_rows[i] + nfull + jj, wc[i * nr + jj])
+
+
+@intrinsic
+def _load(typingctx, base, index, work):
+    """``base[index]`` for an address ``base`` of ``work``'s dtype."""
+    dtype = work.dtype
+    sig = dtype(types.intp, types.intp, work)
+
+    def codegen(context, builder, signature, args):
+        f = context.get_value_type(dtype)
+        p = builder.gep(builder.inttoptr(args[0], f.as_pointer()), [args[1]])
+        return builder.load(p)
+
+    return sig, codegen
+
+
+@intrinsic
+def _store(typingctx, base, index, value):
+    """``base[index] = value`` for an address ``base`` of ``value``'s type."""
+    sig = types.void(types.intp, types.intp, value)
+
+    def codegen(context, builder, signature, args):
+        f = context.get_value_type(value)
+        p = builder.gep(builder.inttoptr(args[0], f.as_pointer()), [args[1]])
+        builder.store(args[2], p)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+
+@helper
+def _call(nv, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
+    if nv == 4:
+        _micro4(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+    elif nv == 3:
+        _micro3(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+    elif nv == 2:
+        _micro2(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+    else:
+        _micro1(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+
+
+def work_dtype(dtype):
+    """The dtype the kernel computes in for ``dtype`` (float32 or float64 only)."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"ukernel: float32 or float64 only, got {dtype}")
+    return dtype
+
+
+_NO_MAP = np.empty(0, np.int64)
+
+
+def _check(A, B, dtype, N):
+    M, K = A.shape
+    it = np.dtype(dtype).itemsize
+    if not (A.dtype == B.dtype == work_dtype(dtype)) or B.shape[0] != K or B.shape[1] != N:
+        raise ValueError(f"ukernel: {A.shape} {A.dtype} @ {B.shape} {B.dtype} -> "
+                         f"{N} columns of {np.dtype(dtype)}")
+    if M * K * N and ((B.strides[1] != it and N > 1) or min(A.strides + B.strides[:1]) < 0):
+        raise ValueError("ukernel: B needs a unit column stride, and every stride must be "
+                         "non-negative")
+    return M, K, it
+
+
+def _run(A, B, c, ldc, rowmap, M, N, K, it, accumulate, kc, nc, work):
+    if nc is None:
+        nc = max(panel(it), (512 * 1024 // (kc * it)) // panel(it) * panel(it))
+    if work is None or work.size < workspace(kc, it):
+        work = np.empty(workspace(kc, it), A.dtype)
+    gemm(A.ctypes.data, A.strides[0] // it, A.strides[1] // it, B.ctypes.data,
+         B.strides[0] // it, c, ldc, rowmap, M, N, K, 1 if accumulate else 0, kc, nc, work,
+         np.empty(2 * MR, np.int64))
+
+
+def matmul(A, B, C, accumulate=False, kc=256, nc=None, work=None):
+    """``C = A @ B`` (or ``C += A @ B``) for 2-D float32/float64 NumPy arrays of one dtype;
+    ``B`` and ``C`` need a unit column stride (``A`` any non-negative strides). ``work``:
+    scratch of :func:`workspace` elements (allocated when missing). Returns ``C``."""
+    N = C.shape[1]
+    M, K, it = _check(A, B, C.dtype, N)
+    if C.shape[0] != M or not C.flags.writeable:
+        raise ValueError(f"ukernel.matmul: C of shape {C.shape} for {M}x{N}")
+    if M * N and ((C.strides[1] != it and N > 1) or C.strides[0] < 0):
+        raise ValueError("ukernel.matmul: C needs a unit column stride")
+    if M and N:
+        if K == 0:
+            if not accumulate:
+                C[...] = 0
+            return C
+        _run(A, B, C.ctypes.data, C.strides[0] // it, _NO_MAP, M, N, K, it, accumulate, kc,
+             nc, work)
+    return C
+
+
+def matmul_rows(A, B, out, rows, accumulate=False, kc=256, nc=None, work=None):
+    """Row ``i`` of ``A @ B`` written to ``out.flat[rows[i] : rows[i] + N]`` (or added to it)
+    for a C-contiguous ``out``: a GEMM whose result rows land anywhere in ``out`` (a stride
+    phase of ``dX``). ``rows``: int64 element offsets, each row inside ``out``."""
+    N = B.shape[1]
+    M, K, it = _check(A, B, out.dtype, N)
+    rows = np.ascontiguousarray(rows, np.int64)
+    if not out.flags.c_contiguous or not out.flags.writeable or rows.shape != (M,):
+        raise ValueError("ukernel.matmul_rows: out must be C-contiguous and writeable, with "
+                         "one row offset per row of A")
+    if M and N:
+        if rows.min() < 0 or rows.max() + N > out.size:
+            raise ValueError("ukernel.matmul_rows: a row offset lies outside out")
+        if K == 0:
+            if not accumulate:
+                flat = out.reshape(-1)
+                for r in rows:
+                    flat[r:r + N] = 0
+            return out
+        _run(A, B, out.ctypes.data, 0, rows, M, N, K, it, accumulate, kc, nc, work)
+    return out
+
+
+@kernel(parallel=False)
+def transpose_taps(w, idx, k0, out):
+    """``out[j, k, c] = w[idx[j], c, k0 + k]`` for ``w`` ``[taps, C, K]`` and ``out``
+    ``[len(idx), kn, C]``: the backward-data B operand (``W_q^T``, unit column stride) built
+    in 16x16 blocks that stay in L1 (NumPy's transposing copy of 9 taps of 512x512 took
+    24 ms, this 1-2 ms)."""
+    C = w.shape[1]
+    kn = out.shape[1]
+    for j in range(idx.shape[0]):
+        t = idx[j]
+        for c0 in range(0, C, 16):
+            c1 = min(C, c0 + 16)
+            for q0 in range(0, kn, 16):
+                q1 = min(kn, q0 + 16)
+                for k in range(q0, q1):
+                    for c in range(c0, c1):
+                        out[j, k, c] = w[t, c, k0 + k]
