@@ -84,6 +84,7 @@ UK_KC = 256
 #: every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs 10.2 ms,
 #: res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers (res5b_branch2a 5.2
 #: vs 4.6 ms), where OpenBLAS splits the output across threads instead of the reduction.
+#: float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs 24.3 ms).
 #: Backward data and forward stay on BLAS: there the two were within noise of each other.
 UK_MIN_ROWS = 16384
 
