@@ -142,15 +142,15 @@ def workspace(kc, itemsize):
 
 
 @kernel(parallel=False)
-def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, offs):
+def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work):
     """``C[:M, :N] = A @ B`` (``beta`` 0) or ``C += A @ B`` (``beta`` 1) on raw addresses
     (see the module docstring); ``rowmap`` (int64, empty: ``i*ldc``) holds the element
     offset of each row of C. ``work`` is scratch of :func:`workspace` elements and sets the
-    dtype, ``offs`` int64 scratch of ``2*MR``. ``nc`` is a multiple of the panel width."""
+    dtype. ``nc`` is a multiple of the panel width."""
     it = work.itemsize
     vl = VECTOR_BYTES // it
-    nv_max = 4 if VECTOR_BYTES == 64 else 2
-    nr = nv_max * vl
+    nr = NV * vl
+    offs = np.empty(2 * MR, np.int64)
     wa = work[: MR * kc]                       # padded row tile of A: [MR, kc]
     wb = work[MR * kc: MR * kc + kc * vl]      # padded edge panel of B: [kc, vl]
     wc = work[MR * kc + kc * vl:]              # scratch tile of C: [MR, nr]
@@ -189,7 +189,7 @@ def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, offs)
                     pa, ra, ca = pwa, kc, 1
                 j = j0
                 while j < jf:
-                    nv = min(nv_max, (jf - j) // vl)
+                    nv = min(NV, (jf - j) // vl)
                     pb = b + (p0 * ldb + j) * it
                     if im == MR:
                         _call(nv, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt, work)
@@ -243,7 +243,6 @@ def _store(typingctx, base, index, value):
     return sig, codegen
 
 
-
 @helper
 def _call(nv, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
     if nv == 4:
@@ -285,8 +284,7 @@ def _run(A, B, c, ldc, rowmap, M, N, K, it, accumulate, kc, nc, work):
     if work is None or work.size < workspace(kc, it):
         work = np.empty(workspace(kc, it), A.dtype)
     gemm(A.ctypes.data, A.strides[0] // it, A.strides[1] // it, B.ctypes.data,
-         B.strides[0] // it, c, ldc, rowmap, M, N, K, 1 if accumulate else 0, kc, nc, work,
-         np.empty(2 * MR, np.int64))
+         B.strides[0] // it, c, ldc, rowmap, M, N, K, 1 if accumulate else 0, kc, nc, work)
 
 
 def matmul(A, B, C, accumulate=False, kc=256, nc=None, work=None):

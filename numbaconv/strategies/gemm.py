@@ -271,18 +271,16 @@ class Gemm(Strategy):
                 d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
                 a = acc.get((slot, gi))
                 if mm.numba:  # accumulates in place
-                    if a is None:
+                    first = a is None
+                    if first:
                         a = acc[slot, gi] = np.empty((len(taps) * icg, ocg), ct)
-                    mm(c.T, d, a, slot, accumulate=(slot, gi) in started)
-                    started.add((slot, gi))
+                    mm(c.T, d, a, slot, accumulate=not first)
                 elif a is None:
                     acc[slot, gi] = c.T @ d
                 else:
                     pr = np.matmul(c.T, d, out=prod[slot].reshape(len(taps) * icg, ocg))
                     np.add(a, pr, out=a)
             return task
-
-        started = set()
 
         def finish():
             dw = np.empty(ws, ct)
@@ -335,8 +333,9 @@ class Gemm(Strategy):
                 elif mm.numba:  # rows straight into every s-th pixel of dx
                     mm.rows(c, B, dx, rowmap(grid, q, r0, r1, gi * icg + j0), slot)
                 else:
-                    t = mm(c, WT, tmp[slot][: (r1 - r0) * icg].reshape(r1 - r0, icg), slot)
-                    k.scatter_phase(t, dx, g_arr, stride, q_arr, np.int64(gi * icg),
+                    t = mm(c, B, tmp[slot][: (r1 - r0) * (j1 - j0)].reshape(r1 - r0, j1 - j0),
+                           slot)
+                    k.scatter_phase(t, dx, g_arr, stride, q_arr, np.int64(gi * icg + j0),
                                     np.int64(r0))
             return task
 
@@ -345,9 +344,10 @@ class Gemm(Strategy):
                 continue
             sl = (slice(None), *(slice(qa, None, sa) for qa, sa in zip(q, p.stride)))
             if not taps:  # positions no tap reaches (stride > kernel extent): zero
-                for n0 in range(0, p.mb, max(1, p.mb // 4)):  # in tasks, over the batch
-                    tasks.append(lambda slot, sl=(slice(n0, n0 + max(1, p.mb // 4)),
-                                                  *sl[1:]): dx.__setitem__(sl, 0))
+                nb = max(1, p.mb // 4)  # in tasks, over the batch
+                for n0 in range(0, p.mb, nb):
+                    tasks.append(lambda slot, sl=(slice(n0, n0 + nb), *sl[1:]):
+                                 dx.__setitem__(sl, 0))
                 continue
             # taps in offset order, so that w-neighbours form contiguous im2col runs
             taps = sorted(taps, key=lambda t: t[1])
