@@ -111,6 +111,27 @@ def test_gemm_numba_engine_unpacked_blocks(direction, monkeypatch):
         assert err <= R.TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("engine", ["blas", "numba"])
+def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
+    """A reduction over few pixels into a larger dW: columns packed once, dW's rows split
+    among the workers (no per-worker partials), for one group and for several."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", engine)
+    monkeypatch.setattr(config, "GEMM_SLAB_BYTES", None)
+    rng = np.random.default_rng(5)
+    for case in [(1, 40, 24, (9,), (3,), (1,), (1,), (1,), (0,)),
+                 (2, 40, 48, (4, 5), (3, 3), (1, 2), (1, 1), (1, 0), (0, 1))]:
+        g, ic, oc, isz, k, st, dl, pb, pe = case
+        x = np.zeros((2, *isz, ic), np.float32)
+        dy = nc.convolution(x, np.zeros((*k, ic // g, oc), np.float32), strides=st,
+                            dilations=dl, pads_begin=pb, pads_end=pe, groups=g)
+        plan = nc.plan("convolution_backprop_filters", x, k, dy, strides=st, dilations=dl,
+                       pads_begin=pb, pads_end=pe, groups=g, strategy="gemm")
+        if nc.get_num_threads() > 1:
+            assert plan.tiles.get("split") == "dw", plan
+        err = _run("bwd_w", case, "float32", "gemm", rng)
+        assert err <= R.TOLERANCE["float32"]
+
+
 def test_gemm_engine_auto_choice(monkeypatch):
     """"auto": the Numba engine for tall backward-weights reductions, BLAS elsewhere."""
     monkeypatch.setattr(config, "GEMM_ENGINE", "auto")

@@ -51,6 +51,21 @@ def test_transposed_and_strided_operands(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K,N", [(70, 37), (300, 129), (5, 16)])
+def test_transposed_b_is_packed_without_a_copy(K, N, dtype):
+    """B = W^T (unit row stride, columns ``ldw`` apart): backward data's 1x1 weights."""
+    rng = np.random.default_rng(K + N)
+    A = rng.standard_normal((29, K)).astype(dtype)
+    W = rng.standard_normal((N + 3, K + 2)).astype(dtype)
+    B = W[3:, 2:].T
+    C = np.full((29, N), np.nan, dtype)
+    uk.matmul(A, B, C, kc=64, nc=uk.panel(C.itemsize))
+    _close(C, _ref(A, B), dtype)
+    uk.matmul(A, B, C, accumulate=True)
+    _close(C, 2 * _ref(A, B), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_matmul_rows_writes_only_its_rows(dtype):
     rng = np.random.default_rng(1)
     A = rng.standard_normal((37, 70)).astype(dtype)
@@ -74,8 +89,8 @@ def test_argument_checks():
         uk.matmul(A.astype(np.float16), B.astype(np.float16), np.empty((4, 5), np.float16))
     with pytest.raises(ValueError):
         uk.matmul(A, np.ones((4, 5), np.float32), np.empty((4, 5), np.float32))
-    with pytest.raises(ValueError, match="unit column stride"):
-        uk.matmul(A, np.ones((5, 3), np.float32).T, np.empty((4, 5), np.float32))
+    with pytest.raises(ValueError, match="non-negative"):
+        uk.matmul(A, B[:, ::-1], np.empty((4, 5), np.float32))
     with pytest.raises(ValueError, match="unit column stride"):
         uk.matmul(A, B, np.empty((5, 4), np.float32).T)
     C = np.empty((4, 5), np.float32)

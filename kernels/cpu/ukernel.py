@@ -13,17 +13,18 @@ Operands are raw addresses with element strides, so one compiled driver serves e
 (transposed, group slices, column blocks) with no copies:
 
 * ``A[i, k]`` at ``a + i*rsa + k*csa`` (any positive strides: row-major slabs or transposes);
-* ``B[k, j]`` at ``b + k*ldb + j`` (unit column stride);
+* ``B[k, j]`` at ``b + k*rsb + j*csb`` (any non-negative strides: the driver packs each
+  ``kc x nc`` block of B into contiguous panels before the micro-kernel reads it);
 * ``C[i, j]`` at ``c + i*ldc + j`` (unit column stride), or at ``c + rowmap[i] + j`` with a
   row map: the backward-data stride phases write their rows straight into every s-th pixel
   of ``dX`` this way, with no temporary and no scatter.
 
 The driver blocks the reduction by ``kc`` (an ``MR x kc`` tile of ``A`` stays in L1 while it
 meets every panel of the block) and the columns by ``nc`` (a ``kc x nc`` block of ``B`` stays
-in L2 while every row tile meets it). Edges are exact: a last row tile of fewer than ``MR``
-rows is copied into a padded scratch tile, and columns beyond the last whole vector go
-through a padded scratch panel of ``B`` and a scratch tile of ``C``; nothing outside the
-operands is read or written.
+in L2, packed into contiguous ``kc x NR`` panels, while every row tile meets it). Edges are
+exact: a last row tile of fewer than ``MR`` rows is copied into a padded scratch tile, the
+last panel of B is zero-padded, and columns beyond the last whole vector go through a
+scratch tile of ``C``; nothing outside the operands is read or written.
 
 The vector width comes from the host (AVX-512: 64 bytes, AVX2: 32, else 16). Numba keys its
 disk cache on the host CPU, so code cached on one machine is never loaded on another.
@@ -135,46 +136,84 @@ def _micro(nv):
 _micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
 
 
-def workspace(kc, itemsize):
-    """Elements of scratch :func:`gemm` needs for a reduction block of ``kc``."""
-    vl = lanes(itemsize)
-    return MR * kc + kc * vl + MR * NV * vl
+#: Rows of B further apart than this are packed (see :func:`gemm`).
+PACK_ROW_BYTES = 4096
+
+
+def workspace(kc, itemsize, nc=None):
+    """Elements of scratch :func:`gemm` needs for a reduction block of ``kc`` and a column
+    block of ``nc`` (default: the column block :func:`matmul` picks for ``kc``)."""
+    nr = panel(itemsize)
+    if nc is None:
+        nc = default_nc(kc, itemsize)
+    ncp = -(-nc // nr) * nr
+    return MR * kc + kc * ncp + MR * nr
+
+
+def default_nc(kc, itemsize):
+    """A column block whose packed ``kc x nc`` panels fill about 512 KiB."""
+    return max(panel(itemsize), (512 * 1024 // (kc * itemsize)) // panel(itemsize)
+               * panel(itemsize))
 
 
 @kernel(parallel=False)
-def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work):
+def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work):
     """``C[:M, :N] = A @ B`` (``beta`` 0) or ``C += A @ B`` (``beta`` 1) on raw addresses
-    (see the module docstring); ``rowmap`` (int64, empty: ``i*ldc``) holds the element
-    offset of each row of C. ``work`` is scratch of :func:`workspace` elements and sets the
-    dtype. ``nc`` is a multiple of the panel width."""
+    (see the module docstring); ``B[k, j]`` at ``b + k*rsb + j*csb`` (any non-negative
+    strides: a transposed weight matrix needs no copy); ``rowmap`` (int64, empty: ``i*ldc``)
+    holds the element offset of each row of C. ``work`` is scratch of :func:`workspace`
+    elements and sets the dtype. ``nc`` is a multiple of the panel width.
+
+    A transposed B, or one whose rows lie more than ``PACK_ROW_BYTES`` apart, has every
+    ``kc x nc`` block packed once into contiguous ``kc x NR`` panels (as BLIS does), so the
+    micro-kernel streams 256-byte rows whatever B's strides; a narrow row-major B is read
+    in place (packing it cost a quarter of a 64x64 weight gradient), all but a last panel of
+    partial vectors, which is packed zero-padded."""
     it = work.itemsize
     vl = VECTOR_BYTES // it
     nr = NV * vl
+    ncp = (nc + nr - 1) // nr * nr
     offs = np.empty(2 * MR, np.int64)
     wa = work[: MR * kc]                       # padded row tile of A: [MR, kc]
-    wb = work[MR * kc: MR * kc + kc * vl]      # padded edge panel of B: [kc, vl]
-    wc = work[MR * kc + kc * vl:]              # scratch tile of C: [MR, nr]
+    wb = work[MR * kc: MR * kc + kc * ncp]     # packed panels of B: [ncp/nr, kc, nr]
+    wc = work[MR * kc + kc * ncp:]             # scratch tile of C: [MR, nr]
     pwa, pwb, pwc = wa.ctypes.data, wb.ctypes.data, wc.ctypes.data
     tile_rows = offs[:MR]                      # C offsets of the current row tile
     for i in range(MR):
         offs[MR + i] = i * nr                  # rows of the scratch tile
     p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
     mapped = rowmap.shape[0] > 0
-    nfull = N - N % vl                         # columns in whole vectors
-    rem = N - nfull
+    # pack B unless its rows are contiguous and close: a transposed B, or rows a multiple
+    # of 4 KiB apart that evict each other from L1 (392x512x2048 ran at 40 GFLOP/s unpacked)
+    pack = csb != 1 or rsb * it > PACK_ROW_BYTES
     for p0 in range(0, K, kc):
         kk = min(kc, K - p0)
         bt = beta if p0 == 0 else 1
-        if rem:  # the last partial vector of columns, zero-padded: [kk, vl]
-            for k in range(kk):
-                src = b + ((p0 + k) * ldb + nfull) * it
-                for j in range(vl):
-                    wb[k * vl + j] = 0
-                for j in range(rem):
-                    wb[k * vl + j] = _load(src, j, work)
         for j0 in range(0, N, nc):
             j1 = min(N, j0 + nc)
-            jf = min(j1, nfull)
+            npan = (j1 - j0 + nr - 1) // nr
+            # pack: panel q, row k, lane jj <- B[p0 + k, j0 + q*nr + jj] (0 past j1); with
+            # contiguous, narrow rows only a last panel of partial vectors is packed
+            for q in range(npan):
+                w = min(nr, j1 - j0 - q * nr)
+                if not (pack or w % vl):
+                    continue
+                o = q * kk * nr
+                if csb == 1 or rsb != 1:  # rows of B contiguous (or neither): by rows
+                    for k in range(kk):
+                        src = (p0 + k) * rsb + (j0 + q * nr) * csb
+                        for jj in range(w):
+                            wb[o + k * nr + jj] = _load(b, src + jj * csb, work)
+                        for jj in range(w, nr):
+                            wb[o + k * nr + jj] = 0
+                else:  # columns of B contiguous (a transposed matrix): by columns
+                    for jj in range(w):
+                        src = p0 + (j0 + q * nr + jj) * csb
+                        for k in range(kk):
+                            wb[o + k * nr + jj] = _load(b, src + k, work)
+                    for k in range(kk):
+                        for jj in range(w, nr):
+                            wb[o + k * nr + jj] = 0
             for i0 in range(0, M, MR):
                 im = min(MR, M - i0)
                 for i in range(im):
@@ -187,14 +226,17 @@ def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work):
                             wa[i * kc + k] = (_load(a, (i0 + i) * rsa + (p0 + k) * csa, work)
                                               if i < im else 0)
                     pa, ra, ca = pwa, kc, 1
-                j = j0
-                while j < jf:
-                    nv = min(NV, (jf - j) // vl)
-                    pb = b + (p0 * ldb + j) * it
-                    if im == MR:
-                        _call(nv, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt, work)
+                for q in range(npan):
+                    j = j0 + q * nr
+                    w = min(nr, j1 - j)
+                    nv = (w + vl - 1) // vl
+                    if pack or w % vl:
+                        pb, ldb = pwb + q * kk * nr * it, nr
                     else:
-                        w = nv * vl
+                        pb, ldb = b + (p0 * rsb + j) * it, rsb
+                    if im == MR and w == nv * vl:
+                        _call(nv, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt, work)
+                    else:  # through the scratch tile: only im x w of C is touched
                         if bt:
                             for i in range(im):
                                 for jj in range(w):
@@ -203,16 +245,6 @@ def gemm(a, rsa, csa, b, ldb, c, ldc, rowmap, M, N, K, beta, kc, nc, work):
                         for i in range(im):
                             for jj in range(w):
                                 _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
-                    j += nv * vl
-                if rem and j1 == N:  # the partial vector, through the scratch tile
-                    if bt:
-                        for i in range(im):
-                            for jj in range(rem):
-                                wc[i * nr + jj] = _load(c, tile_rows[i] + nfull + jj, work)
-                    _micro1(pa, ra, ca, pwb, vl, pwc, p_wrows, kk, bt, work)
-                    for i in range(im):
-                        for jj in range(rem):
-                            _store(c, tile_rows[i] + nfull + jj, wc[i * nr + jj])
 
 
 @intrinsic
@@ -272,24 +304,25 @@ def _check(A, B, dtype, N):
     if not (A.dtype == B.dtype == work_dtype(dtype)) or B.shape[0] != K or B.shape[1] != N:
         raise ValueError(f"ukernel: {A.shape} {A.dtype} @ {B.shape} {B.dtype} -> "
                          f"{N} columns of {np.dtype(dtype)}")
-    if M * K * N and ((B.strides[1] != it and N > 1) or min(A.strides + B.strides[:1]) < 0):
-        raise ValueError("ukernel: B needs a unit column stride, and every stride must be "
-                         "non-negative")
+    if M * K * N and min(A.strides + B.strides) < 0:
+        raise ValueError("ukernel: every operand stride must be non-negative")
     return M, K, it
 
 
 def _run(A, B, c, ldc, rowmap, M, N, K, it, accumulate, kc, nc, work):
     if nc is None:
-        nc = max(panel(it), (512 * 1024 // (kc * it)) // panel(it) * panel(it))
-    if work is None or work.size < workspace(kc, it):
-        work = np.empty(workspace(kc, it), A.dtype)
+        nc = default_nc(kc, it)
+    need = workspace(kc, it, nc)
+    if work is None or work.size < need:
+        work = np.empty(need, A.dtype)
     gemm(A.ctypes.data, A.strides[0] // it, A.strides[1] // it, B.ctypes.data,
-         B.strides[0] // it, c, ldc, rowmap, M, N, K, 1 if accumulate else 0, kc, nc, work)
+         B.strides[0] // it, B.strides[1] // it, c, ldc, rowmap, M, N, K,
+         1 if accumulate else 0, kc, nc, work)
 
 
 def matmul(A, B, C, accumulate=False, kc=256, nc=None, work=None):
     """``C = A @ B`` (or ``C += A @ B``) for 2-D float32/float64 NumPy arrays of one dtype;
-    ``B`` and ``C`` need a unit column stride (``A`` any non-negative strides). ``work``:
+    ``C`` needs a unit column stride (``A`` and ``B`` any non-negative strides). ``work``:
     scratch of :func:`workspace` elements (allocated when missing). Returns ``C``."""
     N = C.shape[1]
     M, K, it = _check(A, B, C.dtype, N)

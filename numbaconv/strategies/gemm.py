@@ -162,6 +162,15 @@ class Gemm(Strategy):
         row_bytes = max(ntaps * cn * itemsize(p), 1)
         budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
         slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
+        dw_elems = ntaps * p.icg * p.oc
+        if (p.direction == "bwd_w" and workers > 1 and rows * row_bytes <= 4 * budget
+                and dw_elems >= rows * ntaps * cn):
+            # a short reduction into a larger dW: pack it once and split dW's rows among
+            # the workers, as BLAS splits its output; splitting the reduction would give
+            # every worker a dW-sized partial to write and add (1-D k5 512x512 over 30
+            # pixels: 3.1 ms before, 1.7 ms after; PyTorch 0.8-1.0)
+            return {"slab_rows": int(max(1, rows)), "packed": True, "workers": workers,
+                    "split": "dw", **engine_tiles}
         # slabs in a multiple of the workers, so that they finish together
         n = -(-rows // slab)
         n = -(-n // workers) * workers
@@ -177,7 +186,9 @@ class Gemm(Strategy):
         ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
         if numba_engine:
             from ..kernels.cpu import ukernel as uk
-            ws += nw * uk.workspace(tiles["kc"], item) * item
+            ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
+        if tiles.get("split") == "dw":  # every group's columns packed once; no partials
+            return ws + (p.g - 1) * r * ntaps * p.icg * item
         if p.direction == "bwd_w":
             # per worker: the accumulator of every group (and one slab product for BLAS)
             ws += nw * (p.g + (0 if numba_engine else 1)) * ntaps * p.icg * p.ocg * item
@@ -212,7 +223,7 @@ class Gemm(Strategy):
         nw = int(tiles.get("workers", 1))
         cols = _Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"]
                         else 0, ct)
-        tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct),
+        tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct, nw),
                                     int(tiles.get("col_parts", 1)))
         if nw > 1 and len(tasks) > 1:
             with blas.threads(1):
@@ -260,6 +271,8 @@ class Gemm(Strategy):
             return [fwd_task(*s) for s in slabs], lambda: y
 
         dy2 = ops["dy"].reshape(M, p.oc)
+        if tiles_split_dw(mm):
+            return self._bwd_w_split_dw(p, ops, M, taps, col, dy2, ws, ct, mm)
         # private partial dW per (worker slot, group): a slot's first slab of a group writes
         # its product as the partial, later ones add to it; summed once at the end
         acc = {}
@@ -295,6 +308,34 @@ class Gemm(Strategy):
             return dw
 
         return [bwd_w_task(*s) for s in slabs], finish
+
+    def _bwd_w_split_dw(self, p, ops, M, taps, col, dy2, ws, ct, mm):
+        """Backward weights over one slab: col (every row, every group) packed once, then
+        tasks over blocks of dW's rows, each one GEMM written straight into dW."""
+        icg, ocg, g = p.icg, p.ocg, p.g
+        cols = [col(gi, 0, M, 0).copy() if g > 1 else col(gi, 0, M, 0) for gi in range(g)]
+        dw = np.empty(ws, ct)
+        dW3 = dw.reshape(len(taps) * icg, g, ocg)
+        rows = len(taps) * icg
+        nb = max(1, min(rows // 8, 2 * mm.workers))
+        step = -(-rows // nb)
+        step = -(-step // 8) * 8 if rows >= 8 else step
+
+        def task_for(gi, b0, b1):
+            def task(slot):
+                d = dy2[:, gi * ocg:(gi + 1) * ocg]
+                out = dW3[b0:b1, gi]
+                if mm.numba:
+                    mm(cols[gi][:, b0:b1].T, d, out, slot)
+                elif g == 1:
+                    np.matmul(cols[gi][:, b0:b1].T, d, out=out)
+                else:
+                    out[...] = cols[gi][:, b0:b1].T @ d
+            return task
+
+        tasks = [task_for(gi, b0, min(rows, b0 + step)) for gi in range(g)
+                 for b0 in range(0, rows, step)]
+        return tasks, lambda: dw
 
     def _bwd_d(self, p, ops, R, cols, ct, mm, col_parts=1):
         from ..kernels.cpu import gemm as k
@@ -361,12 +402,12 @@ class Gemm(Strategy):
                 # as the transposed view of a [C/g, taps_q*K/g] copy, whose rows are runs of
                 # K contiguous weights (an element-wise transposing copy took 3 ms of a 5 ms
                 # call for 5 taps of 512x512); one tap needs no copy.
-                if mm.numba:  # B needs a unit column stride: [taps_q*K/g, C/g] itself
+                if len(idx) == 1:  # the transposed view (the Numba engine packs it)
+                    WT = W[idx[0], :, gi * ocg:(gi + 1) * ocg].T
+                elif mm.numba:  # [taps_q*K/g, C/g] itself, from contiguous 16x16 blocks
                     Wt = np.empty((len(idx), ocg, icg), ct)
                     mm.uk.transpose_taps(W, np.asarray(idx, np.int64), np.int64(gi * ocg), Wt)
                     WT = Wt.reshape(-1, icg)
-                elif len(idx) == 1:
-                    WT = W[idx[0], :, gi * ocg:(gi + 1) * ocg].T
                 else:
                     Wc = np.empty((icg, len(idx), ocg), ct)
                     for j, ti in enumerate(idx):
@@ -386,18 +427,25 @@ class Gemm(Strategy):
         return tasks, lambda: dx
 
 
+def tiles_split_dw(mm):
+    """Whether backward weights splits dW's rows among the workers (see ``tiles``)."""
+    return mm.split_dw
+
+
 class _Multiply:
     """``mm(a, b, out, slot, accumulate=False)``: ``out = a @ b`` (``out += a @ b``) with the
     plan's engine; returns ``out``. ``mm.numba`` says whether it is the Numba micro-kernel
     (any operand strides, in-place accumulation) or NumPy's BLAS (no accumulation)."""
 
-    def __init__(self, tiles, ct):
+    def __init__(self, tiles, ct, workers=1):
+        self.split_dw = tiles.get("split") == "dw"
+        self.workers = workers
         self.numba = tiles.get("engine") == "numba"
         if self.numba:
             from ..kernels.cpu import ukernel
             self.uk = ukernel
             self.kc, self.nc = int(tiles["kc"]), int(tiles["nc"])
-            self.work = _Buffers(ukernel.workspace(self.kc, ct.itemsize), ct)
+            self.work = _Buffers(ukernel.workspace(self.kc, ct.itemsize, self.nc), ct)
 
     def rows(self, a, b, out, rowmap, slot):
         """Row i of ``a @ b`` to ``out.flat[rowmap[i]:]`` (Numba engine only)."""
