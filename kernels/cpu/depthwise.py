@@ -9,9 +9,13 @@ about 2 flop per byte: it is bound by memory bandwidth, not by FMAs).
 Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[kd, kh, kw, 1, C*m]`` with
 output channel ``c*m + j`` reading input channel ``c``.
 """
+import numpy as np
+from llvmlite import ir
 from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
-from numbaconv._jit import kernel
+from numbaconv._jit import helper, kernel
 
 
 @kernel
@@ -229,3 +233,489 @@ def bwd_d_depthwise_3x3(dy, w, dx, geo):
                             continue
                         for c in range(C):
                             dx[n, i_d, i_h, i_w, c] += dy[n, o_d, o_h, o_w, c] * w[0, t_h, t_w, 0, c]
+
+
+# ---------------------------------------------------------------------------------------
+# Multiplier 1: span kernels with explicit SIMD (any kernel size, stride, dilation, padding)
+#
+# The loop vectoriser keeps accumulators in memory (PERF_NOTES), so the inner loops are
+# written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``: a "span" is a
+# run of pixels of one row that every tap of a table reaches (a stride phase of a dX row, or
+# the interior of a dY row), and the IR loops over the channel vectors of the span, then its
+# pixels, with the taps unrolled (``NT`` of them, fixed at compile time):
+#
+# * backward data: the ``NT`` filter vectors of a channel vector stay in registers while
+#   every pixel of the span sums its ``NT`` products in a register and stores dX once (or
+#   adds to it: the later chunks of a table of more than 9 taps, or of 6 = 4 + 2);
+# * backward weights: the ``NT`` taps' accumulators stay in registers across the span and
+#   are added to the thread's partial dW once per span.
+#
+# Channels beyond the last whole vector run the same loops on scalars. The Numba drivers
+# build the tap tables per row (row taps x column taps valid at the span's first pixel) and
+# cut them into chunks of 9, 4, 2 and 1 taps; border pixels are spans of one pixel with the
+# taps that reach them. Every pixel and tap is visited once: dX is written once per chunk
+# with no zero-fill, and x / dy are read once per row (from L1/L2 for the overlapping taps).
+# ---------------------------------------------------------------------------------------
+
+
+def _vector_bytes():
+    try:
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features()
+    except Exception:  # pragma: no cover - llvmlite without host queries
+        return 16
+    if feats.get("avx512f"):
+        return 64
+    if feats.get("avx2") or feats.get("avx"):
+        return 32
+    return 16
+
+
+VECTOR_BYTES = _vector_bytes()
+#: Pixels per block of a span (backward data, backward weights).
+PB_D = 8
+PB_W = 4
+#: Channels per block (bytes of one pixel's slice).
+CB_BYTES = 4096
+
+
+def _ir_types(context, dtype):
+    f = context.get_value_type(dtype)
+    vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+    return f, ir.VectorType(f, vl), vl
+
+
+def _fma_fn(builder, ty, dtype, vl):
+    suffix = "f32" if dtype == types.float32 else "f64"
+    name = ("llvm.fma.v%d%s" % (vl, suffix)) if vl > 1 else ("llvm.fma." + suffix)
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
+
+
+def _table(builder, addr, n):
+    """``n`` int64 loaded from the address ``addr``."""
+    i64 = ir.IntType(64)
+    p = builder.inttoptr(addr, i64.as_pointer())
+    return [builder.load(builder.gep(p, [ir.Constant(i64, k)])) for k in range(n)]
+
+
+def _at(builder, base, off, ty):
+    """Pointer to a ``ty`` at element ``off`` of the float pointer ``base``."""
+    p = builder.gep(base, [off])
+    return p if ty is base.type.pointee else builder.bitcast(p, ty.as_pointer())
+
+
+def _loops(builder, npix, C, vl, pb, cbv, emit):
+    """``emit(c, p0, cnt, mask)`` over blocks of ``cbv`` channel vectors x ``pb`` pixels:
+    per channel block, per pixel block (the last may be shorter), per channel vector
+    starting at channel ``c`` (``mask`` None); then the channels beyond the last whole
+    vector as one vector with a lane mask (``<vl x i1>``). A block's slices of every operand
+    stay in L1 while its channel vectors sweep it."""
+    i64 = ir.IntType(64)
+
+    def const(v):
+        return ir.Constant(i64, v)
+
+    def pixel_blocks(body):
+        nblk = builder.sdiv(builder.add(npix, const(pb - 1)), const(pb))
+        with cgutils.for_range(builder, nblk) as lp:
+            p0 = builder.mul(lp.index, const(pb))
+            left = builder.sub(npix, p0)
+            body(p0, builder.select(builder.icmp_signed("<", left, const(pb)), left, const(pb)))
+
+    nfull = builder.sdiv(C, const(vl))
+    cfull = builder.mul(nfull, const(vl))
+    with cgutils.for_range(builder, builder.sdiv(builder.add(nfull, const(cbv - 1)),
+                                                 const(cbv))) as cb:
+        v0 = builder.mul(cb.index, const(cbv))
+        left = builder.sub(nfull, v0)
+        nv = builder.select(builder.icmp_signed("<", left, const(cbv)), left, const(cbv))
+
+        def vec_body(p0, cnt):
+            with cgutils.for_range(builder, nv) as lp:
+                emit(builder.mul(builder.add(v0, lp.index), const(vl)), p0, cnt, None)
+
+        pixel_blocks(vec_body)
+    rem = builder.sub(C, cfull)
+    with builder.if_then(builder.icmp_signed(">", rem, const(0))):
+        vi = ir.VectorType(i64, vl)
+        iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vi, ir.Undefined), rem, ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
+        mask = builder.icmp_signed("<", iota, splat)
+        pixel_blocks(lambda p0, cnt: emit(cfull, p0, cnt, mask))
+
+
+def _masked_io(builder, vty, dtype, vl):
+    """``load(ptr, mask)`` and ``store(value, ptr, mask)`` of ``vty`` (no mask: plain)."""
+    suffix = "v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+    mty = ir.VectorType(ir.IntType(1), vl)
+    vp = vty.as_pointer()
+    mload = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vty, [vp, ir.IntType(32), mty, vty]),
+        "llvm.masked.load.%s.p0" % suffix)
+    mstore = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [vty, vp, ir.IntType(32), mty]),
+        "llvm.masked.store.%s.p0" % suffix)
+    one = ir.Constant(ir.IntType(32), 1)
+    zero = ir.Constant(vty, None)
+
+    def load(ptr, mask):
+        if mask is None:
+            return builder.load(ptr, align=1)
+        return builder.call(mload, [ptr, one, mask, zero])
+
+    def store(value, ptr, mask):
+        if mask is None:
+            builder.store(value, ptr, align=1)
+        else:
+            builder.call(mstore, [value, ptr, one, mask])
+
+    return load, store
+
+
+def _dspan(NT):
+    """Backward-data span over ``nr`` row taps x ``NT`` column taps: for each pixel
+    p < npix and channel c < C, ``dx[p*sdx + c] (+)= sum_r sum_k
+    dy[trd[r] + tdy[k] + p*sdy + c] * w[trw[r] + tw[k] + c]``, added to dX when ``beta``.
+    Addresses: ``dyp``, ``wp``, ``dxp`` (floats), ``trd``, ``trw`` (nr int64 each),
+    ``tdy``, ``tw`` (NT int64 each). Per block of pixels and channel vector, the row taps
+    follow one another, each adding its NT products to the block of dX, in L1."""
+
+    @intrinsic
+    def span(typingctx, dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, work):
+        sig = types.void(*([types.intp] * 13), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, _ = args
+            f, vty, vl = _ir_types(context, dtype)
+            fp = f.as_pointer()
+            i64 = ir.IntType(64)
+            pdy, pw, pdx = (builder.inttoptr(a, fp) for a in (dyp, wp, dxp))
+            prd, prw = (builder.inttoptr(a, i64.as_pointer()) for a in (trd, trw))
+            ody, ow_ = _table(builder, tdy, NT), _table(builder, tw, NT)
+            add0 = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+
+            fma = _fma_fn(builder, vty, dtype, vl)
+            load, store = _masked_io(builder, vty, dtype, vl)
+            ty = vty
+
+            def emit(c, p0, cnt, mask):
+                zero = ir.Constant(ty, None)
+                with cgutils.for_range(builder, nr) as rl:
+                    r = rl.index
+                    rdy = builder.load(builder.gep(prd, [r]))
+                    rw = builder.add(builder.load(builder.gep(prw, [r])), c)
+                    acc_on = builder.or_(add0, builder.icmp_signed("!=", r, ir.Constant(i64, 0)))
+                    wv = [load(_at(builder, pw, builder.add(ow_[k], rw), ty), mask)
+                          for k in range(NT)]
+                    dyc = [builder.add(builder.add(ody[k], c), rdy) for k in range(NT)]
+                    with cgutils.for_range(builder, cnt) as lp:
+                        p = builder.add(p0, lp.index)
+                        px = _at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
+                        a = builder.select(acc_on, load(px, mask), zero)
+                        py = builder.mul(p, sdy)
+                        for k in range(NT):
+                            v = load(_at(builder, pdy, builder.add(dyc[k], py), ty), mask)
+                            a = builder.call(fma, [v, wv[k], a])
+                        store(a, px, mask)
+
+            _loops(builder, npix, C, vl, PB_D, max(1, CB_BYTES // VECTOR_BYTES), emit)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return span
+
+
+def _wspan(NT):
+    """Backward-weights span over ``nr`` row taps x ``NT`` column taps: for each channel
+    c < C, ``part[trp[r] + tp[k] + c] += sum_{p < npix} x[trx[r] + tx[k] + p*sx + c] *
+    dy[p*sdy + c]``, the NT sums of a row tap in registers over a block of pixels.
+    Addresses: ``xp``, ``dyp``, ``pp`` (floats), ``trx``, ``trp`` (nr int64), ``tx``,
+    ``tp`` (NT int64)."""
+
+    @intrinsic
+    def span(typingctx, xp, dyp, pp, trx, trp, nr, tx, tp, npix, sx, sdy, C, work):
+        sig = types.void(*([types.intp] * 12), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            xp, dyp, pp, trx, trp, nr, tx, tp, npix, sx, sdy, C, _ = args
+            f, vty, vl = _ir_types(context, dtype)
+            fp = f.as_pointer()
+            i64 = ir.IntType(64)
+            px_, pdy, pp_ = (builder.inttoptr(a, fp) for a in (xp, dyp, pp))
+            prx, prp = (builder.inttoptr(a, i64.as_pointer()) for a in (trx, trp))
+            ox, op = _table(builder, tx, NT), _table(builder, tp, NT)
+            # accumulators as allocas in the entry block: mem2reg makes them registers
+            acc = [cgutils.alloca_once(builder, vty) for _ in range(NT)]
+            fma = _fma_fn(builder, vty, dtype, vl)
+            load, store = _masked_io(builder, vty, dtype, vl)
+            ty = vty
+
+            def emit(c, p0, cnt, mask):
+                with cgutils.for_range(builder, nr) as rl:
+                    r = rl.index
+                    rx = builder.add(builder.load(builder.gep(prx, [r])), c)
+                    rp = builder.add(builder.load(builder.gep(prp, [r])), c)
+                    for k in range(NT):
+                        builder.store(ir.Constant(ty, None), acc[k])
+                    xc = [builder.add(ox[k], rx) for k in range(NT)]
+                    with cgutils.for_range(builder, cnt) as lp:
+                        p = builder.add(p0, lp.index)
+                        g = load(_at(builder, pdy, builder.add(builder.mul(p, sdy), c), ty),
+                                 mask)
+                        pxo = builder.mul(p, sx)
+                        for k in range(NT):
+                            v = load(_at(builder, px_, builder.add(xc[k], pxo), ty), mask)
+                            builder.store(builder.call(fma, [v, g, builder.load(acc[k])]),
+                                          acc[k])
+                    for k in range(NT):
+                        q = _at(builder, pp_, builder.add(op[k], rp), ty)
+                        store(builder.fadd(load(q, mask), builder.load(acc[k])), q, mask)
+
+            _loops(builder, npix, C, vl, PB_W, max(1, CB_BYTES // VECTOR_BYTES), emit)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return span
+
+
+_dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (3, 2, 1))
+_wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
+
+
+@helper
+def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, nt, npix, sdx, sdy, C, work):
+    """A backward-data span over ``nr`` row taps and ``nt`` column taps (column chunks of
+    3, 2 and 1): the first chunk stores dX, the others add to it."""
+    ra, rb = trd.ctypes.data, trw.ctypes.data
+    a, b = tdy.ctypes.data, tw.ctypes.data
+    k = 0
+    beta = 0
+    while k < nt:
+        r = nt - k
+        if r >= 3:
+            _dspan3(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                    work)
+            k += 3
+        elif r == 2:
+            _dspan2(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                    work)
+            k += 2
+        else:
+            _dspan1(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                    work)
+            k += 1
+        beta = 1
+
+
+@helper
+def _w_chunks(xb, dyp, pb, trx, trp, nr, tx, tp, nt, npix, sx, sdy, C, work):
+    """A backward-weights span over ``nr`` row taps and ``nt`` column taps (column chunks
+    of 3, 2 and 1)."""
+    ra, rb = trx.ctypes.data, trp.ctypes.data
+    a, b = tx.ctypes.data, tp.ctypes.data
+    k = 0
+    while k < nt:
+        r = nt - k
+        if r >= 3:
+            _wspan3(xb, dyp, pb, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sx, sdy, C, work)
+            k += 3
+        elif r == 2:
+            _wspan2(xb, dyp, pb, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sx, sdy, C, work)
+            k += 2
+        else:
+            _wspan1(xb, dyp, pb, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sx, sdy, C, work)
+            k += 1
+
+
+@intrinsic
+def _store_zero(typingctx, base, index, work):
+    """``base[index] = 0`` for an address ``base`` of ``work``'s dtype."""
+    sig = types.void(types.intp, types.intp, work)
+    dtype = work.dtype
+
+    def codegen(context, builder, signature, args):
+        f = context.get_value_type(dtype)
+        p = builder.gep(builder.inttoptr(args[0], f.as_pointer()), [args[1]])
+        builder.store(ir.Constant(f, None), p)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@helper
+def _bwd_d_rows(dy, w, dx, geo, r0, r1):
+    """Rows ``r0 .. r1 - 1`` of dX (see :func:`bwd_d_depthwise_m1`)."""
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = dx.itemsize
+    dyb, wb, dxb = dy.ctypes.data, w.ctypes.data, dx.ctypes.data
+    nq = min(sw, iw)
+    big = (kw - 1) * dw // sw + 1  # keeps column arithmetic non-negative
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    cb = np.empty(kw, np.int64)
+    ct = np.empty(kw, np.int64)
+    tdy = np.empty(kw, np.int64)
+    tw = np.empty(kw, np.int64)
+    for r in range(r0, r1):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        nr = 0
+        for t_d in range(kd):
+            a_d = i_d + pd - t_d * dd
+            if a_d < 0:
+                break
+            if a_d % sd != 0 or a_d // sd >= od:
+                continue
+            for t_h in range(kh):
+                a_h = i_h + ph - t_h * dh
+                if a_h < 0:
+                    break
+                if a_h % sh != 0 or a_h // sh >= oh:
+                    continue
+                roff[nr] = ((n * od + a_d // sd) * oh + a_h // sh) * ow * C
+                rw[nr] = (t_d * kh + t_h) * kw * C
+                nr += 1
+        dxrow = r * iw * C
+        for q in range(nq):
+            npx = (iw - q + sw - 1) // sw  # input columns q, q + sw, ...
+            nc = 0
+            lo = 0
+            hi = npx
+            for t_w in range(kw):
+                e = q + pw - t_w * dw + big * sw
+                if e % sw != 0:
+                    continue
+                base = e // sw - big  # column j of the phase reads dy column j + base
+                cb[nc] = base
+                ct[nc] = t_w
+                nc += 1
+                lo = max(lo, -base)
+                hi = min(hi, ow - base)
+            lo = min(lo, npx)
+            hi = max(hi, lo)
+            j = 0
+            while j < npx:
+                j1 = hi if lo <= j < hi else j + 1
+                nt = 0
+                for b in range(nc):
+                    o_w = j + cb[b]
+                    if 0 <= o_w < ow:
+                        tdy[nt] = o_w * C
+                        tw[nt] = ct[b] * C
+                        nt += 1
+                dxp = dxb + (dxrow + (q + j * sw) * C) * it
+                if nr == 0 or nt == 0:
+                    for p in range(j1 - j):
+                        for c in range(C):
+                            _store_zero(dxp, p * sw * C + c, dx)
+                else:
+                    _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, nt, j1 - j, sw * C, C, C,
+                              dx)
+                j = j1
+
+
+@kernel
+def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
+    """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
+    padding. Per dX row: the row taps that reach it; per column stride phase of the row:
+    its column taps; the phase's interior (every column tap in range) is one span, its
+    border pixels spans of one pixel. Threads take ``nchunks`` contiguous ranges of rows
+    (the loop nest is a serial helper: the parallel region stays small to compile)."""
+    rows = geo[0] * geo[4] * geo[5]
+    for chunk in prange(nchunks):
+        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks)
+
+
+@helper
+def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
+    """Output rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here)."""
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = x.itemsize
+    xb, dyb, pb = x.ctypes.data, dy.ctypes.data, part.ctypes.data
+    T = kd * kh * kw
+    pf = part.reshape(-1)
+    pf[ch * T * C:(ch + 1) * T * C] = 0
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    lo_t = np.empty(kw, np.int64)
+    hi_t = np.empty(kw, np.int64)
+    tx = np.empty(kw, np.int64)
+    tp = np.empty(kw, np.int64)
+    lo = 0
+    hi = ow
+    for t_w in range(kw):
+        a = pw - t_w * dw  # input column o_w*sw - a
+        lo_t[t_w] = (a + sw - 1) // sw if a > 0 else 0
+        hi_t[t_w] = min(ow, (iw - 1 + a) // sw + 1) if iw - 1 + a >= 0 else 0
+        lo = max(lo, lo_t[t_w])
+        hi = min(hi, hi_t[t_w])
+    lo = min(lo, ow)
+    hi = max(hi, lo)
+    for r in range(r0, r1):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        nr = 0
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                roff[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
+                rw[nr] = (ch * T + (t_d * kh + t_h) * kw) * C
+                nr += 1
+        j = 0
+        while nr > 0 and j < ow:
+            j1 = hi if lo <= j < hi else j + 1
+            nt = 0
+            for t_w in range(kw):
+                if lo_t[t_w] <= j < hi_t[t_w]:
+                    tx[nt] = (j * sw - pw + t_w * dw) * C
+                    tp[nt] = t_w * C
+                    nt += 1
+            dyp = dyb + (r * ow + j) * C * it
+            _w_chunks(xb, dyp, pb, roff, rw, nr, tx, tp, nt, j1 - j, sw * C, C, C, x)
+            j = j1
+
+
+@kernel
+def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
+    """dwt (``[kd, kh, kw, 1, C]``) = dW of multiplier 1, any kernel, stride, dilation and
+    padding. part[j] (scratch, ``[nchunks, kd, kh, kw, 1, C]``): chunk j's sum over its
+    contiguous range of output rows, zeroed and reduced here. Per dY row, the row taps in
+    range; its interior (every column tap in range) is one span, border pixels spans of
+    one (the loop nest is a serial helper: the parallel region stays small to compile)."""
+    rows = geo[0] * geo[10] * geo[11]
+    nchunks = part.shape[0]
+    for ch in prange(nchunks):
+        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
+    TC = dwt.size
+    pf = part.reshape(-1)
+    df = dwt.reshape(-1)
+    for i in range(TC):
+        acc = pf[i]
+        for ch in range(1, nchunks):
+            acc += pf[ch * TC + i]
+        df[i] = acc

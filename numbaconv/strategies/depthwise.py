@@ -33,6 +33,9 @@ class DepthwiseDirect(Direct):
         t.pop("accumulate", None)  # the generic direct kernels' choice; not used here
         if p.direction != "bwd_w":
             t["unrolled_3x3"] = _unrolled_3x3(p)
+        if p.direction == "bwd_d" and p.oc == p.ic:
+            # the multiplier-1 kernel: one contiguous range of dX rows per thread
+            t["chunks"] = max(1, min(machine.cores, t["rows"]))
         return t
 
     def run(self, p, tiles, ops):
@@ -51,7 +54,10 @@ class DepthwiseDirect(Direct):
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
             return y
         if p.direction == "bwd_d":
-            if tiles.get("unrolled_3x3"):
+            if p.oc == p.ic:
+                dx = np.empty(xs, ct)
+                k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
+            elif tiles.get("unrolled_3x3"):
                 dx = np.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
             else:
@@ -59,6 +65,11 @@ class DepthwiseDirect(Direct):
                 k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]
+        if p.oc == p.ic:
+            # per-thread partials, zeroed and reduced inside the kernel (one launch)
+            dw = np.empty(ws, ct)
+            k.bwd_w_depthwise_m1(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g)
+            return dw
         part = np.zeros((chunks, *ws), ct)
         k.bwd_w_depthwise(ops["x"], ops["dy"], part, g)
         if chunks == 1:

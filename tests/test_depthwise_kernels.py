@@ -1,0 +1,148 @@
+"""The depthwise direct kernels (``numbaconv.kernels.cpu.depthwise``) against the NumPy
+reference: the multiplier-1 span kernels (explicit SIMD, any kernel size, stride, dilation,
+padding and rank) on interior and border pixels, every stride phase (including phases no tap
+reaches), column tables of more than three taps, channel counts that are not a multiple of
+the vector width, pixel and channel blocks crossed; and the general kernels that multiplier
+2 still takes. Small shapes: the file runs in seconds once its kernels are compiled."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv.kernels.cpu import depthwise as k
+
+from reference import conv_bwd_data_ref, conv_bwd_filter_ref, normalized_error, out_shape, \
+    same_pads_nd, tolerance
+
+# (channels, input spatial, kernel, stride, dilation, pads_begin, pads_end, multiplier)
+CASES = {
+    "3x3_s1_p1_odd": (17, (9, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),
+    "3x3_s1_long_rows": (33, (5, 23), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),
+    "3x3_s2_p1": (3, (8, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), 1),
+    "3x3_s2_tf_same": (33, (10, 12), (3, 3), (2, 2), (1, 1), "same", "same", 1),
+    "3x3_s2_tf_same_odd": (17, (9, 11), (3, 3), (2, 2), (1, 1), "same", "same", 1),
+    "3x3_d2": (16, (7, 9), (3, 3), (1, 1), (2, 2), (2, 2), (2, 2), 1),
+    "3x3_s2_d2_empty_phases": (5, (9, 8), (3, 3), (2, 2), (2, 2), (2, 1), (2, 2), 1),
+    "3x3_s3": (8, (11, 13), (3, 3), (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    "3x3_no_pad": (7, (6, 9), (3, 3), (1, 2), (1, 1), (0, 0), (0, 0), 1),
+    "3x3_big_pad": (4, (3, 4), (3, 3), (1, 1), (1, 1), (3, 2), (2, 3), 1),
+    "5x2_mixed": (6, (7, 6), (5, 2), (1, 2), (2, 1), (2, 0), (1, 2), 1),
+    "1x7_column_chunks": (3, (4, 13), (1, 7), (1, 1), (1, 1), (0, 3), (0, 3), 1),
+    "1d": (5, (11,), (3,), (3,), (2,), (2,), (0,), 1),
+    "3d": (4, (4, 5, 6), (2, 3, 3), (2, 1, 2), (1, 2, 1), (1, 1, 0), (0, 1, 1), 1),
+    "mult2_s2": (6, (7, 6), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1), 2),
+    "mult2_3x3": (5, (6, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 2),
+}
+
+
+def _pads(case):
+    c, isz, ks, st, dl, pb, pe, m = case
+    if pb == "same":
+        pb, pe = same_pads_nd(isz, ks, st, dl)
+    return pb, pe
+
+
+def _operands(case, dtype, seed=0):
+    c, isz, ks, st, dl, _, _, m = case
+    pb, pe = _pads(case)
+    rng = np.random.default_rng(seed)
+    osz = out_shape(isz, ks, st, dl, pb, pe)
+    x = rng.standard_normal((2, *isz, c)).astype(dtype)
+    w = rng.standard_normal((*ks, 1, c * m)).astype(dtype)
+    dy = rng.standard_normal((2, *osz, c * m)).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=c)
+    return x, w, dy, attrs
+
+
+def _check_plan(op, args, attrs):
+    plan = nc.plan(op, *args, **attrs)
+    assert (plan.strategy, plan.variant) == ("direct", "depthwise"), str(plan)
+    return plan
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_depthwise_backward_matches_reference(name, dtype):
+    case = CASES[name]
+    if case[-1] != 1 and dtype == "float32":
+        pytest.skip("multiplier 2 runs the general kernels: float64 is enough")
+    x, w, dy, attrs = _operands(case, dtype)
+    isz, ks = case[1], case[2]
+    ref_attrs = dict(stride=attrs["strides"], dilation=attrs["dilations"],
+                     pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"],
+                     groups=attrs["groups"])
+    _check_plan("convolution_backprop_data", (dy, w, isz), attrs)
+    got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+    assert got.dtype == np.dtype(dtype)
+    err = normalized_error(got, conv_bwd_data_ref, dy, w, isz, **ref_attrs)
+    assert err <= tolerance(dtype), f"bwd_d {name} {dtype}: {err:.2e}"
+
+    _check_plan("convolution_backprop_filters", (x, ks, dy), attrs)
+    got = nc.convolution_backprop_filters(x, ks, dy, **attrs)
+    assert got.dtype == np.dtype(dtype)
+    err = normalized_error(got, conv_bwd_filter_ref, x, dy, ks, **ref_attrs)
+    assert err <= tolerance(dtype), f"bwd_w {name} {dtype}: {err:.2e}"
+
+
+def test_channel_blocks_are_crossed():
+    """More channels than one channel block of the span kernels (float64: half as many
+    lanes per byte), and a partial last vector."""
+    c = k.CB_BYTES // 8 + 13
+    case = (c, (5, 6), (3, 3), (1, 2), (1, 1), (1, 1), (1, 1), 1)
+    x, w, dy, attrs = _operands(case, "float64", seed=1)
+    ref_attrs = dict(stride=attrs["strides"], dilation=attrs["dilations"],
+                     pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"], groups=c)
+    got = nc.convolution_backprop_data(dy, w, (5, 6), **attrs)
+    assert normalized_error(got, conv_bwd_data_ref, dy, w, (5, 6), **ref_attrs) <= 1e-12
+    got = nc.convolution_backprop_filters(x, (3, 3), dy, **attrs)
+    assert normalized_error(got, conv_bwd_filter_ref, x, dy, (3, 3), **ref_attrs) <= 1e-12
+
+
+def test_float16_runs_the_float32_kernels():
+    case = CASES["3x3_s2_tf_same"]
+    x, w, dy, attrs = _operands(case, "float16", seed=2)
+    ref_attrs = dict(stride=attrs["strides"], dilation=attrs["dilations"],
+                     pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"],
+                     groups=attrs["groups"])
+    got = nc.convolution_backprop_data(dy, w, case[1], **attrs)
+    assert got.dtype == np.float16
+    assert normalized_error(got, conv_bwd_data_ref, dy, w, case[1], **ref_attrs) <= 4e-3
+    got = nc.convolution_backprop_filters(x, case[2], dy, **attrs)
+    assert got.dtype == np.float16
+    assert normalized_error(got, conv_bwd_filter_ref, x, dy, case[2], **ref_attrs) <= 4e-3
+
+
+@pytest.mark.parametrize("name", ["3x3_s2_d2_empty_phases", "3x3_s3", "3x3_s2_tf_same_odd"])
+def test_backward_data_writes_every_pixel(name):
+    """dX comes from np.empty: the kernel must write every element once (phases and
+    border pixels no tap reaches get zeros), also with one or several row chunks."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    case = CASES[name]
+    _, w, dy, attrs = _operands(case, "float32", seed=3)
+    plan = _check_plan("convolution_backprop_data", (dy, w, case[1]), attrs)
+    p = plan.problem
+    xs, ys, ws = canonical_shapes(p)
+    want = nc.convolution_backprop_data(dy, w, case[1], **attrs).reshape(xs)
+    for chunks in (1, 2, 5):
+        dx = np.full(xs, np.nan, np.float32)
+        k.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks)
+        np.testing.assert_array_equal(dx, want)
+
+
+def test_backward_weights_reduces_every_chunk():
+    """Per-chunk partials are zeroed and reduced inside the kernel: any number of chunks
+    (more than rows included) gives the same dW; scratch may hold garbage."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    case = CASES["3x3_s2_p1"]
+    x, w, dy, attrs = _operands(case, "float64", seed=4)
+    plan = _check_plan("convolution_backprop_filters", (x, case[2], dy), attrs)
+    p = plan.problem
+    xs, ys, ws = canonical_shapes(p)
+    want = conv_bwd_filter_ref(x, dy, case[2], attrs["strides"], attrs["dilations"],
+                               attrs["pads_begin"], attrs["pads_end"], attrs["groups"])
+    for chunks in (1, 2, 3, 64):
+        part = np.full((chunks, *ws), np.nan)
+        dw = np.full(ws, np.nan)
+        k.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), part, dw, geo(p))
+        np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
