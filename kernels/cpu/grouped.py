@@ -1,186 +1,561 @@
-"""Direct loop nests for grouped convolutions with few channels per group.
+"""Register-blocked loop nests for grouped convolutions with few channels per group.
 
-Batched per-group GEMMs of 4-32 channels run far from peak, and the generic direct loops
-vectorise over at most ``K/g`` channels. Here the channels are stored group-minor
-(``[..., C/g, g]`` instead of ``[..., g, C/g]``, a transpose made once by the strategy), so
-for a fixed input channel ``c`` and output channel ``k`` of a group the innermost loop is
-one contiguous FMA across all ``g`` groups: the depthwise kernels' trick (depthwise is the
-case ``C/g = K/g = 1``), applied to small groups.
+Batched per-group GEMMs of 4-32 channels run far from peak, and vectors across the channels
+of one group are short. Here the channels are stored group-minor, ``[..., C/g, gp]``
+(``gp``: the groups rounded up to whole vectors, the extra lanes zero), so that every
+operand of the inner product is a vector across groups: for input channel ``c`` and
+output channel ``k`` of every group at once, ``dx[.., c, :] += dy[.., k, :] * w[.., c, k, :]``
+and ``dw[.., c, k, :] += x[.., c, :] * dy[.., k, :]`` are element-wise FMAs, with no
+broadcast and no shuffle (the depthwise kernels' trick; depthwise is ``C/g = K/g = 1``).
 
-Layouts: ``x``/``dx`` ``[mb, id, ih, iw, icg, g]``, ``dy``/``y`` ``[mb, od, oh, ow, ocg, g]``,
-``w``/``dw`` ``[kd, kh, kw, icg, ocg, g]``.
+One micro-kernel (:func:`_micro`, explicit SIMD in LLVM IR) does all the work: a tile of
+``P x NV`` vector accumulators held in registers over a whole reduction given as a list of
+segments (kernel taps, or rows of pixels), stored once. The drivers are:
+
+* forward and backward data (oneDNN's derivation: backward data is a forward convolution
+  of ``dy`` with the flipped, transposed filter; at stride ``s`` one per stride phase, a
+  gather, never a scatter-add): a tile is ``P`` output pixels of a row x ``NV`` channels,
+  the reduction runs over the taps that reach the row and the channels they read;
+* backward weights: a tile is ``P x NV`` (input x output channels) of one tap, the
+  reduction runs over rows of output pixels; each thread owns a partial dW, reduced once.
+
+The source operand is copied to group-minor with zero padding along ``w`` (the transpose
+is needed anyway), so that no tile ever tests a pixel against the border: taps along ``d``
+and ``h`` that leave the input are simply not in a row's segment list.
+
+Layouts: ``xp`` ``[mb, id, ih, iw + pads, icg, gp]``, ``dyp`` ``[mb, od, oh, ow + pads, ocg,
+gp]``, forward filter ``[kd, kh, kw, icg, ocg, gp]``, backward-data filter ``[kd, kh, kw,
+ocg, icg, gp]``, weight partials ``[chunks, kd, kh, kw, icg, ocg, gp]``.
 """
+import numpy as np
+from llvmlite import ir
 from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
-from numbaconv._jit import kernel
+from numbaconv._jit import helper, kernel
+
+def _vector_bytes():
+    try:
+        import llvmlite.binding as llvm
+        feats = llvm.get_host_cpu_features()
+    except Exception:  # pragma: no cover - llvmlite without host queries
+        return 16
+    if feats.get("avx512f"):
+        return 64
+    if feats.get("avx2") or feats.get("avx"):
+        return 32
+    return 16
+
+
+#: Bytes of one SIMD register on this host (the lanes of a group vector).
+VECTOR_BYTES = _vector_bytes()
+#: Register tiles (rows x vectors) of the backward-data and backward-weights micro-kernels:
+#: rows*vectors accumulators plus the loaded operands fit the register file (16 vector
+#: registers with AVX2, 32 with AVX-512).
+import os as _os
+TILE_D = (6, 4) if VECTOR_BYTES == 64 else (5, 2)
+TILE_W = (4, 4) if VECTOR_BYTES == 64 else (2, 4)
+if _os.environ.get('GK_TD'):
+    TILE_D = tuple(int(v) for v in _os.environ['GK_TD'].split(','))
+if _os.environ.get('GK_TW'):
+    TILE_W = tuple(int(v) for v in _os.environ['GK_TW'].split(','))
+
+
+def lanes(itemsize):
+    """Groups in one vector for an element size (8 float32 or 4 float64 with AVX2)."""
+    return VECTOR_BYTES // itemsize
+
+
+def group_vectors(g, itemsize):
+    """Vectors across ``g`` groups (the last one padded with zero lanes)."""
+    return -(-g // lanes(itemsize))
+
+
+def _micro(P, NV, to_last):
+    """``C[p, v] (+)= sum_s sum_j A[s, j, p] * B[s, j, v]``, element-wise over the lanes: a
+    ``P x NV`` tile of vectors kept in registers over a whole reduction (LLVM allocas that
+    mem2reg turns into registers).
+
+    The reduction runs over ``nseg`` segments; ``segs`` is the address of ``3*nseg`` int64,
+    each segment's element offsets from ``a`` and from ``b`` and its number of steps ``j``.
+    Vector ``A[s, j, p]`` starts at ``a + aoff_s + j*acs + p*ars``, ``B[s, j, v]`` at ``b +
+    boff_s + j*bcs + v*VL`` (the ``NV`` vectors of B are contiguous, so that their offsets are
+    constants). All in elements, unaligned.
+
+    Without ``to_last``, tile vector ``C[p, v]`` is at ``c + p*crs + v*VL`` and ``beta``
+    non-zero adds the tile to C, else stores it. With ``to_last`` the tile is transposed on
+    its way out, to channels-last: lane ``l < nl`` of ``C[p, v]`` is stored at ``c + p*crs +
+    l*ccs + v`` (the NV channels of one group are contiguous). No segment gives zeros. The
+    float type comes from ``work``'s dtype."""
+
+    @intrinsic
+    def micro(typingctx, a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, work):
+        sig = types.void(*([types.intp] * 12), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, _ = args
+            f = context.get_value_type(dtype)
+            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            vty = ir.VectorType(f, vl)
+            fp, vp = f.as_pointer(), vty.as_pointer()
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+            fma = cgutils.get_or_insert_function(builder.module,
+                                                 ir.FunctionType(vty, [vty] * 3), name)
+            pa = builder.inttoptr(a, fp)
+            pb = builder.inttoptr(b, fp)
+            pc = builder.inttoptr(c, fp)
+            ps = builder.inttoptr(segs, i64.as_pointer())
+            zero = ir.Constant(vty, None)
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NV)]
+                   for _ in range(P)]
+            aro = [builder.mul(ars, ir.Constant(i64, p)) for p in range(P)]
+            with cgutils.for_range(builder, nseg) as sloop:
+                s3 = builder.mul(sloop.index, ir.Constant(i64, 3))
+                ao = builder.load(builder.gep(ps, [s3]))
+                bo = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 1))]))
+                kl = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 2))]))
+                sa = builder.gep(pa, [ao])
+                sb = builder.gep(pb, [bo])
+                with cgutils.for_range(builder, kl) as jloop:
+                    j = jloop.index
+                    ja = builder.gep(sa, [builder.mul(j, acs)])
+                    jb = builder.bitcast(builder.gep(sb, [builder.mul(j, bcs)]), vp)
+                    av = [builder.load(builder.bitcast(builder.gep(ja, [aro[p]]), vp),
+                                       align=1) for p in range(P)]
+                    bv = [builder.load(builder.gep(jb, [ir.Constant(i64, v)]), align=1)
+                          for v in range(NV)]
+                    for p in range(P):
+                        for v in range(NV):
+                            builder.store(builder.call(fma, [av[p], bv[v],
+                                                             builder.load(acc[p][v])]),
+                                          acc[p][v])
+            if to_last:
+                for p in range(P):
+                    cp = builder.gep(pc, [builder.mul(crs, ir.Constant(i64, p))])
+                    vals = [builder.load(acc[p][v]) for v in range(NV)]
+                    width = vl
+                    while len(vals) > 1:  # concatenate: one [NV*VL] vector, channel-major
+                        if len(vals) % 2:
+                            vals.append(ir.Constant(vals[0].type, None))
+                        mask = ir.Constant(ir.VectorType(i32, 2 * width),
+                                           list(range(2 * width)))
+                        vals = [builder.shuffle_vector(vals[k], vals[k + 1], mask)
+                                for k in range(0, len(vals), 2)]
+                        width *= 2
+                    big = vals[0]
+                    undef = ir.Constant(big.type, ir.Undefined)
+                    for lane in range(vl):
+                        with builder.if_then(builder.icmp_signed(">", nl,
+                                                                 ir.Constant(i64, lane))):
+                            q = builder.gep(cp, [builder.mul(ccs, ir.Constant(i64, lane))])
+                            if NV == 1:
+                                builder.store(builder.extract_element(
+                                    big, ir.Constant(i32, lane)), q)
+                            else:
+                                mask = ir.Constant(ir.VectorType(i32, NV),
+                                                   [v * vl + lane for v in range(NV)])
+                                out = builder.shuffle_vector(big, undef, mask)
+                                builder.store(out, builder.bitcast(q, out.type.as_pointer()),
+                                              align=1)
+                return context.get_dummy_value()
+            add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+            for p in range(P):
+                cp = builder.bitcast(builder.gep(pc, [builder.mul(crs, ir.Constant(i64, p))]),
+                                     vp)
+                for v in range(NV):
+                    q = builder.gep(cp, [ir.Constant(i64, v)])
+                    val = builder.load(acc[p][v])
+                    with builder.if_else(add) as (then, otherwise):
+                        with then:
+                            builder.store(builder.fadd(val, builder.load(q, align=1)), q,
+                                          align=1)
+                        with otherwise:
+                            builder.store(val, q, align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+def _transpose(cc, to_lanes):
+    """A register transpose between channels-last and group-minor for one pixel and one
+    vector of groups: with ``to_lanes``, ``VL`` rows of ``cc`` channels (row ``i`` at ``src +
+    i*ss``) become ``cc`` vectors of ``VL`` lanes (vector ``j`` at ``dst + j*ds``); else the
+    reverse. Addresses and strides in bytes and elements, ``VL`` from ``work``'s dtype."""
+
+    @intrinsic
+    def tr(typingctx, src, ss, dst, ds, work):
+        sig = types.void(types.intp, types.intp, types.intp, types.intp, work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            src, ss, dst, ds, _ = args
+            f = context.get_value_type(dtype)
+            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            nin, win = (vl, cc) if to_lanes else (cc, vl)
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            ps = builder.inttoptr(src, f.as_pointer())
+            pd = builder.inttoptr(dst, f.as_pointer())
+
+            def at(p, stride, i):
+                return builder.gep(p, [builder.mul(stride, ir.Constant(i64, i))])
+
+            if win == 1:
+                vals = [builder.load(at(ps, ss, i)) for i in range(nin)]
+                vec = ir.Constant(ir.VectorType(f, nin), ir.Undefined)
+                for i, v in enumerate(vals):
+                    vec = builder.insert_element(vec, v, ir.Constant(i32, i))
+                builder.store(vec, builder.bitcast(pd, vec.type.as_pointer()), align=1)
+                return context.get_dummy_value()
+            vin = ir.VectorType(f, win)
+            vecs = [builder.load(builder.bitcast(at(ps, ss, i), vin.as_pointer()), align=1)
+                    for i in range(nin)]
+            if nin == 1:
+                for j in range(win):
+                    builder.store(builder.extract_element(vecs[0], ir.Constant(i32, j)),
+                                  at(pd, ds, j))
+                return context.get_dummy_value()
+            width = win
+            while len(vecs) > 1:  # concatenate: one [nin*win] vector, row-major
+                mask = ir.Constant(ir.VectorType(i32, 2 * width), list(range(2 * width)))
+                vecs = [builder.shuffle_vector(vecs[k], vecs[k + 1], mask)
+                        for k in range(0, len(vecs), 2)]
+                width *= 2
+            big = vecs[0]
+            undef = ir.Constant(big.type, ir.Undefined)
+            vout = ir.VectorType(f, nin)
+            for j in range(win):
+                mask = ir.Constant(ir.VectorType(i32, nin), [i * win + j for i in range(nin)])
+                builder.store(builder.shuffle_vector(big, undef, mask),
+                              builder.bitcast(at(pd, ds, j), vout.as_pointer()), align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tr
+
+
+_to4, _to1 = _transpose(4, True), _transpose(1, True)
 
 
 @kernel
-def fwd_grouped(x, w, y, geo):
-    """y (zeroed) = grouped conv(x, w)."""
-    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
-    id_, ih, iw = geo[4], geo[5], geo[6]
-    kd, kh, kw = geo[7], geo[8], geo[9]
-    od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh, sw = geo[13], geo[14], geo[15]
-    dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
-    for r in prange(mb * od * oh):
-        n = r // (od * oh)
-        o_d = (r // oh) % od
-        o_h = r % oh
-        for t_d in range(kd):
-            i_d = o_d * sd - pd + t_d * dd
-            if i_d < 0 or i_d >= id_:
-                continue
-            for t_h in range(kh):
-                i_h = o_h * sh - ph + t_h * dh
-                if i_h < 0 or i_h >= ih:
+def to_group_minor(src, dst, g, pl):
+    """``src [mb, d, h, w, g*C]`` -> ``dst [nvg, mb, d, h, wp, C, VL]``: group ``gi`` in
+    lane ``gi % VL`` of vector ``gi // VL``, pixel ``i`` at ``pl + i``, zeros in the padding
+    pixels and lanes."""
+    mb, d, h, w = src.shape[0], src.shape[1], src.shape[2], src.shape[3]
+    nvg, vl = dst.shape[0], dst.shape[6]
+    wp, C = dst.shape[4], dst.shape[5]
+    pst, cst = C * vl, vl
+    s1 = src.reshape(-1)
+    d1 = dst.reshape(-1)
+    rows = mb * d * h
+    chunk = rows * wp * C * vl
+    it = src.itemsize
+    ps, pd = src.ctypes.data, dst.ctypes.data
+    for r in prange(rows):
+        for gv in range(nvg):
+            g0 = gv * vl
+            n = min(vl, g - g0)
+            orow = gv * chunk + r * wp * C * vl
+            for i_w in range(wp):
+                s = i_w - pl
+                o = orow + i_w * pst
+                if s < 0 or s >= w or n < vl:
+                    for c in range(C):
+                        for l in range(vl):
+                            d1[o + c * cst + l] = 0
+                if s < 0 or s >= w:
                     continue
-                for o_w in range(ow):
-                    for t_w in range(kw):
-                        i_w = o_w * sw - pw + t_w * dw
-                        if i_w < 0 or i_w >= iw:
-                            continue
-                        for k in range(ocg):
-                            c = 0
-                            # four input channels per sweep: a quarter of the y traffic
-                            while c + 4 <= icg:
-                                for gi in range(g):
-                                    y[n, o_d, o_h, o_w, k, gi] += (
-                                        x[n, i_d, i_h, i_w, c, gi] * w[t_d, t_h, t_w, c, k, gi]
-                                        + x[n, i_d, i_h, i_w, c + 1, gi]
-                                        * w[t_d, t_h, t_w, c + 1, k, gi]
-                                        + x[n, i_d, i_h, i_w, c + 2, gi]
-                                        * w[t_d, t_h, t_w, c + 2, k, gi]
-                                        + x[n, i_d, i_h, i_w, c + 3, gi]
-                                        * w[t_d, t_h, t_w, c + 3, k, gi])
-                                c += 4
-                            for cr in range(c, icg):
-                                for gi in range(g):
-                                    y[n, o_d, o_h, o_w, k, gi] += (
-                                        x[n, i_d, i_h, i_w, cr, gi] * w[t_d, t_h, t_w, cr, k, gi])
+                base = (r * w + s) * C * g + g0 * C
+                if n < vl:  # the last, partial vector of groups
+                    for l in range(n):
+                        for c in range(C):
+                            d1[o + c * cst + l] = s1[base + l * C + c]
+                    continue
+                c = 0
+                while c + 4 <= C:
+                    _to4(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
+                    c += 4
+                while c < C:
+                    _to1(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
+                    c += 1
+
+
+@kernel(parallel=False)
+def pack_filter(w, out, pos, taps, g, transposed):
+    """Filter ``w [kd, kh, kw, icg, g*ocg]`` -> the block at ``pos`` of every row of ``out
+    [nvg, *]``: ``[kd, kh, len(taps), icg, ocg, VL]``, or ``[..., ocg, icg, VL]`` when
+    ``transposed``; tap ``j`` along w is ``w``'s tap ``taps[j]``, lane ``l`` of vector ``gv``
+    is group ``gv*VL + l`` (zero past the last group)."""
+    kd, kh, icg = w.shape[0], w.shape[1], w.shape[3]
+    ocg = w.shape[4] // g
+    nvg, nj = out.shape[0], taps.shape[0]
+    vl = VECTOR_BYTES // out.itemsize
+    a_n, b_n = (ocg, icg) if transposed else (icg, ocg)
+    for r in range(nvg * kd * kh):
+        gv = r // (kd * kh)
+        t_d = (r // kh) % kd
+        t_h = r % kh
+        for j in range(nj):
+            for c in range(icg):
+                for k in range(ocg):
+                    a, b = (k, c) if transposed else (c, k)
+                    o = pos + ((((t_d * kh + t_h) * nj + j) * a_n + a) * b_n + b) * vl
+                    for l in range(vl):
+                        gi = gv * vl + l
+                        out[gv, o + l] = w[t_d, t_h, taps[j], c, gi * ocg + k] if gi < g else 0
+
+
+_tile_d = _micro(TILE_D[0], TILE_D[1], True)
+_tile_d1 = _micro(TILE_D[0], 1, True)
+_tile_dd = _micro(1, 1, True)
+_tile_w = _micro(TILE_W[0], TILE_W[1], False)
+_tile_w1 = _micro(1, 1, False)
+
+
+@helper
+def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, work):
+    """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
+    groups, in ``TILE_D`` tiles stored channels-last; the last tile of a row or of the
+    channels overlaps the one before it (recomputing a few pixels: tiles are stored, not
+    added). B's channel vectors are contiguous (``VL`` apart)."""
+    P, NV = TILE_D
+    it = work.itemsize
+    vl = VECTOR_BYTES // it
+    if npix >= P and nout >= NV:
+        j = 0
+        while j < npix:
+            jj = min(j, npix - P)
+            k = 0
+            while k < nout:
+                kk = min(k, nout - NV)
+                _tile_d(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
+                        segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                k += NV
+            j += P
+    elif npix >= P:
+        j = 0
+        while j < npix:
+            jj = min(j, npix - P)
+            for k in range(nout):
+                _tile_d1(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
+                         segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+            j += P
+    else:
+        for jj in range(npix):
+            for k in range(nout):
+                _tile_dd(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
+                         segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
 
 
 @kernel
-def bwd_d_grouped(dy, w, dx, geo):
-    """dx (zeroed) = grouped conv^T(dy, w), a gather over the taps that reach each row."""
-    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
-    id_, ih, iw = geo[4], geo[5], geo[6]
+def fwd_gm(xp, wf, y, geo, pl):
+    """``y [mb, od, oh, ow, g*ocg]`` = grouped conv(xp, wf) (``xp`` group-minor, padded by
+    ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``). With dilation 1 along w, the
+    taps along w of one row make one segment (their x pixels and filter rows are
+    contiguous)."""
+    rows = geo[0] * geo[10] * geo[11]
+    seg_all = np.empty((rows, 3 * geo[7] * geo[8] * geo[9]), np.int64)
+    for r in prange(rows):
+        _fwd_row(xp, wf, y, geo, pl, seg_all[r], r)
+
+
+@helper
+def _fwd_row(xp, wf, y, geo, pl, segs, r):
+    g, icg, ocg = geo[1], geo[2], geo[3]
+    id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    for r in prange(mb * id_ * ih):
-        n = r // (id_ * ih)
-        i_d = (r // ih) % id_
-        i_h = r % ih
+    nvg, wp, vl = xp.shape[0], xp.shape[4], xp.shape[6]
+    it = y.itemsize
+    xs, ws = xp[0].size, wf[0].size
+    oc = g * ocg
+    work = np.empty(0, y.dtype)
+    pa, pb, pc = xp.ctypes.data, wf.ctypes.data, y.ctypes.data
+    runs = 1 if dw == 1 else kw  # segments per (t_d, t_h)
+    n = r // (od * oh)
+    o_d = (r // oh) % od
+    o_h = r % oh
+    ns = 0
+    for t_d in range(kd):
+        i_d = o_d * sd - pd + t_d * dd
+        if i_d < 0 or i_d >= id_:
+            continue
+        for t_h in range(kh):
+            i_h = o_h * sh - ph + t_h * dh
+            if i_h < 0 or i_h >= ih:
+                continue
+            for u in range(runs):
+                segs[3 * ns] = (((n * id_ + i_d) * ih + i_h) * wp + u * dw + pl - pw) * icg * vl
+                segs[3 * ns + 1] = ((t_d * kh + t_h) * kw + u) * icg * ocg * vl
+                segs[3 * ns + 2] = icg * (kw if runs == 1 else 1)
+                ns += 1
+    crow = ((n * od + o_d) * oh + o_h) * ow * oc
+    for gv in range(nvg):
+        _row_tiles(pa + gv * xs * it, pb + gv * ws * it, pc + (crow + gv * vl * ocg) * it,
+                   segs.ctypes.data, ns, ow, ocg, min(vl, g - gv * vl), sw * icg * vl, vl,
+                   ocg * vl, oc, ocg, work)
+
+
+@kernel
+def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
+    """``dx [mb, id, ih, iw, g*icg]`` = grouped conv^T(dyp, w) (``dyp`` group-minor and
+    zero-padded along w): per row and stride phase ``q`` along w, a gather over the taps
+    that reach it. ``wq [nvg, phases: kd, kh, nq, ocg, icg, VL]``: phase q's nq taps along
+    w in the order of their dy pixels; ``qtab [sw, 3]``: (offset of phase q in wq, nq, its
+    first run), ``runs [*, 3]``: (padded dy pixel of output pixel 0, first tap, taps) of
+    the runs of phase q's taps whose dy pixels follow each other (one segment each)."""
+    rows = geo[0] * geo[4] * geo[5]
+    seg_all = np.empty((rows, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
+    for r in prange(rows):
+        _bwd_d_row(dyp, wq, dx, geo, qtab, runs, seg_all[r], r)
+
+
+@helper
+def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
+    g, icg, ocg = geo[1], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh = geo[7], geo[8]
+    od, oh = geo[10], geo[11]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    nvg, wp, vl = dyp.shape[0], dyp.shape[4], dyp.shape[6]
+    it = dx.itemsize
+    ys, ws = dyp[0].size, wq[0].size
+    ic = g * icg
+    tap = ocg * icg * vl
+    nruns = runs.shape[0]
+    work = np.empty(0, dx.dtype)
+    pa, pb, pc = dyp.ctypes.data, wq.ctypes.data, dx.ctypes.data
+    n = r // (id_ * ih)
+    i_d = (r // ih) % id_
+    i_h = r % ih
+    for q in range(min(sw, iw)):
+        npix = (iw - q + sw - 1) // sw
+        q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
+        r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
+        ns = 0
         for t_d in range(kd):
             a_d = i_d + pd - t_d * dd
-            if a_d < 0:
-                break
-            if a_d % sd != 0 or a_d // sd >= od:
+            if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
                 continue
             o_d = a_d // sd
             for t_h in range(kh):
                 a_h = i_h + ph - t_h * dh
-                if a_h < 0:
-                    break
-                if a_h % sh != 0 or a_h // sh >= oh:
+                if a_h < 0 or a_h % sh != 0 or a_h // sh >= oh:
                     continue
                 o_h = a_h // sh
-                for i_w in range(iw):
-                    for t_w in range(kw):
-                        a_w = i_w + pw - t_w * dw
-                        if a_w < 0:
-                            break
-                        if a_w % sw != 0 or a_w // sw >= ow:
-                            continue
-                        o_w = a_w // sw
-                        for c in range(icg):
-                            k = 0
-                            # four output channels per sweep: a quarter of the dx traffic
-                            while k + 4 <= ocg:
-                                for gi in range(g):
-                                    dx[n, i_d, i_h, i_w, c, gi] += (
-                                        dy[n, o_d, o_h, o_w, k, gi] * w[t_d, t_h, t_w, c, k, gi]
-                                        + dy[n, o_d, o_h, o_w, k + 1, gi]
-                                        * w[t_d, t_h, t_w, c, k + 1, gi]
-                                        + dy[n, o_d, o_h, o_w, k + 2, gi]
-                                        * w[t_d, t_h, t_w, c, k + 2, gi]
-                                        + dy[n, o_d, o_h, o_w, k + 3, gi]
-                                        * w[t_d, t_h, t_w, c, k + 3, gi])
-                                k += 4
-                            for kr in range(k, ocg):
-                                for gi in range(g):
-                                    dx[n, i_d, i_h, i_w, c, gi] += (
-                                        dy[n, o_d, o_h, o_w, kr, gi] * w[t_d, t_h, t_w, c, kr, gi])
+                for u in range(r0, r1):
+                    segs[3 * ns] = (((n * od + o_d) * oh + o_h) * wp + runs[u, 0]) * ocg * vl
+                    segs[3 * ns + 1] = q0 + ((t_d * kh + t_h) * nq + runs[u, 1]) * tap
+                    segs[3 * ns + 2] = runs[u, 2] * ocg
+                    ns += 1
+        crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
+        for gv in range(nvg):
+            _row_tiles(pa + gv * ys * it, pb + gv * ws * it, pc + (crow + gv * vl * icg) * it,
+                       segs.ctypes.data, ns, npix, icg, min(vl, g - gv * vl), ocg * vl, vl,
+                       icg * vl, sw * ic, icg, work)
 
 
 @kernel
-def bwd_w_grouped(x, dy, part, geo):
-    """part[j] (zeroed, ``[kd, kh, kw, icg, ocg, g]``): dW over the output rows of chunk j."""
-    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
-    id_, ih, iw = geo[4], geo[5], geo[6]
+def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
+    """``part[j] += ``dW over the output rows of chunk j (``part`` zeroed, ``[chunks, nvg,
+    kd, kh, kw, icg, ocg, VL]``; ``xp`` padded by ``pl`` along w, ``dyg`` unpadded). The
+    pixels go in blocks of ``rb`` rows x ``wc`` columns (sized to stay in L1); per block and
+    tap, every ``TILE_W`` tile of (input x output channels) sums over the block's rows that
+    the tap keeps inside the input."""
+    nch = part.shape[0]
+    rows = geo[0] * geo[10] * geo[11]
+    # segment lists allocated here, not in the loop: the micro-kernel reads them by address
+    seg_all = np.empty((nch, 3 * rb), np.int64)
+    for ch in prange(nch):
+        _bwd_w_chunk(xp, dyg, part[ch], geo, pl, rb, wc, seg_all[ch], rows * ch // nch,
+                     rows * (ch + 1) // nch)
+
+
+@helper
+def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
+    """Output rows ``r0 .. r1`` of :func:`bwd_w_gm` into one partial ``part``."""
+    icg, ocg = geo[2], geo[3]
+    id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    rows = mb * od * oh
-    nchunks = part.shape[0]
-    for ch in prange(nchunks):
-        pj = part[ch]
-        for r in range(rows * ch // nchunks, rows * (ch + 1) // nchunks):
-            n = r // (od * oh)
-            o_d = (r // oh) % od
-            o_h = r % oh
+    nvg, wp, vl = xp.shape[0], xp.shape[4], xp.shape[6]
+    P, NV = TILE_W
+    it = part.itemsize
+    xs, ys, cs = xp[0].size, dyg[0].size, part[0].size
+    work = np.empty(0, part.dtype)
+    pa, pb, pc = xp.ctypes.data, dyg.ctypes.data, part.ctypes.data
+    sp = segs.ctypes.data
+    tap = icg * ocg * vl
+    cf = icg - icg % P
+    kf = ocg - ocg % NV
+    for rs in range(r0, r1, rb):
+        for w0 in range(0, ow, wc):
+            kl = min(wc, ow - w0)
             for t_d in range(kd):
-                i_d = o_d * sd - pd + t_d * dd
-                if i_d < 0 or i_d >= id_:
-                    continue
                 for t_h in range(kh):
-                    i_h = o_h * sh - ph + t_h * dh
-                    if i_h < 0 or i_h >= ih:
+                    ns = 0
+                    for r in range(rs, min(r1, rs + rb)):
+                        n = r // (od * oh)
+                        o_d = (r // oh) % od
+                        o_h = r % oh
+                        i_d = o_d * sd - pd + t_d * dd
+                        i_h = o_h * sh - ph + t_h * dh
+                        if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
+                            continue
+                        segs[3 * ns] = ((((n * id_ + i_d) * ih + i_h) * wp + pl - pw
+                                         + w0 * sw) * icg * vl)
+                        segs[3 * ns + 1] = (((n * od + o_d) * oh + o_h) * ow + w0) * ocg * vl
+                        segs[3 * ns + 2] = kl
+                        ns += 1
+                    if ns == 0:
                         continue
-                    for t_w in range(kw):
-                        o_w = 0
-                        # four output pixels per sweep (when all four read inside the
-                        # input): a quarter of the partial-dW traffic
-                        while o_w + 4 <= ow:
-                            i0 = o_w * sw - pw + t_w * dw
-                            i3 = i0 + 3 * sw
-                            if i0 >= 0 and i3 < iw:
-                                i1 = i0 + sw
-                                i2 = i1 + sw
-                                for c in range(icg):
-                                    for k in range(ocg):
-                                        for gi in range(g):
-                                            pj[t_d, t_h, t_w, c, k, gi] += (
-                                                x[n, i_d, i_h, i0, c, gi] * dy[n, o_d, o_h, o_w, k, gi]
-                                                + x[n, i_d, i_h, i1, c, gi]
-                                                * dy[n, o_d, o_h, o_w + 1, k, gi]
-                                                + x[n, i_d, i_h, i2, c, gi]
-                                                * dy[n, o_d, o_h, o_w + 2, k, gi]
-                                                + x[n, i_d, i_h, i3, c, gi]
-                                                * dy[n, o_d, o_h, o_w + 3, k, gi])
-                                o_w += 4
-                            else:
-                                if 0 <= i0 < iw:
-                                    for c in range(icg):
-                                        for k in range(ocg):
-                                            for gi in range(g):
-                                                pj[t_d, t_h, t_w, c, k, gi] += (
-                                                    x[n, i_d, i_h, i0, c, gi]
-                                                    * dy[n, o_d, o_h, o_w, k, gi])
-                                o_w += 1
-                        for o_r in range(o_w, ow):
-                            i_w = o_r * sw - pw + t_w * dw
-                            if i_w < 0 or i_w >= iw:
-                                continue
-                            for c in range(icg):
-                                for k in range(ocg):
-                                    for gi in range(g):
-                                        pj[t_d, t_h, t_w, c, k, gi] += (
-                                            x[n, i_d, i_h, i_w, c, gi] * dy[n, o_d, o_h, o_r, k, gi])
+                    for gv in range(nvg):
+                        for t_w in range(kw):
+                            a = pa + (gv * xs + t_w * dw * icg * vl) * it
+                            b = pb + gv * ys * it
+                            c = pc + (gv * cs + ((t_d * kh + t_h) * kw + t_w) * tap) * it
+                            for c0 in range(0, cf, P):
+                                for k0 in range(0, kf, NV):
+                                    _tile_w(a + c0 * vl * it, b + k0 * vl * it,
+                                            c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                            sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1, work)
+                            for c0 in range(icg):
+                                for k0 in range(ocg):
+                                    if c0 < cf and k0 < kf:
+                                        continue
+                                    _tile_w1(a + c0 * vl * it, b + k0 * vl * it,
+                                             c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                             sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1, work)
+
+
+@kernel(parallel=False)
+def reduce_w(part, dw):
+    """``dw [T, icg, g*ocg]`` = the sum over chunks of ``part [chunks, nvg, T, icg, ocg,
+    VL]``."""
+    nch, T, icg, ocg, vl = part.shape[0], part.shape[2], part.shape[3], part.shape[4], \
+        part.shape[5]
+    g = dw.shape[2] // ocg
+    for t in range(T):
+        for c in range(icg):
+            for gi in range(g):
+                gv = gi // vl
+                l = gi - gv * vl
+                for k in range(ocg):
+                    s = part[0, gv, t, c, k, l]
+                    for j in range(1, nch):
+                        s += part[j, gv, t, c, k, l]
+                    dw[t, c, gi * ocg + k] = s

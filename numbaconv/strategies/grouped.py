@@ -1,4 +1,10 @@
-"""Direct strategy, grouped variant: few channels per group, vectorised across groups."""
+"""Direct strategy, grouped variant: few channels per group, vectorised across groups.
+
+The operands are copied once to the group-minor layout of :mod:`numbaconv.kernels.cpu.grouped`
+(``[..., C/g, gp]``, the groups padded to whole vectors, the source of a gather padded with
+zeros along ``w``), the register-blocked kernels run there, and the result is copied back to
+channels-last (backward weights: the per-thread partials are summed in the same pass).
+"""
 import math
 
 import numpy as np
@@ -10,6 +16,12 @@ from .direct import Direct
 MIN_GROUPS = 8
 #: Above this many channels per group, GEMMs per group are efficient enough.
 MAX_GROUP_CHANNELS = 64
+#: Backward weights sums each tile over blocks of output pixels whose x and dy vectors (one
+#: vector of groups) take at most this many bytes, so that they stay in L1 while every tile
+#: of the tap passes over them; and of at least ``BWD_W_MIN_PIXELS`` pixels (a tile's
+#: accumulators are loaded and stored once per block and tap).
+BWD_W_BLOCK_BYTES = 24 * 1024
+BWD_W_MIN_PIXELS = 8
 
 R_NOT_GROUPED = "not grouped (groups {g})"
 R_DEPTHWISE = "depthwise (groups == channels): the depthwise variant is simpler"
@@ -18,19 +30,86 @@ R_WIDE_GROUPS = "{icg}x{ocg} channels per group: per-group GEMMs are efficient (
     MAX_GROUP_CHANNELS)
 
 
-def _group_minor(a, g):
-    """``[..., g*c]`` -> contiguous ``[..., c, g]``."""
-    return np.ascontiguousarray(
-        np.swapaxes(a.reshape(*a.shape[:-1], g, a.shape[-1] // g), -1, -2))
+def _kernels():
+    from ..kernels.cpu import grouped
+    return grouped
 
 
-def _group_major(a):
-    """``[..., c, g]`` -> ``[..., g*c]`` (a view where the caller copies anyway)."""
-    return np.swapaxes(a, -1, -2).reshape(*a.shape[:-2], a.shape[-1] * a.shape[-2])
+def _vectors(p):
+    """``(nvg, VL)``: vectors across the groups, lanes per vector."""
+    k = _kernels()
+    return k.group_vectors(p.g, itemsize(p)), k.lanes(itemsize(p))
+
+
+def _x_pad(p):
+    """``(left, width)`` of the zero-padded input of the forward and backward-weights
+    gathers: pixel ``i`` at ``left + i``, every tap of every output pixel inside."""
+    iw, kw, ow, sw, dw, pw = p.isz[2], p.ksz[2], p.osz[2], p.stride[2], p.dilation[2], \
+        p.pad_begin[2]
+    return pw, max(iw + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+
+
+def _bwd_d_phases(p):
+    """Backward data along w, per stride phase ``q`` (input pixels ``q + s*j``): the taps
+    that reach it, as ``(dy offset, tap)`` in the order of the offsets (pixel ``j`` reads dy
+    pixel ``j + offset``); and ``(left, width)`` of the zero-padded dy that every tap of
+    every pixel reads inside."""
+    iw, kw, ow, sw, dw, pw = p.isz[2], p.ksz[2], p.osz[2], p.stride[2], p.dilation[2], \
+        p.pad_begin[2]
+    phases, lo, hi = [], 0, ow - 1
+    for q in range(sw):
+        taps = sorted(((q + pw - t * dw) // sw, t) for t in range(kw)
+                      if (q + pw - t * dw) % sw == 0)
+        phases.append(taps)
+        if q < iw and taps:
+            lo = min(lo, taps[0][0])
+            hi = max(hi, -(-(iw - q) // sw) - 1 + taps[-1][0])
+    return phases, -lo, hi - lo + 1
+
+
+def _to_group_minor(a, g, vec, left=0, width=None):
+    """``[mb, d, h, w, g*C]`` -> zero-padded ``[nvg, mb, d, h, width, C, VL]``."""
+    width = a.shape[3] if width is None else width
+    out = np.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), a.dtype)
+    _kernels().to_group_minor(np.ascontiguousarray(a), out, np.int64(g), np.int64(left))
+    return out
+
+
+def _fwd_filter(w, p, vec):
+    """``[kd, kh, kw, icg, g*ocg]`` -> ``[nvg, kd, kh, kw, icg, ocg, VL]``."""
+    out = np.empty((vec[0], math.prod(p.ksz) * p.icg * p.ocg * vec[1]), w.dtype)
+    _kernels().pack_filter(np.ascontiguousarray(w), out, np.int64(0), np.arange(p.ksz[2], dtype=np.int64),
+                           np.int64(p.g), False)
+    return out
+
+
+def _bwd_d_filter(w, p, vec, phases, left):
+    """The backward-data filter and tables of :func:`kernels.cpu.grouped.bwd_d_gm`: per
+    phase, its taps along w in the order of their dy offsets, ``[kd, kh, nq, ocg, icg, VL]``
+    (one vector of groups after the other); ``qtab`` and the runs of taps whose dy pixels
+    follow each other."""
+    per_tap = p.ksz[0] * p.ksz[1] * p.icg * p.ocg * vec[1]
+    wq = np.empty((vec[0], max(1, sum(len(t) for t in phases) * per_tap)), w.dtype)
+    qtab, runs, pos = [], [], 0
+    for taps in phases:
+        qtab.append((pos, len(taps), len(runs)))
+        first = len(runs)
+        for j, (off, _) in enumerate(taps):
+            if len(runs) > first and off == runs[-1][0] - left + runs[-1][2]:
+                runs[-1][2] += 1
+            else:
+                runs.append([off + left, j, 1])
+        if taps:
+            _kernels().pack_filter(np.ascontiguousarray(w), wq, np.int64(pos), np.array([t for _, t in taps],
+                                                                  np.int64), np.int64(p.g),
+                                   True)
+            pos += len(taps) * per_tap
+    return (wq, np.array(qtab, np.int64).reshape(-1, 3),
+            np.array(runs, np.int64).reshape(-1, 3))
 
 
 class GroupedDirect(Direct):
-    """The loop nests of :mod:`numbaconv.kernels.cpu.grouped`."""
+    """The register-blocked loop nests of :mod:`numbaconv.kernels.cpu.grouped`."""
 
     variant = "grouped"
 
@@ -45,39 +124,61 @@ class GroupedDirect(Direct):
             return R_WIDE_GROUPS.format(icg=p.icg, ocg=p.ocg)
         return None
 
+    def tiles(self, p, machine):
+        if p.direction == "bwd_w":
+            rows = p.mb * p.osz[0] * p.osz[1]
+            per_pixel = (p.icg + p.ocg) * machine.lanes(itemsize(p)) * itemsize(p)
+            pixels = max(BWD_W_MIN_PIXELS, BWD_W_BLOCK_BYTES // per_pixel)
+            cols = max(1, min(p.osz[2], pixels))
+            return {"chunks": max(1, min(machine.cores, rows)), "block_cols": cols,
+                    "block_rows": max(1, pixels // cols)}
+        if p.direction == "bwd_d":
+            return {"rows": p.mb * p.isz[0] * p.isz[1]}
+        return {"rows": p.mb * p.osz[0] * p.osz[1]}
+
     def workspace_bytes(self, p, tiles):
-        # group-minor copies of the operands and the result, plus per-thread dW partials
-        xs, ys, ws = canonical_shapes(p)
-        copies = {"fwd": (xs, ws, ys), "bwd_d": (ys, ws, xs), "bwd_w": (xs, ys, ws)}
-        total = sum(math.prod(s) for s in copies[p.direction]) * itemsize(p)
-        return total + super().workspace_bytes(p, tiles)
+        gp = math.prod(_vectors(p))
+        taps = math.prod(p.ksz)
+        mb, (id_, ih, iw), (od, oh, ow) = p.mb, p.isz, p.osz
+        x_gm = mb * id_ * ih * _x_pad(p)[1] * p.icg * gp
+        if p.direction == "fwd":
+            n = x_gm + taps * p.icg * p.ocg * gp
+        elif p.direction == "bwd_d":
+            n = mb * od * oh * _bwd_d_phases(p)[2] * p.ocg * gp + taps * p.icg * p.ocg * gp
+        else:
+            n = (x_gm + mb * od * oh * ow * p.ocg * gp
+                 + tiles.get("chunks", 1) * taps * p.icg * p.ocg * gp)
+        return n * itemsize(p)
 
     def run(self, p, tiles, ops):
-        from ..kernels.cpu import grouped as k
-        from ..kernels.cpu.direct import reduce_partials
-
+        k = _kernels()
         xs, ys, ws = canonical_shapes(p)
-        ct, g = p.compute_dtype, p.g
+        ct, g, vec = np.dtype(p.compute_dtype), p.g, _vectors(p)
         gv = geo(p)
-        w_shape = (*p.ksz, p.icg, p.ocg, g)
         if p.direction == "fwd":
-            y = np.zeros((*ys[:-1], p.ocg, g), ct)
-            # w [t, icg, g*ocg] -> [t, icg, ocg, g]
-            k.fwd_grouped(_group_minor(ops["x"], g), _group_minor(ops["w"], g), y, gv)
-            return _group_major(y)
+            left, width = _x_pad(p)
+            xp = _to_group_minor(ops["x"], g, vec, left, width)
+            y = np.empty(ys, ct)
+            k.fwd_gm(xp, _fwd_filter(ops["w"], p, vec), y, gv, np.int64(left))
+            return y
         if p.direction == "bwd_d":
-            dx = np.zeros((*xs[:-1], p.icg, g), ct)
-            k.bwd_d_grouped(_group_minor(ops["dy"], g), _group_minor(ops["w"], g), dx, gv)
-            return _group_major(dx)
-        chunks = tiles["chunks"]
-        part = np.zeros((chunks, *w_shape), ct)
-        k.bwd_w_grouped(_group_minor(ops["x"], g), _group_minor(ops["dy"], g), part, gv)
-        if chunks == 1:
-            dw = part[0]
-        else:
-            dw = np.empty(w_shape, ct)
-            reduce_partials(part.reshape(chunks, -1), dw.reshape(-1))
-        return _group_major(dw)
+            phases, left, width = _bwd_d_phases(p)
+            dyp = _to_group_minor(ops["dy"], g, vec, left, width)
+            wq, qtab, runs = _bwd_d_filter(ops["w"], p, vec, phases, left)
+            dx = np.empty(xs, ct)
+            k.bwd_d_gm(dyp, wq, dx, gv, qtab, runs)
+            return dx
+        left, width = _x_pad(p)
+        xp = _to_group_minor(ops["x"], g, vec, left, width)
+        dyg = _to_group_minor(ops["dy"], g, vec)
+        chunks = int(tiles["chunks"])
+        part = np.zeros((chunks, vec[0], *p.ksz, p.icg, p.ocg, vec[1]), ct)
+        k.bwd_w_gm(xp, dyg, part, gv, np.int64(left), np.int64(tiles["block_rows"]),
+                   np.int64(tiles["block_cols"]))
+        dw = np.empty(ws, ct)
+        k.reduce_w(part.reshape(chunks, vec[0], -1, p.icg, p.ocg, vec[1]),
+                   dw.reshape(-1, p.icg, p.oc))
+        return dw
 
 
 STRATEGY = GroupedDirect()

@@ -1,0 +1,99 @@
+"""The grouped variant of ``direct`` (register-blocked kernels on the group-minor layout,
+:mod:`numbaconv.kernels.cpu.grouped`) against the float64 NumPy reference: every path of its
+kernels (stride phases, phases no tap reaches, runs of taps, dilation, asymmetric pads,
+1-D/2-D/3-D, tile and channel remainders, a partial last vector of groups, row and column
+blocks of backward weights), in float32 and float64. Shapes are small: the file's time is
+mostly compilation."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv.strategies import grouped
+from reference import (conv_bwd_data_ref, conv_bwd_filter_ref, conv_fwd_ref, normalized_error,
+                       tolerance)
+
+# (groups, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
+CASES = [
+    # 3-D, 4x4 channels per group, 16 groups: the resnext3d shape, small
+    (16, 64, 64, (3, 5, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1)),
+    # 3-D stride 2 (phases with one and two taps), 8 groups of 8x8
+    (8, 64, 64, (4, 6, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (1, 0, 1)),
+    # 2-D, 32 channels per group in and out, stride 2 along w only, asymmetric pads
+    (8, 256, 256, (5, 7), (3, 3), (1, 2), (1, 1), (1, 0), (0, 2)),
+    # 2-D, 17 in / 3 out per group (channel and tile remainders), dilation 2 along w
+    (8, 136, 24, (6, 11), (3, 3), (1, 1), (1, 2), (2, 2), (1, 1)),
+    # 1-D, 3 in / 17 out per group, 12 groups (a partial last vector of groups), stride 3
+    # with a kernel of extent 3: every phase has one tap
+    (12, 36, 204, (13,), (3,), (3,), (1,), (2,), (0,)),
+    # 1-D 1x1 at stride 3: phases that no tap reaches (zeros), 16 in / 8 out per group
+    (16, 256, 128, (10,), (1,), (3,), (1,), (0,), (0,)),
+    # 2-D, 4 in / 32 out per group, stride 2 and dilation 2 together, big pads; rows
+    # narrower than a tile
+    (16, 64, 512, (7, 3), (2, 2), (2, 2), (2, 2), (2, 3), (1, 2)),
+    # 3-D, 8 in / 16 out per group, kernel 1 along d, width 2 (fewer pixels than a tile)
+    (16, 128, 256, (2, 4, 2), (1, 3, 3), (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1)),
+]
+IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
+       f"s{'x'.join(map(str, c[5]))}d{'x'.join(map(str, c[6]))}" for c in CASES]
+
+
+def _run(direction, case, dtype, mb=2, seed=0):
+    """The normalised error (SPEC 3) of the grouped variant, forced, on one case."""
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic // g, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe, groups=g)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
+                 strategy="direct")
+    call, ref = {"fwd": (("convolution", (x, w)), (conv_fwd_ref, x, w)),
+                 "bwd_d": (("convolution_backprop_data", (dy, w, isz)),
+                           (conv_bwd_data_ref, dy, w, isz)),
+                 "bwd_w": (("convolution_backprop_filters", (x, k, dy)),
+                           (conv_bwd_filter_ref, x, dy, k))}[direction]
+    plan = nc.plan(call[0], *call[1], **attrs)
+    assert (plan.strategy, plan.variant) == ("direct", "grouped")
+    got = getattr(nc, call[0])(*call[1], **attrs)
+    assert got.dtype == np.dtype(dtype)
+    return normalized_error(got, *ref, **geom)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_grouped_kernels_match_reference(case, direction, dtype):
+    assert _run(direction, case, dtype) <= tolerance(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_grouped_bwd_w_small_blocks(dtype, monkeypatch):
+    """Backward weights in blocks of a few pixels: many column blocks with a partial last
+    one, several rows per block, more chunks than rows of one image."""
+    monkeypatch.setattr(grouped, "BWD_W_BLOCK_BYTES", 1)
+    monkeypatch.setattr(grouped, "BWD_W_MIN_PIXELS", 5)
+    for case in (CASES[0], CASES[3]):
+        assert _run("bwd_w", case, dtype) <= tolerance(dtype)
+    monkeypatch.setattr(grouped, "BWD_W_MIN_PIXELS", 24)  # rows of 9: 2 rows per block
+    assert _run("bwd_w", CASES[0], dtype, mb=3) <= tolerance(dtype)
+
+
+def test_grouped_three_groups(monkeypatch):
+    """Fewer groups than vector lanes (the strategy's floor lowered): one partial vector."""
+    monkeypatch.setattr(grouped, "MIN_GROUPS", 2)
+    case = (3, 12, 9, (6, 7), (3, 3), (2, 1), (1, 1), (1, 1), (1, 0))
+    for direction in ("fwd", "bwd_d", "bwd_w"):
+        assert _run(direction, case, "float64") <= tolerance("float64")
+
+
+def test_grouped_float16_and_noncontiguous():
+    """float16 is computed in float32 by the caller; a non-contiguous input still works."""
+    case = CASES[1]
+    assert _run("bwd_d", case, "float16") <= tolerance("float16")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 7, 128)).astype(np.float32)[:, :, ::-1]
+    w = rng.standard_normal((3, 3, 8, 128)).astype(np.float32)
+    geom = dict(stride=1, dilation=1, pads_begin=1, pads_end=1, groups=16)
+    got = nc.convolution(x, w, strides=1, pads_begin=1, pads_end=1, groups=16,
+                         strategy="direct")
+    assert normalized_error(got, conv_fwd_ref, x, w, **geom) <= tolerance("float32")
