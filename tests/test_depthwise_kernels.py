@@ -53,9 +53,15 @@ def _operands(case, dtype, seed=0):
     return x, w, dy, attrs
 
 
-def _check_plan(op, args, attrs):
+def _check_plan(op, args, attrs, multiplier=1):
     plan = nc.plan(op, *args, **attrs)
     assert (plan.strategy, plan.variant) == ("direct", "depthwise"), str(plan)
+    if multiplier != 1:
+        assert plan.tiles["kernel"] == "general"
+    elif op == "convolution_backprop_filters":
+        assert plan.tiles["kernel"] == "spans"
+    else:
+        assert plan.tiles["kernel"] in ("spans", "unrolled_3x3")
     return plan
 
 
@@ -70,13 +76,13 @@ def test_depthwise_backward_matches_reference(name, dtype):
     ref_attrs = dict(stride=attrs["strides"], dilation=attrs["dilations"],
                      pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"],
                      groups=attrs["groups"])
-    _check_plan("convolution_backprop_data", (dy, w, isz), attrs)
+    _check_plan("convolution_backprop_data", (dy, w, isz), attrs, case[-1])
     got = nc.convolution_backprop_data(dy, w, isz, **attrs)
     assert got.dtype == np.dtype(dtype)
     err = normalized_error(got, conv_bwd_data_ref, dy, w, isz, **ref_attrs)
     assert err <= tolerance(dtype), f"bwd_d {name} {dtype}: {err:.2e}"
 
-    _check_plan("convolution_backprop_filters", (x, ks, dy), attrs)
+    _check_plan("convolution_backprop_filters", (x, ks, dy), attrs, case[-1])
     got = nc.convolution_backprop_filters(x, ks, dy, **attrs)
     assert got.dtype == np.dtype(dtype)
     err = normalized_error(got, conv_bwd_filter_ref, x, dy, ks, **ref_attrs)
@@ -111,7 +117,28 @@ def test_float16_runs_the_float32_kernels():
     assert normalized_error(got, conv_bwd_filter_ref, x, dy, case[2], **ref_attrs) <= 4e-3
 
 
-@pytest.mark.parametrize("name", ["3x3_s2_d2_empty_phases", "3x3_s3", "3x3_s2_tf_same_odd"])
+def test_backward_data_kernel_choice():
+    """3x3 at stride 1: the span kernel for narrow channels, the nine-term per-pixel kernel
+    from UNROLLED_MIN_BYTES of channels per pixel on; every other multiplier-1 geometry
+    runs the span kernel."""
+    from numbaconv.strategies.depthwise import UNROLLED_MIN_BYTES
+
+    def kernel(c, dtype, stride):
+        dy = np.zeros((1, 8 // stride, 8 // stride, c), dtype)
+        w = np.zeros((3, 3, 1, c), dtype)
+        return nc.plan("convolution_backprop_data", dy, w, (8, 8), strides=stride,
+                       pads_begin=1 if stride == 1 else 0, pads_end=1, groups=c,
+                       strategy="direct").tiles["kernel"]
+
+    wide = UNROLLED_MIN_BYTES // 4
+    assert kernel(wide - 1, np.float32, 1) == "spans"
+    assert kernel(wide, np.float32, 1) == "unrolled_3x3"
+    assert kernel(wide // 2, np.float64, 1) == "unrolled_3x3"
+    assert kernel(wide, np.float32, 2) == "spans"
+
+
+@pytest.mark.parametrize("name", ["3x3_s2_d2_empty_phases", "3x3_s3", "3x3_s2_tf_same_odd",
+                                  "3x3_s1_p1_odd"])
 def test_backward_data_writes_every_pixel(name):
     """dX comes from np.empty: the kernel must write every element once (phases and
     border pixels no tap reaches get zeros), also with one or several row chunks."""

@@ -236,25 +236,31 @@ def bwd_d_depthwise_3x3(dy, w, dx, geo):
 
 
 # ---------------------------------------------------------------------------------------
-# Multiplier 1: span kernels with explicit SIMD (any kernel size, stride, dilation, padding)
+# Multiplier 1: span kernels with explicit SIMD (any kernel size, stride, dilation, padding,
+# rank). Backward data uses them for every multiplier-1 problem except 3x3 stride 1 with
+# wide channels (the nine-term kernel above: see the strategy); backward weights for all.
 #
 # The loop vectoriser keeps accumulators in memory (PERF_NOTES), so the inner loops are
-# written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``: a "span" is a
-# run of pixels of one row that every tap of a table reaches (a stride phase of a dX row, or
-# the interior of a dY row), and the IR loops over the channel vectors of the span, then its
-# pixels, with the taps unrolled (``NT`` of them, fixed at compile time):
+# written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``. A "span" is a
+# run of pixels that one table of taps reaches in full: the interior of a stride phase of a
+# dX row (input columns q, q+s, ...: each phase has its own fixed column taps, so strided
+# backward data is a gather with no modulo tests and no scatter), or the interior of a dY
+# row; border pixels are spans of one pixel with the taps that reach them. A span's table is
+# row taps (runtime count) x column taps (``NT`` = 3, 2 or 1, unrolled; longer kernel rows
+# are cut into chunks). The IR walks the span in blocks of ``PB`` pixels, and per block each
+# channel vector, then each row tap, then the block's pixels:
 #
-# * backward data: the ``NT`` filter vectors of a channel vector stay in registers while
-#   every pixel of the span sums its ``NT`` products in a register and stores dX once (or
-#   adds to it: the later chunks of a table of more than 9 taps, or of 6 = 4 + 2);
-# * backward weights: the ``NT`` taps' accumulators stay in registers across the span and
-#   are added to the thread's partial dW once per span.
+# * backward data: the row tap's ``NT`` filter vectors stay in registers while each pixel
+#   of the block sums its products in a register; the first row tap stores dX, later ones
+#   add to the block, which is in L1. Every dX element is written by the kernel (pixels no
+#   tap reaches get zeros): no zero-fill, no read-modify-write outside L1.
+# * backward weights: the ``NT`` accumulators of a row tap stay in registers across the
+#   block and are added to the thread's partial dW once per block. Threads take contiguous
+#   ranges of dY rows with private partials, zeroed and reduced inside the kernel.
 #
-# Channels beyond the last whole vector run the same loops on scalars. The Numba drivers
-# build the tap tables per row (row taps x column taps valid at the span's first pixel) and
-# cut them into chunks of 9, 4, 2 and 1 taps; border pixels are spans of one pixel with the
-# taps that reach them. Every pixel and tap is visited once: dX is written once per chunk
-# with no zero-fill, and x / dy are read once per row (from L1/L2 for the overlapping taps).
+# Channels beyond the last whole vector run the same code with masked loads and stores.
+# The drivers are serial helpers called from a one-line prange, which keeps the parallel
+# region (slow to compile) small.
 # ---------------------------------------------------------------------------------------
 
 
@@ -272,10 +278,11 @@ def _vector_bytes():
 
 
 VECTOR_BYTES = _vector_bytes()
-#: Pixels per block of a span (backward data, backward weights).
+#: Pixels per block of a span (backward data, backward weights): a block's slices of the
+#: operands stay in L1 while its channel vectors sweep it.
 PB_D = 8
 PB_W = 4
-#: Channels per block (bytes of one pixel's slice).
+#: Channel vectors per block, in bytes of one pixel's slice (wider channels are cut).
 CB_BYTES = 4096
 
 

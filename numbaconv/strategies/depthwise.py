@@ -18,6 +18,24 @@ def _unrolled_3x3(p):
     return base
 
 
+#: Backward data, 3x3 at stride 1: from this many bytes of channels per pixel on, the
+#: nine-term per-pixel kernel (dX written once per pixel, its loads streaming through the
+#: channels) beat the span kernel (one row tap at a time, dX read back per row tap) in
+#: this session's measurements (2 threads, float32: 32 channels 1.4 vs 6.2 ms for the
+#: span kernel, 144 channels 2.0-2.6 vs 8 ms for the nine-term one; 192-960 within noise).
+UNROLLED_MIN_BYTES = 256
+
+
+def _bwd_d_kernel(p):
+    """Which backward-data loop nest runs: ``spans`` (multiplier 1, any geometry),
+    ``unrolled_3x3`` (multiplier 1, 3x3 stride 1, wide channels) or ``general``."""
+    if p.oc != p.ic:
+        return "general"
+    if _unrolled_3x3(p) and p.ic * itemsize(p) >= UNROLLED_MIN_BYTES:
+        return "unrolled_3x3"
+    return "spans"
+
+
 class DepthwiseDirect(Direct):
     """The direct loop nests of :mod:`numbaconv.kernels.cpu.depthwise`."""
 
@@ -31,11 +49,15 @@ class DepthwiseDirect(Direct):
     def tiles(self, p, machine):
         t = super().tiles(p, machine)
         t.pop("accumulate", None)  # the generic direct kernels' choice; not used here
-        if p.direction != "bwd_w":
+        if p.direction == "fwd":
             t["unrolled_3x3"] = _unrolled_3x3(p)
-        if p.direction == "bwd_d" and p.oc == p.ic:
-            # the multiplier-1 kernel: one contiguous range of dX rows per thread
-            t["chunks"] = max(1, min(machine.cores, t["rows"]))
+        elif p.direction == "bwd_d":
+            t["kernel"] = _bwd_d_kernel(p)
+            if t["kernel"] == "spans":
+                # one contiguous range of dX rows per thread
+                t["chunks"] = max(1, min(machine.cores, t["rows"]))
+        else:
+            t["kernel"] = "spans" if p.oc == p.ic else "general"
         return t
 
     def run(self, p, tiles, ops):
@@ -54,10 +76,10 @@ class DepthwiseDirect(Direct):
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
             return y
         if p.direction == "bwd_d":
-            if p.oc == p.ic:
+            if tiles["kernel"] == "spans":
                 dx = np.empty(xs, ct)
                 k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
-            elif tiles.get("unrolled_3x3"):
+            elif tiles["kernel"] == "unrolled_3x3":
                 dx = np.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
             else:
@@ -65,7 +87,7 @@ class DepthwiseDirect(Direct):
                 k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]
-        if p.oc == p.ic:
+        if tiles["kernel"] == "spans":
             # per-thread partials, zeroed and reduced inside the kernel (one launch)
             dw = np.empty(ws, ct)
             k.bwd_w_depthwise_m1(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g)
