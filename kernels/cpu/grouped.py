@@ -1,31 +1,37 @@
 """Register-blocked loop nests for grouped convolutions with few channels per group.
 
 Batched per-group GEMMs of 4-32 channels run far from peak, and vectors across the channels
-of one group are short. Here the channels are stored group-minor, ``[..., C/g, gp]``
-(``gp``: the groups rounded up to whole vectors, the extra lanes zero), so that every
-operand of the inner product is a vector across groups: for input channel ``c`` and
-output channel ``k`` of every group at once, ``dx[.., c, :] += dy[.., k, :] * w[.., c, k, :]``
-and ``dw[.., c, k, :] += x[.., c, :] * dy[.., k, :]`` are element-wise FMAs, with no
-broadcast and no shuffle (the depthwise kernels' trick; depthwise is ``C/g = K/g = 1``).
+of one group are short. Here the operand that is read many times is copied group-minor:
+``[nvg, ..., C/g, VL]``, group ``gi`` in lane ``gi % VL`` of vector ``gi // VL`` (the last
+vector's extra lanes zero), so that every operand of the inner product is a vector across
+groups: for input channel ``c`` and output channel ``k`` of every group at once,
+``dx[.., c, :] += dy[.., k, :] * w[.., c, k, :]`` and ``dw[.., c, k, :] += x[.., c, :] *
+dy[.., k, :]`` are element-wise FMAs, with no broadcast and no shuffle (the depthwise
+kernels' trick; depthwise is ``C/g = K/g = 1``).
 
-One micro-kernel (:func:`_micro`, explicit SIMD in LLVM IR) does all the work: a tile of
-``P x NV`` vector accumulators held in registers over a whole reduction given as a list of
-segments (kernel taps, or rows of pixels), stored once. The drivers are:
+One micro-kernel (:func:`_micro`, explicit SIMD in LLVM IR as in ``ukernel.py``, but
+self-contained here: Numba's cache checks only a function's own file) does the work: a
+tile of ``P x NV`` vector accumulators held in registers over a whole reduction given as a
+list of segments (runs of kernel taps, or rows of pixels), stored once. The drivers are:
 
 * forward and backward data (oneDNN's derivation: backward data is a forward convolution
   of ``dy`` with the flipped, transposed filter; at stride ``s`` one per stride phase, a
-  gather, never a scatter-add): a tile is ``P`` output pixels of a row x ``NV`` channels,
-  the reduction runs over the taps that reach the row and the channels they read;
+  gather, never a scatter-add): a tile is ``P`` output pixels of a row x ``NV`` channels of
+  a vector of groups, the reduction runs over the taps that reach the row and the channels
+  they read; taps along w whose source pixels follow each other make one segment. The
+  tile is transposed on its way out and stored straight into the channels-last result.
 * backward weights: a tile is ``P x NV`` (input x output channels) of one tap, the
-  reduction runs over rows of output pixels; each thread owns a partial dW, reduced once.
+  reduction runs over a block of output pixels sized to stay in L1; each thread owns a
+  partial dW (group-minor), reduced and transposed once.
 
-The source operand is copied to group-minor with zero padding along ``w`` (the transpose
-is needed anyway), so that no tile ever tests a pixel against the border: taps along ``d``
-and ``h`` that leave the input are simply not in a row's segment list.
+The source operands are copied to group-minor with zero padding along ``w`` (by register
+transposes, at the speed of a copy), so that no tile ever tests a pixel against the
+border: taps along ``d`` and ``h`` that leave the input are simply not in a row's segments.
 
-Layouts: ``xp`` ``[mb, id, ih, iw + pads, icg, gp]``, ``dyp`` ``[mb, od, oh, ow + pads, ocg,
-gp]``, forward filter ``[kd, kh, kw, icg, ocg, gp]``, backward-data filter ``[kd, kh, kw,
-ocg, icg, gp]``, weight partials ``[chunks, kd, kh, kw, icg, ocg, gp]``.
+Layouts: ``xp`` ``[nvg, mb, id, ih, iw + pads, icg, VL]``, ``dyp`` ``[nvg, mb, od, oh, ow +
+pads, ocg, VL]``, forward filter ``[nvg, kd, kh, kw, icg, ocg, VL]``, backward-data filter
+``[nvg, phase blocks of [kd, kh, taps of the phase, ocg, icg, VL]]``, weight partials
+``[chunks, nvg, kd, kh, kw, icg, ocg, VL]``.
 """
 import numpy as np
 from llvmlite import ir
@@ -34,6 +40,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
+
 
 def _vector_bytes():
     try:
@@ -53,13 +60,8 @@ VECTOR_BYTES = _vector_bytes()
 #: Register tiles (rows x vectors) of the backward-data and backward-weights micro-kernels:
 #: rows*vectors accumulators plus the loaded operands fit the register file (16 vector
 #: registers with AVX2, 32 with AVX-512).
-import os as _os
 TILE_D = (6, 4) if VECTOR_BYTES == 64 else (5, 2)
 TILE_W = (4, 4) if VECTOR_BYTES == 64 else (2, 4)
-if _os.environ.get('GK_TD'):
-    TILE_D = tuple(int(v) for v in _os.environ['GK_TD'].split(','))
-if _os.environ.get('GK_TW'):
-    TILE_W = tuple(int(v) for v in _os.environ['GK_TW'].split(','))
 
 
 def lanes(itemsize):
@@ -86,8 +88,9 @@ def _micro(P, NV, to_last):
     Without ``to_last``, tile vector ``C[p, v]`` is at ``c + p*crs + v*VL`` and ``beta``
     non-zero adds the tile to C, else stores it. With ``to_last`` the tile is transposed on
     its way out, to channels-last: lane ``l < nl`` of ``C[p, v]`` is stored at ``c + p*crs +
-    l*ccs + v`` (the NV channels of one group are contiguous). No segment gives zeros. The
-    float type comes from ``work``'s dtype."""
+    l*ccs + v`` (the NV channels of one group are contiguous; the other lanes are stored
+    to ``work``, which must hold NV elements). No segment gives zeros. The float type comes
+    from ``work``'s dtype."""
 
     @intrinsic
     def micro(typingctx, a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, work):
@@ -95,7 +98,7 @@ def _micro(P, NV, to_last):
         dtype = work.dtype
 
         def codegen(context, builder, signature, args):
-            a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, _ = args
+            a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, warr = args
             f = context.get_value_type(dtype)
             vl = VECTOR_BYTES // context.get_abi_sizeof(f)
             vty = ir.VectorType(f, vl)
@@ -108,6 +111,9 @@ def _micro(P, NV, to_last):
             pb = builder.inttoptr(b, fp)
             pc = builder.inttoptr(c, fp)
             ps = builder.inttoptr(segs, i64.as_pointer())
+            if to_last:  # the scratch of stores past the last group: work's data
+                pw = builder.bitcast(
+                    context.make_array(work)(context, builder, warr).data, fp)
             zero = ir.Constant(vty, None)
             acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NV)]
                    for _ in range(P)]
@@ -148,18 +154,19 @@ def _micro(P, NV, to_last):
                     big = vals[0]
                     undef = ir.Constant(big.type, ir.Undefined)
                     for lane in range(vl):
-                        with builder.if_then(builder.icmp_signed(">", nl,
-                                                                 ir.Constant(i64, lane))):
-                            q = builder.gep(cp, [builder.mul(ccs, ir.Constant(i64, lane))])
-                            if NV == 1:
-                                builder.store(builder.extract_element(
-                                    big, ir.Constant(i32, lane)), q)
-                            else:
-                                mask = ir.Constant(ir.VectorType(i32, NV),
-                                                   [v * vl + lane for v in range(NV)])
-                                out = builder.shuffle_vector(big, undef, mask)
-                                builder.store(out, builder.bitcast(q, out.type.as_pointer()),
-                                              align=1)
+                        # lanes past the last group go to the scratch ``work`` instead
+                        q = builder.select(
+                            builder.icmp_signed(">", nl, ir.Constant(i64, lane)),
+                            builder.gep(cp, [builder.mul(ccs, ir.Constant(i64, lane))]), pw)
+                        if NV == 1:
+                            builder.store(builder.extract_element(big, ir.Constant(i32, lane)),
+                                          q)
+                        else:
+                            mask = ir.Constant(ir.VectorType(i32, NV),
+                                               [v * vl + lane for v in range(NV)])
+                            out = builder.shuffle_vector(big, undef, mask)
+                            builder.store(out, builder.bitcast(q, out.type.as_pointer()),
+                                          align=1)
                 return context.get_dummy_value()
             add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
             for p in range(P):
@@ -312,7 +319,6 @@ def pack_filter(w, out, pos, taps, g, transposed):
 
 
 _tile_d = _micro(TILE_D[0], TILE_D[1], True)
-_tile_d1 = _micro(TILE_D[0], 1, True)
 _tile_dd = _micro(1, 1, True)
 _tile_w = _micro(TILE_W[0], TILE_W[1], False)
 _tile_w1 = _micro(1, 1, False)
@@ -337,14 +343,6 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, work)
                 _tile_d(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
                         segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
                 k += NV
-            j += P
-    elif npix >= P:
-        j = 0
-        while j < npix:
-            jj = min(j, npix - P)
-            for k in range(nout):
-                _tile_d1(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
-                         segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
             j += P
     else:
         for jj in range(npix):
@@ -378,7 +376,7 @@ def _fwd_row(xp, wf, y, geo, pl, segs, r):
     it = y.itemsize
     xs, ws = xp[0].size, wf[0].size
     oc = g * ocg
-    work = np.empty(0, y.dtype)
+    work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
     pa, pb, pc = xp.ctypes.data, wf.ctypes.data, y.ctypes.data
     runs = 1 if dw == 1 else kw  # segments per (t_d, t_h)
     n = r // (od * oh)
@@ -434,7 +432,7 @@ def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
     ic = g * icg
     tap = ocg * icg * vl
     nruns = runs.shape[0]
-    work = np.empty(0, dx.dtype)
+    work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
     pa, pb, pc = dyp.ctypes.data, wq.ctypes.data, dx.ctypes.data
     n = r // (id_ * ih)
     i_d = (r // ih) % id_

@@ -1,9 +1,11 @@
 """Direct strategy, grouped variant: few channels per group, vectorised across groups.
 
-The operands are copied once to the group-minor layout of :mod:`numbaconv.kernels.cpu.grouped`
-(``[..., C/g, gp]``, the groups padded to whole vectors, the source of a gather padded with
-zeros along ``w``), the register-blocked kernels run there, and the result is copied back to
-channels-last (backward weights: the per-thread partials are summed in the same pass).
+The source operands are copied once to the group-minor layout of
+:mod:`numbaconv.kernels.cpu.grouped` (``[nvg, ..., C/g, VL]``: vectors across groups, the
+last one padded with zero lanes; the source of a gather padded with zeros along ``w``), and
+the register-blocked kernels run there. Forward and backward data store their tiles
+straight into the channels-last result; backward weights sums its per-thread partials and
+transposes them back in one pass.
 """
 import math
 
@@ -21,7 +23,7 @@ MAX_GROUP_CHANNELS = 64
 #: of the tap passes over them; and of at least ``BWD_W_MIN_PIXELS`` pixels (a tile's
 #: accumulators are loaded and stored once per block and tap).
 BWD_W_BLOCK_BYTES = 24 * 1024
-BWD_W_MIN_PIXELS = 8
+BWD_W_MIN_PIXELS = 32
 
 R_NOT_GROUPED = "not grouped (groups {g})"
 R_DEPTHWISE = "depthwise (groups == channels): the depthwise variant is simpler"
@@ -78,8 +80,8 @@ def _to_group_minor(a, g, vec, left=0, width=None):
 def _fwd_filter(w, p, vec):
     """``[kd, kh, kw, icg, g*ocg]`` -> ``[nvg, kd, kh, kw, icg, ocg, VL]``."""
     out = np.empty((vec[0], math.prod(p.ksz) * p.icg * p.ocg * vec[1]), w.dtype)
-    _kernels().pack_filter(np.ascontiguousarray(w), out, np.int64(0), np.arange(p.ksz[2], dtype=np.int64),
-                           np.int64(p.g), False)
+    _kernels().pack_filter(np.ascontiguousarray(w), out, np.int64(0),
+                           np.arange(p.ksz[2], dtype=np.int64), np.int64(p.g), False)
     return out
 
 
@@ -100,8 +102,8 @@ def _bwd_d_filter(w, p, vec, phases, left):
             else:
                 runs.append([off + left, j, 1])
         if taps:
-            _kernels().pack_filter(np.ascontiguousarray(w), wq, np.int64(pos), np.array([t for _, t in taps],
-                                                                  np.int64), np.int64(p.g),
+            _kernels().pack_filter(np.ascontiguousarray(w), wq, np.int64(pos),
+                                   np.array([t for _, t in taps], np.int64), np.int64(p.g),
                                    True)
             pos += len(taps) * per_tap
     return (wq, np.array(qtab, np.int64).reshape(-1, 3),
