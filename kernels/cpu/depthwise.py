@@ -264,20 +264,8 @@ def bwd_d_depthwise_3x3(dy, w, dx, geo):
 # ---------------------------------------------------------------------------------------
 
 
-def _vector_bytes():
-    try:
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features()
-    except Exception:  # pragma: no cover - llvmlite without host queries
-        return 16
-    if feats.get("avx512f"):
-        return 64
-    if feats.get("avx2") or feats.get("avx"):
-        return 32
-    return 16
-
-
-VECTOR_BYTES = _vector_bytes()
+# the host's SIMD register width, probed once in ukernel
+from numbaconv.kernels.cpu.ukernel import VECTOR_BYTES  # noqa: E402
 #: Pixels per block of a span (backward data, backward weights): a block's slices of the
 #: operands stay in L1 while its channel vectors sweep it.
 PB_D = 8

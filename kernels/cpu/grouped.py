@@ -42,21 +42,9 @@ from numba.extending import intrinsic
 from numbaconv._jit import helper, kernel
 
 
-def _vector_bytes():
-    try:
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features()
-    except Exception:  # pragma: no cover - llvmlite without host queries
-        return 16
-    if feats.get("avx512f"):
-        return 64
-    if feats.get("avx2") or feats.get("avx"):
-        return 32
-    return 16
-
-
-#: Bytes of one SIMD register on this host (the lanes of a group vector).
-VECTOR_BYTES = _vector_bytes()
+#: Bytes of one SIMD register on this host (the lanes of a group vector), probed once in
+#: ukernel.
+from numbaconv.kernels.cpu.ukernel import VECTOR_BYTES  # noqa: E402
 #: Register tiles (rows x vectors) of the backward-data and backward-weights micro-kernels:
 #: rows*vectors accumulators plus the loaded operands fit the register file (16 vector
 #: registers with AVX2, 32 with AVX-512).
