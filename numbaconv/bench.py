@@ -49,6 +49,12 @@ PLOT_HINT = ("--plot: matplotlib is not installed; `pip install matplotlib` (or 
              "`pip install numbaconv[bench]`). Running without the plot.")
 
 
+def _label(r):
+    if not r.strategy:
+        return "-"
+    return f"{r.strategy}[{r.variant}]" if r.variant else r.strategy
+
+
 @dataclass
 class Row:
     """One layer and pass. Times in ms; ``None`` where a number does not apply.
@@ -56,7 +62,8 @@ class Row:
     ``ratio`` is ``torch_ms / ms``: above 1, numbaconv is faster. ``error`` is the normalised
     error against the float64 reference on the batch-1 slice of the layer, ``tolerance``
     SPEC's bound for the dtype and strategy, ``torch_diff`` the normalised difference from
-    PyTorch's result on the full layer.
+    PyTorch's result on the full layer. ``variant`` names the strategy's implementation
+    where several share its name (``gemm`` ``col2im``, ``direct`` ``depthwise``).
     """
 
     suite: str
@@ -65,6 +72,7 @@ class Row:
     direction: str
     dtype: str
     strategy: str = None
+    variant: str = ""
     threads: int = None
     flops: int = 0
     ms: float = None
@@ -386,14 +394,14 @@ class _Table:
         self.torch_on = torch_on
 
     def header(self):
-        h = (f"{'pass':<6} {'descriptor':<{self.dw}} {'strategy':<8} {'ms':>9} "
+        h = (f"{'pass':<6} {'descriptor':<{self.dw}} {'strategy':<17} {'ms':>9} "
              f"{'GFLOP/s':>8} {'%peak':>6} {'error':>8}")
         if self.torch_on:
             h += f" | {'torch ms':>9} {'GFLOP/s':>8} {'ratio':>6} {'vs torch':>8}"
         return h
 
     def row(self, r):
-        s = (f"{r.direction:<6} {r.descriptor:<{self.dw}} {r.strategy or '-':<8} "
+        s = (f"{r.direction:<6} {r.descriptor:<{self.dw}} {_label(r):<17} "
              f"{_fmt(r.ms, '.2f', 9)} {_fmt(r.gflops, '.2f', 8)} {_fmt(r.peak_pct, '.1f', 6)} "
              f"{_fmt(r.error, '.1e', 8)}")
         if self.torch_on:
@@ -485,6 +493,7 @@ def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check
         row.note = f"skipped: {exc}"
         return row
     row.strategy = plan.strategy
+    row.variant = plan.variant
     row.tolerance = (R.WINOGRAD_TOLERANCE if plan.strategy == "winograd"
                      else R.TOLERANCE)[dtype]
     nc_fn = _numbaconv_fn(c, strategy)

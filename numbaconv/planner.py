@@ -22,10 +22,11 @@ STRATEGY_NAMES = ("direct", "gemm", "winograd")
 def _strategies():
     """Best-first candidates (a new strategy is one more entry here)."""
     from .strategies.gemm import STRATEGY as GEMM
+    from .strategies.col2im import STRATEGY as COL2IM
     from .strategies.depthwise import STRATEGY as DEPTHWISE
     from .strategies.grouped import STRATEGY as GROUPED
     from .strategies.winograd import STRATEGY as WINOGRAD
-    return [WINOGRAD, GROUPED, GEMM, DEPTHWISE, DIRECT]
+    return [WINOGRAD, GROUPED, GEMM, COL2IM, DEPTHWISE, DIRECT]
 
 
 def candidates(direction):

@@ -26,8 +26,8 @@ T3D = Layer("tiny", "t3d_g2", 2, 2, 4, 4, (4, 5, 4), (3, 3, 3), (2, 1, 1), (1, 1
             (1, 1, 1), (1, 1, 1))
 TINY = [T2D, T2D_SAME, T1D, T3D]
 
-ROW_FIELDS = {"suite", "layer", "descriptor", "direction", "dtype", "strategy", "threads",
-              "flops", "ms", "gflops", "peak_pct", "error", "tolerance", "torch_ms",
+ROW_FIELDS = {"suite", "layer", "descriptor", "direction", "dtype", "strategy", "variant",
+              "threads", "flops", "ms", "gflops", "peak_pct", "error", "tolerance", "torch_ms",
               "torch_gflops", "ratio", "torch_diff", "note"}
 
 
