@@ -18,19 +18,42 @@ from .strategies.direct import DIRECT
 
 STRATEGY_NAMES = ("direct", "gemm", "winograd")
 
+_STRATEGIES = []
+
 
 def _strategies():
     """Best-first candidates (a new strategy is one more entry here)."""
-    from .strategies.gemm import STRATEGY as GEMM
-    from .strategies.col2im import STRATEGY as COL2IM
-    from .strategies.depthwise import STRATEGY as DEPTHWISE
-    from .strategies.grouped import STRATEGY as GROUPED
-    from .strategies.winograd import STRATEGY as WINOGRAD
-    return [WINOGRAD, GROUPED, GEMM, COL2IM, DEPTHWISE, DIRECT]
+    if not _STRATEGIES:
+        from .strategies.gemm import STRATEGY as GEMM
+        from .strategies.col2im import STRATEGY as COL2IM
+        from .strategies.depthwise import STRATEGY as DEPTHWISE
+        from .strategies.grouped import STRATEGY as GROUPED
+        from .strategies.winograd import STRATEGY as WINOGRAD
+        _STRATEGIES[:] = [WINOGRAD, GROUPED, GEMM, COL2IM, DEPTHWISE, DIRECT]
+    return list(_STRATEGIES)
 
 
 def candidates(direction):
     return [s for s in _strategies() if direction in s.directions]
+
+
+#: Plans already made in this process, keyed by everything a plan depends on: the problem,
+#: ``strategy=``, the thread count and the planner's settings in :mod:`numbaconv.config`.
+#: Planning a layer costs 40-60 us of Python; a depthwise layer's whole call takes 300-500
+#: us. ``tune=True`` and ``NUMBACONV_VERBOSE`` always plan afresh (the tuning cache on disk
+#: and the dispatch trace are theirs to handle).
+_PLANS = {}
+PLAN_CACHE_SIZE = 512
+
+
+def _settings():
+    return (config.GEMM_ENGINE, config.GEMM_SLAB_BYTES, config.GEMM_MIN_ROWS,
+            config.GEMM_WORKERS)
+
+
+def clear_plan_cache():
+    """Forget the plans made so far (after changing a strategy's code at run time)."""
+    _PLANS.clear()
 
 
 class FrozenMapping(Mapping):
@@ -129,9 +152,8 @@ def _gpu_plan(problem, strategy):
 
 
 def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
-    """Choose a strategy and its tiles for ``problem``; returns an immutable :class:`Plan`."""
-    from .machine import machine
-
+    """Choose a strategy and its tiles for ``problem``; returns an immutable :class:`Plan`
+    (the same object for a problem planned before with the same settings)."""
     if strategy is not None and (not isinstance(strategy, str)
                                  or strategy not in STRATEGY_NAMES):
         raise ValueError(f"strategy: expected one of {list(STRATEGY_NAMES)} or None, got "
@@ -143,8 +165,25 @@ def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
         device = "cuda" if on_device(operands) else "cpu"
     if device == "cuda":
         return _gpu_plan(problem, strategy)
-    m = machine()
     threads = _threads()
+    key = None
+    if not tune and not config.VERBOSE:
+        key = (problem, strategy, threads, _settings())
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan
+    plan = _plan_cpu(problem, strategy, tune, threads)
+    if key is not None:
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _plan_cpu(problem, strategy, tune, threads):
+    from .machine import machine
+
+    m = machine()
     cands = candidates(problem.direction)
     trace = []
     accepted = []

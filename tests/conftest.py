@@ -6,3 +6,13 @@ import pytest
 @pytest.fixture(scope="session")
 def rng():
     return np.random.default_rng(20240611)
+
+
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """Tests patch strategies' methods and tiles: no plan survives from one test to the
+    next (numbaconv caches plans per problem and settings)."""
+    from numbaconv import planner
+    planner.clear_plan_cache()
+    yield
+    planner.clear_plan_cache()

@@ -293,3 +293,23 @@ def test_tune_true_with_forced_direct(tmp_path, monkeypatch):
     p = nc.plan(op, *args, strategy="direct", tune=True, **kw)
     assert p.strategy == "direct"
     assert not math.isnan(p.flops)
+
+
+def test_plans_are_cached_per_problem_and_settings(monkeypatch):
+    """A repeated call reuses its plan; anything the plan depends on makes a new one."""
+    from numbaconv import config, planner
+    x = np.zeros((2, 9, 9, 16), np.float32)
+    dy = np.zeros((2, 9, 9, 32), np.float32)
+    args = ("conv2d_backprop_filter", x, [1, 1, 16, 32], dy, 1, "SAME")
+    first = nc.plan(*args)
+    assert nc.plan(*args) is first
+    assert nc.plan(*args, strategy="direct") is not first
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba" if first.tiles.get("engine") == "blas"
+                        else "blas")
+    other = nc.plan(*args)
+    assert other is not first and other.tiles["engine"] != first.tiles["engine"]
+    monkeypatch.setattr(config, "VERBOSE", True)  # the trace is printed: planned afresh
+    assert nc.plan(*args) is not other
+    monkeypatch.setattr(config, "VERBOSE", False)
+    planner.clear_plan_cache()
+    assert nc.plan(*args) is not other

@@ -41,6 +41,9 @@ def shape_of(value, name):
 
 def common_dtype(**arrays):
     """The one dtype all float operands of a call share (TypeError when they differ)."""
+    first = next(iter(arrays.values())).dtype
+    if all(a.dtype == first for a in arrays.values()):  # the common case, without names
+        return np.dtype(first).name
     dtypes = {k: np.dtype(a.dtype).name for k, a in arrays.items()}
     if len(set(dtypes.values())) > 1:
         got = ", ".join(f"{k}={d}" for k, d in dtypes.items())
@@ -58,6 +61,11 @@ def check_rank(arr, name, ranks, what=""):
 
 # -- integers -----------------------------------------------------------------------------------
 def _is_int(v):
+    t = type(v)
+    if t is int:  # fast path: ABC instance checks cost a microsecond each, per attribute
+        return True
+    if t is bool:
+        return False
     return isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
@@ -75,7 +83,8 @@ def int_list(value, name):
         if value.dtype.kind not in "iu":
             raise TypeError(f"{name}: expected integers, got an array of dtype {value.dtype}")
         return tuple(int(v) for v in value)
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+    if type(value) not in (list, tuple) and (isinstance(value, (str, bytes))
+                                             or not isinstance(value, Sequence)):
         raise TypeError(f"{name}: expected a sequence of integers, got {value!r}")
     out = []
     for v in value:
