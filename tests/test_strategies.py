@@ -7,6 +7,7 @@ import numbaconv as nc
 from numbaconv import config
 from numbaconv import reference as R
 from numbaconv.planner import candidates
+from numbaconv.strategies import gemm as G
 
 # (groups, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
@@ -84,6 +85,31 @@ def test_forced_strategy_matches_reference(case, direction, strategy, monkeypatc
         assert strategy != "direct"
         return
     assert err <= R.TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("engine", ["numba", "blas"])
+@pytest.mark.parametrize("per_tap", [True, False])
+def test_gemm_backward_data_w_per_tap_or_copied(case, engine, per_tap, monkeypatch):
+    """Backward data with few rows per phase multiplies tap by tap on views of W (these
+    small problems do); larger ones multiply once by a transposed copy of W."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", engine)
+    monkeypatch.setattr(G, "PER_TAP_MAX_ROWS", G.PER_TAP_MAX_ROWS if per_tap else 0)
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    dy = np.zeros((2, *R.conv_fwd(np.zeros((1, *isz, ic)), np.zeros((*k, ic // g, oc)),
+                                  st, dl, pb, pe, g).shape[1:]), np.float32)
+    try:
+        plan = nc.plan("convolution_backprop_data", dy, np.zeros((*k, ic // g, oc), np.float32),
+                       isz, strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
+                       strategy="gemm")
+    except ValueError:
+        return  # declined: test_forced_strategy_matches_reference covers the reason
+    if plan.variant:
+        return  # col2im's case
+    many_taps = int(np.prod(k)) > 1
+    assert (plan.tiles.get("taps") == "per-tap") == (per_tap and many_taps), str(plan)
+    err = _run("bwd_d", case, "float64", "gemm", np.random.default_rng(3))
+    assert err <= R.TOLERANCE["float64"]
 
 
 @pytest.mark.parametrize("engine", ["numba", "blas"])
