@@ -16,3 +16,11 @@ def fresh_plans():
     planner.clear_plan_cache()
     yield
     planner.clear_plan_cache()
+
+
+@pytest.fixture(autouse=True)
+def parallel_even_when_tiny(monkeypatch):
+    """The GEMM strategies run problems under 8 MFLOP on the calling thread alone; the
+    tests' problems are that small, and must still cross the worker-pool code paths."""
+    from numbaconv.strategies import gemm
+    monkeypatch.setattr(gemm, "SERIAL_MAX_FLOPS", 0)

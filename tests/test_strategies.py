@@ -233,3 +233,18 @@ def test_gemm_tap_runs():
     # dilation 2 in w: no neighbours; a gap or a new row ends a run
     boff = np.array([[0, 0, 0], [0, 0, 2], [0, 0, 3], [0, 1, 4], [1, 1, 5]], np.int64)
     assert _runs(boff).tolist() == [[0, 1], [1, 2], [3, 1], [4, 1]]
+
+
+def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch):
+    monkeypatch.setattr(G, "SERIAL_MAX_FLOPS", 8_000_000)
+    x = np.zeros((1, 8, 8, 16), np.float32)
+    dy = np.zeros((1, 8, 8, 16), np.float32)
+    tiny = nc.plan("convolution_backprop_filters", x, (3, 3), dy, strides=1, pads_begin=1,
+                   pads_end=1, strategy="gemm")
+    assert tiny.flops < G.SERIAL_MAX_FLOPS and tiny.tiles["workers"] == 1
+    big = np.zeros((8, 32, 32, 16), np.float32)
+    plan = nc.plan("convolution_backprop_filters", big, (3, 3), big, strides=1, pads_begin=1,
+                   pads_end=1, strategy="gemm")
+    assert plan.flops >= G.SERIAL_MAX_FLOPS and plan.tiles["workers"] == nc.get_num_threads()
+    err = _run("bwd_w", CASES[0], "float64", "gemm", np.random.default_rng(8))
+    assert err <= R.TOLERANCE["float64"]

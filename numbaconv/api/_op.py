@@ -20,21 +20,40 @@ def _prefixed(exc, name):
 def op(parse):
     """Turn a parser ``(args...) -> (ConvProblem, operands)`` into the public op."""
     sig = inspect.signature(parse)
+    params = list(sig.parameters.values())
+    # where each of the wrapper's own arguments sits: (positional index or None, default)
+    where = {}
+    for i, prm in enumerate(params):
+        if prm.name in ("name", "out", "strategy", "tune"):
+            positional = prm.kind in (prm.POSITIONAL_ONLY, prm.POSITIONAL_OR_KEYWORD)
+            default = None if prm.default is prm.empty else prm.default
+            where[prm.name] = (i if positional else None, default)
+
+    def _arg(args, kwargs, key):
+        """The caller's value of one of ``name``/``out``/``strategy``/``tune`` (the parser
+        has checked the call against the signature; ``inspect.Signature.bind`` cost 10-40
+        us of a call that may take 300)."""
+        if key not in where:
+            return None
+        if key in kwargs:
+            return kwargs[key]
+        i, default = where[key]
+        return args[i] if i is not None and i < len(args) else default
 
     @functools.wraps(parse)
     def public(*args, **kwargs):
         from .. import planner
         from ..backends import cpu, cuda
 
-        bound = sig.bind(*args, **kwargs)
-        extra = bound.arguments
-        name = extra.get("name")
+        name = _arg(args, kwargs, "name")
         try:
             problem, operands = parse(*args, **kwargs)
-            out = extra.get("out")
+            out = _arg(args, kwargs, "out")
             device = cuda.on_device(operands, out)  # TypeError when host and device mix
-            the_plan = planner.make_plan(problem, strategy=extra.get("strategy"),
-                                         tune=extra.get("tune", False), operands=operands,
+            tune = _arg(args, kwargs, "tune")
+            the_plan = planner.make_plan(problem, strategy=_arg(args, kwargs, "strategy"),
+                                         tune=False if tune is None else tune,
+                                         operands=operands,
                                          device="cuda" if device else "cpu")
             return (cuda if device else cpu).execute(the_plan, operands, out=out)
         except (TypeError, ValueError) as exc:

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize
-from .gemm import MIN_N, UK_KC, _Buffers, _Multiply, _blas_threads
+from .gemm import MIN_N, UK_KC, _Buffers, _Multiply, _blas_threads, _workers
 from .. import config
 
 #: Fewest GEMM columns (taps * input channels) worth a GEMM.
@@ -81,7 +81,7 @@ class Col2imGemm(Strategy):
         busy. Workers and engine."""
         item = itemsize(p)
         ncol = math.prod(p.ksz) * p.ic
-        workers = _blas_threads()
+        workers = _workers(p)
         budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
         image_bytes = math.prod(p.osz) * ncol * item
         t = {"workers": workers, "engine": _engine()}
