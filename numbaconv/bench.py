@@ -1,7 +1,8 @@
 """``numbaconv bench``: time the passes of real layers, check them, compare with PyTorch.
 
 Per layer and pass one row: the benchdnn-style descriptor, the strategy the planner chose,
-the best time of ``repeat`` calls after a warm-up call (so compilation is excluded), GFLOP/s,
+the best time of ``repeat`` calls (more for fast layers, until a block has lasted
+``MIN_BLOCK_SECONDS``) after a warm-up call (so compilation is excluded), GFLOP/s,
 the share of the machine's measured sgemm peak, the error against the float64 reference
 (normalised as SPEC section 3) and, with ``--compare torch``, PyTorch's time on the same data
 in the same process, each timed in blocks of its own after an untimed call (so that one
@@ -309,9 +310,19 @@ def check_error(layer, direction, arrays, strategy, full_result=None):
 IDLE_PAUSE = 0.3
 
 
+#: Each contender's timed calls in a block last at least this long (more calls than
+#: ``repeat`` for fast layers). After the idle pause a virtual CPU comes back slowly: a
+#: 1.3 ms call measured 2.1 ms as the best of 10 right after a 0.3 s rest, 1.6 ms as the
+#: best of 30 and 1.3 ms as the best of 100, for numbaconv and PyTorch alike.
+MIN_BLOCK_SECONDS = 0.25
+#: ... but never more calls than this per block.
+MAX_BLOCK_CALLS = 400
+
+
 def _blocked(fns, repeat, rounds=2):
     """Best ``time.perf_counter`` seconds of each function: ``rounds`` rounds in which each
-    function gets an untimed call and then ``repeat`` timed calls in a row.
+    function gets an untimed call and then timed calls in a row: ``repeat`` of them, and
+    more until the block has lasted ``MIN_BLOCK_SECONDS`` (at most ``MAX_BLOCK_CALLS``).
 
     Timing each contender in a block of its own, after an untimed call, keeps one library's
     idle worker threads (OpenMP and OpenBLAS pools spin for a while after each parallel
@@ -324,10 +335,13 @@ def _blocked(fns, repeat, rounds=2):
             if len(fns) > 1:
                 time.sleep(IDLE_PAUSE)
             fn()
-            for _ in range(max(repeat, 1)):
+            start, calls = time.perf_counter(), 0
+            while calls < max(repeat, 1) or (time.perf_counter() - start < MIN_BLOCK_SECONDS
+                                             and calls < MAX_BLOCK_CALLS):
                 t0 = time.perf_counter()
                 fn()
                 best[i] = min(best[i], time.perf_counter() - t0)
+                calls += 1
     return best
 
 
@@ -697,7 +711,7 @@ def main(args, layers=None):
     peak, how = sgemm_peak(threads, repeat=1 if args.quick else SGEMM_REPEAT)
     print(f"numbaconv {numbaconv.__version__}: {len(layers)} layer(s), "
           f"{' '.join(args.passes)}, {args.dtype}, {threads} thread(s), best of {repeat} "
-          f"after a warm-up" + (f", strategy {args.strategy}" if args.strategy else ""))
+          f"or more calls (blocks of at least {MIN_BLOCK_SECONDS:g} s) after a warm-up" + (f", strategy {args.strategy}" if args.strategy else ""))
     print(f"sgemm peak {peak:.1f} GFLOP/s (numpy float32 matmul {SGEMM_N}^3, {how})")
     if torch is not None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "

@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -36,6 +37,7 @@ def small_sgemm(monkeypatch):
     """A 2048^3 sgemm is the real peak; tests only need the code path."""
     monkeypatch.setattr(bench, "SGEMM_N", 128)
     monkeypatch.setattr(bench, "IDLE_PAUSE", 0.0)
+    monkeypatch.setattr(bench, "MIN_BLOCK_SECONDS", 0.0)
 
 
 def parse(argv):
@@ -238,3 +240,15 @@ def test_plot(tmp_path):
     png = tmp_path / "b.png"
     bench.plot(png, rows, peak=10.0)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_blocks_last_long_enough_for_fast_calls(monkeypatch):
+    """A fast call is timed more than ``repeat`` times, until its block has lasted
+    MIN_BLOCK_SECONDS; a slow one exactly ``repeat`` times."""
+    calls = []
+    monkeypatch.setattr(bench, "MIN_BLOCK_SECONDS", 0.05)
+    bench._blocked([lambda: calls.append(1)], repeat=3, rounds=1)
+    assert len(calls) > 4
+    slow = []
+    bench._blocked([lambda: (slow.append(1), time.sleep(0.03))], repeat=3, rounds=1)
+    assert len(slow) == 4  # the untimed call and three timed ones (0.09 s > 0.05 s)
