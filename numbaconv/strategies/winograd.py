@@ -50,6 +50,12 @@ MIN_CHANNELS = 64
 #: the weight gradient, the transformed product) outweigh the GEMMs (ResNet-50 res5, 7x7x512,
 #: loses to GEMM at batch 1, 16 tiles, and wins at batch 8, 128 tiles).
 MIN_TILES_PER_CHANNEL = 1 / 8
+#: The weight gradient accumulates its transformed product (``alpha^2 * C * K``) over every
+#: tile and transforms it back: it needs more tiles per channel to pay (measured on an AVX2
+#: host, 2 threads, float32: res5b 7x7x512 at batch 8, 128 tiles, ran 20.5-25.3 ms against
+#: GEMM's 14.7-14.9 in one process, where its backward data tied, 17.0-17.6 vs 14.6-17.1;
+#: res4b 14x14x256, 392 tiles, stays Winograd's: 9.2 vs 13.8 ms).
+MIN_TILES_PER_CHANNEL_BWD_W = 1 / 2
 #: Smallest tile grid side (output positions; dx positions for backward data) worth tiling.
 MIN_IMAGE = 4
 #: Tile sides offered; ``tiles`` chooses per shape (see ``choose_m``).
@@ -164,7 +170,8 @@ class Winograd(Strategy):
         if min(h, w) < MIN_IMAGE:
             return R_SMALL.format(h=h, w=w, least=MIN_IMAGE)
         t = n_tiles(p, choose_m(p))
-        if t < MIN_TILES_PER_CHANNEL * max(p.ic, p.oc):
+        least = MIN_TILES_PER_CHANNEL_BWD_W if p.direction == "bwd_w" else MIN_TILES_PER_CHANNEL
+        if t < least * max(p.ic, p.oc):
             return R_FEW_TILES.format(t=t, c=max(p.ic, p.oc))
         return None
 
