@@ -158,20 +158,33 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
         assert err <= R.TOLERANCE["float32"]
 
 
-def test_gemm_engine_auto_choice(monkeypatch):
-    """"auto": the Numba engine for tall backward-weights reductions, BLAS elsewhere."""
+@pytest.mark.parametrize("vector_bytes", [64, 32])
+def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
+    """"auto", as measured per host: with AVX-512 the Numba engine for tall backward-weights
+    reductions and BLAS elsewhere; with AVX2 the Numba engine for 1x1 backward data with a
+    short reduction (few output channels) and BLAS elsewhere."""
+    from numbaconv.kernels.cpu import ukernel
+    monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
     monkeypatch.setattr(config, "GEMM_ENGINE", "auto")
     x = np.zeros((8, 56, 56, 64), np.float32)
     dy = np.zeros((8, 56, 56, 64), np.float32)
     w = np.zeros((1, 1, 64, 64), np.float32)
     kw = dict(strides=1, pads_begin=0, pads_end=0, strategy="gemm")
     tall = nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw)
-    assert tall.tiles["engine"] == "numba"
     short = nc.plan("convolution_backprop_filters", x[:, :7, :7], (1, 1), dy[:, :7, :7], **kw)
-    assert short.tiles["engine"] == "blas"
+    data = nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw)
+    dy_wide = np.zeros((8, 28, 28, 256), np.float32)
+    wide = nc.plan("convolution_backprop_data", dy_wide, np.zeros((1, 1, 64, 256), np.float32),
+                   (28, 28), **kw)
+    engines = [p.tiles["engine"] for p in (tall, short, data, wide)]
+    if vector_bytes == 64:
+        assert engines == ["numba", "blas", "blas", "blas"]
+    else:
+        assert engines == ["blas", "blas", "numba", "blas"]
+    monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"
     monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
-    assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "numba"
+    assert nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw).tiles["engine"] == "numba"
 
 
 def test_direct_is_last_and_accepts_everything():

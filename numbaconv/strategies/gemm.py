@@ -90,14 +90,22 @@ def _is_identity(ntaps, a, boff, grid, src, cn):
 UK_KC = 256
 
 
-#: "auto" picks the Numba engine for backward weights over at least this many GEMM rows
-#: (pixels summed over): measured in one process against OpenBLAS, 2 threads, float32, it won
-#: every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs 10.2 ms,
-#: res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers (res5b_branch2a 5.2
-#: vs 4.6 ms), where OpenBLAS splits the output across threads instead of the reduction.
-#: float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs 24.3 ms).
-#: Backward data and forward stay on BLAS: there the two were within noise of each other.
+#: "auto" on AVX-512 hosts picks the Numba engine for backward weights over at least this
+#: many GEMM rows (pixels summed over): measured in one process against OpenBLAS, 2 threads,
+#: float32, it won every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs
+#: 10.2 ms, res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers
+#: (res5b_branch2a 5.2 vs 4.6 ms), where OpenBLAS splits the output across threads instead
+#: of the reduction. float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs
+#: 24.3 ms). Backward data and forward stay on BLAS there: the two were within noise.
 UK_MIN_ROWS = 16384
+#: "auto" on AVX2 hosts (a 6 x 16 register tile instead of 6 x 64) keeps backward weights on
+#: BLAS, which won every ResNet-50 GEMM layer in one process (res2a_branch1 7.2 vs 10.0 ms,
+#: res4a_branch1 13.1 vs 25.2, res5a_branch2c 5.1 vs 10.8), and picks the Numba engine for
+#: 1x1 backward data with at most this many output channels (the GEMM's reduction), where
+#: OpenBLAS's packing of the tall dY outweighs a short reduction (res2a_branch2a 2.8 vs 3.3
+#: and 1.70 vs 1.80 ms, res2b_branch2a 7.7 vs 9.1 and 6.1 vs 8.1, res3b_branch2a 7.3 vs 7.8;
+#: 256 output channels and more: BLAS, res4a_branch2a 13.4 vs 16.5, res5a_branch2c 5.7 vs 9.3).
+UK_MAX_SHORT_K = 128
 
 
 def _engine(p):
@@ -105,8 +113,13 @@ def _engine(p):
     e = config.GEMM_ENGINE
     if e in ("numba", "blas"):
         return e
-    rows = p.mb * math.prod(p.osz)
-    return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
+    from ..kernels.cpu.ukernel import VECTOR_BYTES
+    if VECTOR_BYTES >= 64:
+        rows = p.mb * math.prod(p.osz)
+        return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
+    short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
+                 and p.oc <= UK_MAX_SHORT_K)
+    return "numba" if short_1x1 else "blas"
 
 
 def _blas_threads():
