@@ -261,3 +261,19 @@ def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch):
     assert plan.flops >= G.SERIAL_MAX_FLOPS and plan.tiles["workers"] == nc.get_num_threads()
     err = _run("bwd_w", CASES[0], "float64", "gemm", np.random.default_rng(8))
     assert err <= R.TOLERANCE["float64"]
+
+
+def test_gemm_blas_1x1_weight_gradient_split_among_workers(monkeypatch):
+    """Long 1x1 reductions on BLAS go to the workers as slabs with partial dW's."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
+    monkeypatch.setattr(config, "GEMM_SLAB_BYTES", None)
+    monkeypatch.setattr(G, "BLAS_SPLIT_MIN_ROWS", 64)
+    case = (1, 24, 40, (9, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    x = np.zeros((2, 9, 11, 24), np.float32)
+    dy = np.zeros((2, 9, 11, 40), np.float32)
+    plan = nc.plan("convolution_backprop_filters", x, (1, 1), dy, strides=1, strategy="gemm")
+    if nc.get_num_threads() > 1:
+        assert plan.tiles.get("workers", 1) > 1 and not plan.tiles["packed"], str(plan)
+    for dtype in ("float64", "float32"):
+        err = _run("bwd_w", case, dtype, "gemm", np.random.default_rng(9))
+        assert err <= R.TOLERANCE[dtype]

@@ -122,6 +122,15 @@ def _engine(p):
     return "numba" if short_1x1 else "blas"
 
 
+#: 1x1 backward weights on BLAS over at least this many pixels splits the reduction among
+#: the workers (one-thread BLAS each, partial dW summed once) instead of one GEMM on every
+#: BLAS thread, which OpenBLAS splits along the short M and N (same process, 2 threads,
+#: 5 rounds: res2a_branch1 8.7 vs 9.4 ms, res2a_branch2a 3.0 vs 3.3, res2b_branch2a 9.1 vs
+#: 9.8, res3a_branch2a 14.9 vs 14.2 and 12.5 vs 15.7; shorter reductions lose: res5b_branch2a
+#: 8.7 vs 6.4).
+BLAS_SPLIT_MIN_ROWS = 16384
+
+
 def _blas_threads():
     from ..planner import _threads
     return _threads()
@@ -176,7 +185,8 @@ class Gemm(Strategy):
             engine_tiles.update(kc=UK_KC, nc=int(nc))
         workers = _workers(p) if config.GEMM_WORKERS or engine == "numba" else 1
         if self._identity(p):
-            if engine == "blas":  # one GEMM on every BLAS thread
+            split = p.direction == "bwd_w" and workers > 1 and rows >= BLAS_SPLIT_MIN_ROWS
+            if engine == "blas" and not split:  # one GEMM on every BLAS thread
                 return {"slab_rows": rows, "packed": False, **engine_tiles}
             # two blocks per worker: row slabs (reduction slabs for backward weights), for
             # backward data times column blocks where that moves less: each row slab reads
