@@ -49,18 +49,37 @@ def check_memory(plan):
             f"{operands / 2**30:.3g} GiB) but this machine has {limit / 2**30:.3g} GiB")
 
 
-def _data_to_canonical(a, p, channels, sizes):
-    if p.data_format == "NCX":
-        a = np.moveaxis(a, 1, -1)
-    a = a.reshape((p.mb, *sizes, channels))
+_fast_half = []
+
+
+def _half_kernels():
+    """:mod:`numbaconv.kernels.cpu.convert` where the host converts float16 in hardware,
+    else None (NumPy's casts, 20-40x slower)."""
+    if not _fast_half:
+        from ..kernels.cpu import convert
+        _fast_half.append(convert if convert.available() else None)
+    return _fast_half[0]
+
+
+def _as_compute(a, p, parallel=False):
+    """``a`` C-contiguous in the compute dtype (float16 widened to float32 once)."""
+    if a.dtype == np.float16 and _half_kernels() is not None:
+        return _half_kernels().to_float32(a, parallel)
     return np.ascontiguousarray(a, dtype=p.compute_dtype)
 
 
-def _filter_to_canonical(w, p):
+def _data_to_canonical(a, p, channels, sizes, parallel=False):
+    if p.data_format == "NCX":
+        a = np.moveaxis(a, 1, -1)
+    a = a.reshape((p.mb, *sizes, channels))
+    return _as_compute(a, p, parallel)
+
+
+def _filter_to_canonical(w, p, parallel=False):
     if p.filter_format == "OIX":
         w = np.moveaxis(w, (0, 1), (-1, -2))  # [K, C/g, *X] -> [*X, C/g, K]
     w = w.reshape((*p.ksz, p.icg, p.oc))
-    return np.ascontiguousarray(w, dtype=p.compute_dtype)
+    return _as_compute(w, p, parallel)
 
 
 def _to_user(r, p):
@@ -95,14 +114,17 @@ def check_out(out, p):
         raise ValueError("out: the array is read-only")
 
 
-def canonical_operands(p, operands):
+def canonical_operands(p, operands, parallel=False):
+    """The operands in canonical layout and compute dtype; ``parallel``: convert float16
+    on every thread (right next to Numba's parallel kernels, not BLAS calls: see
+    :mod:`numbaconv.kernels.cpu.convert`)."""
     ops = {}
     if "x" in operands:
-        ops["x"] = _data_to_canonical(operands["x"], p, p.ic, p.isz)
+        ops["x"] = _data_to_canonical(operands["x"], p, p.ic, p.isz, parallel)
     if "dy" in operands:
-        ops["dy"] = _data_to_canonical(operands["dy"], p, p.oc, p.osz)
+        ops["dy"] = _data_to_canonical(operands["dy"], p, p.oc, p.osz, parallel)
     if "w" in operands:
-        ops["w"] = _filter_to_canonical(operands["w"], p)
+        ops["w"] = _filter_to_canonical(operands["w"], p, parallel)
     return ops
 
 
@@ -134,8 +156,16 @@ def execute(plan, operands, out=None):
         result = np.zeros(p.result_shape, p.dtype)
     else:
         strategy = implementation(plan)
-        ops = canonical_operands(p, operands)
+        # the direct strategies are Numba parallel loop nests; the others call BLAS
+        parallel = plan.strategy == "direct" and plan.threads > 1
+        if parallel and p.dtype == "float16":
+            import numba
+            numba.set_num_threads(plan.threads)  # the conversion's threads too
+        ops = canonical_operands(p, operands, parallel)
         r = _launch(strategy, p, plan.tiles, ops, plan.threads)
+        if np.dtype(p.dtype) == np.float16 and _half_kernels() is not None:
+            # rounded once, before any layout change
+            r = _half_kernels().to_float16(r, parallel)
         result = _to_user(r, p)
     if out is not None:
         np.copyto(out, result, casting="unsafe")
