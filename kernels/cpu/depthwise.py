@@ -454,7 +454,48 @@ def _wspan(NT):
             load, store = _masked_io(builder, vty, dtype, vl)
             ty = vty
 
+            # column taps one pixel apart (dilation 1) at stride 1 or 2: pixel p's tap k
+            # reads input pixel p*S + k of the block, so a full block loads each of its
+            # (PB_W - 1)*S + NT input vectors once instead of PB_W*NT times
+            contig = ir.Constant(ir.IntType(1), 1)
+            for k in range(1, NT):
+                want = builder.add(ox[0], builder.mul(C, ir.Constant(i64, k)))
+                contig = builder.and_(contig, builder.icmp_signed("==", ox[k], want))
+            slide = {S: builder.and_(contig, builder.icmp_signed(
+                "==", sx, builder.mul(C, ir.Constant(i64, S)))) for S in (1, 2)}
+
+            def slide_block(S, c, p0, xc, mask):
+                base = builder.add(xc[0], builder.mul(p0, sx))
+                xv = {}
+
+                def xload(j):
+                    if j not in xv:
+                        off = builder.add(base, builder.mul(C, ir.Constant(i64, j)))
+                        xv[j] = load(_at(builder, px_, off, ty), mask)
+                    return xv[j]
+
+                accv = [builder.load(acc[k]) for k in range(NT)]
+                for q in range(PB_W):
+                    p = builder.add(p0, ir.Constant(i64, q))
+                    g = load(_at(builder, pdy, builder.add(builder.mul(p, sdy), c), ty), mask)
+                    for k in range(NT):
+                        accv[k] = builder.call(fma, [xload(q * S + k), g, accv[k]])
+                for k in range(NT):
+                    builder.store(accv[k], acc[k])
+
+            def loop_block(c, p0, cnt, xc, mask):
+                with cgutils.for_range(builder, cnt) as lp:
+                    p = builder.add(p0, lp.index)
+                    g = load(_at(builder, pdy, builder.add(builder.mul(p, sdy), c), ty),
+                             mask)
+                    pxo = builder.mul(p, sx)
+                    for k in range(NT):
+                        v = load(_at(builder, px_, builder.add(xc[k], pxo), ty), mask)
+                        builder.store(builder.call(fma, [v, g, builder.load(acc[k])]),
+                                      acc[k])
+
             def emit(c, p0, cnt, mask):
+                full = builder.icmp_signed("==", cnt, ir.Constant(i64, PB_W))
                 with cgutils.for_range(builder, nr) as rl:
                     r = rl.index
                     rx = builder.add(builder.load(builder.gep(prx, [r])), c)
@@ -462,15 +503,18 @@ def _wspan(NT):
                     for k in range(NT):
                         builder.store(ir.Constant(ty, None), acc[k])
                     xc = [builder.add(ox[k], rx) for k in range(NT)]
-                    with cgutils.for_range(builder, cnt) as lp:
-                        p = builder.add(p0, lp.index)
-                        g = load(_at(builder, pdy, builder.add(builder.mul(p, sdy), c), ty),
-                                 mask)
-                        pxo = builder.mul(p, sx)
-                        for k in range(NT):
-                            v = load(_at(builder, px_, builder.add(xc[k], pxo), ty), mask)
-                            builder.store(builder.call(fma, [v, g, builder.load(acc[k])]),
-                                          acc[k])
+                    if NT > 1:
+                        with builder.if_else(builder.and_(full, slide[1])) as (s1, other):
+                            with s1:
+                                slide_block(1, c, p0, xc, mask)
+                            with other:
+                                with builder.if_else(builder.and_(full, slide[2])) as (s2, rest):
+                                    with s2:
+                                        slide_block(2, c, p0, xc, mask)
+                                    with rest:
+                                        loop_block(c, p0, cnt, xc, mask)
+                    else:
+                        loop_block(c, p0, cnt, xc, mask)
                     for k in range(NT):
                         q = _at(builder, pp_, builder.add(op[k], rp), ty)
                         store(builder.fadd(load(q, mask), builder.load(acc[k])), q, mask)
