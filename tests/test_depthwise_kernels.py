@@ -17,6 +17,8 @@ from reference import conv_bwd_data_ref, conv_bwd_filter_ref, normalized_error, 
 CASES = {
     "3x3_s1_p1_odd": (17, (9, 10), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),
     "3x3_s1_long_rows": (33, (5, 23), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1),
+    # full 8-pixel blocks at stride 2: the weight gradient's sliding-window path
+    "3x3_s2_long_rows": (19, (4, 41), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), 1),
     "3x3_s2_p1": (3, (8, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), 1),
     "3x3_s2_tf_same": (33, (10, 12), (3, 3), (2, 2), (1, 1), "same", "same", 1),
     "3x3_s2_tf_same_odd": (17, (9, 11), (3, 3), (2, 2), (1, 1), "same", "same", 1),
