@@ -400,8 +400,47 @@ def _dspan(NT):
             load, store = _masked_io(builder, vty, dtype, vl)
             ty = vty
 
+            # column taps of one stride phase one dY pixel apart (dilation 1, the usual
+            # case): pixel p's tap k reads dY pixel p - k of the block, so a full block
+            # loads PB_D + NT - 1 dY vectors once instead of PB_D*NT
+            slide = builder.icmp_signed("==", sdy, C)
+            for k in range(1, NT):
+                want = builder.sub(ody[0], builder.mul(C, ir.Constant(i64, k)))
+                slide = builder.and_(slide, builder.icmp_signed("==", ody[k], want))
+
+            def slide_block(c, p0, dyc, wv, acc_on, mask, zero):
+                base = builder.add(dyc[0], builder.mul(p0, sdy))
+                dv = {}
+
+                def dyload(j):
+                    if j not in dv:
+                        off = builder.add(base, builder.mul(C, ir.Constant(i64, j)))
+                        dv[j] = load(_at(builder, pdy, off, ty), mask)
+                    return dv[j]
+
+                for q in range(PB_D):
+                    p = builder.add(p0, ir.Constant(i64, q))
+                    px = _at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
+                    a = builder.select(acc_on, load(px, mask), zero)
+                    for k in range(NT):
+                        a = builder.call(fma, [dyload(q - k), wv[k], a])
+                    store(a, px, mask)
+
+            def loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero):
+                with cgutils.for_range(builder, cnt) as lp:
+                    p = builder.add(p0, lp.index)
+                    px = _at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
+                    a = builder.select(acc_on, load(px, mask), zero)
+                    py = builder.mul(p, sdy)
+                    for k in range(NT):
+                        v = load(_at(builder, pdy, builder.add(dyc[k], py), ty), mask)
+                        a = builder.call(fma, [v, wv[k], a])
+                    store(a, px, mask)
+
             def emit(c, p0, cnt, mask):
                 zero = ir.Constant(ty, None)
+                full = builder.and_(slide, builder.icmp_signed("==", cnt,
+                                                               ir.Constant(i64, PB_D)))
                 with cgutils.for_range(builder, nr) as rl:
                     r = rl.index
                     rdy = builder.load(builder.gep(prd, [r]))
@@ -410,15 +449,14 @@ def _dspan(NT):
                     wv = [load(_at(builder, pw, builder.add(ow_[k], rw), ty), mask)
                           for k in range(NT)]
                     dyc = [builder.add(builder.add(ody[k], c), rdy) for k in range(NT)]
-                    with cgutils.for_range(builder, cnt) as lp:
-                        p = builder.add(p0, lp.index)
-                        px = _at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
-                        a = builder.select(acc_on, load(px, mask), zero)
-                        py = builder.mul(p, sdy)
-                        for k in range(NT):
-                            v = load(_at(builder, pdy, builder.add(dyc[k], py), ty), mask)
-                            a = builder.call(fma, [v, wv[k], a])
-                        store(a, px, mask)
+                    if NT > 1:
+                        with builder.if_else(full) as (fast, rest):
+                            with fast:
+                                slide_block(c, p0, dyc, wv, acc_on, mask, zero)
+                            with rest:
+                                loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero)
+                    else:
+                        loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero)
 
             _loops(builder, npix, C, vl, PB_D, max(1, CB_BYTES // VECTOR_BYTES), emit)
             return context.get_dummy_value()
