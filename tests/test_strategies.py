@@ -277,3 +277,23 @@ def test_gemm_blas_1x1_weight_gradient_split_among_workers(monkeypatch):
     for dtype in ("float64", "float32"):
         err = _run("bwd_w", case, dtype, "gemm", np.random.default_rng(9))
         assert err <= R.TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("engine", ["blas", "numba"])
+def test_gemm_backward_data_single_tap_phase_split_over_the_batch(engine, monkeypatch):
+    """A 3x3 stride-2 kernel's phase (0, 0) has one tap reading dy as it is: one GEMM per
+    batch slice, on every worker, written to every second pixel."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", engine)
+    monkeypatch.setattr(G, "PER_TAP_MAX_ROWS", 0)
+    case = (1, 16, 24, (9, 10), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
+    rng = np.random.default_rng(11)
+    for mb in (1, 3, 5):
+        g, ic, oc, isz, k, st, dl, pb, pe = case
+        x = rng.standard_normal((mb, *isz, ic))
+        w = rng.standard_normal((*k, ic, oc))
+        dy = rng.standard_normal(R.conv_fwd(x, w, st, dl, pb, pe, g).shape)
+        got = nc.convolution_backprop_data(dy, w, isz, strides=st, dilations=dl,
+                                           pads_begin=pb, pads_end=pe, strategy="gemm")
+        ref = R.conv_bwd_data(dy, w, isz, st, dl, pb, pe, g)
+        ra = R.conv_bwd_data(abs(dy), abs(w), isz, st, dl, pb, pe, g)
+        assert R.normalized_error(got, ref, ra) <= R.TOLERANCE["float64"], mb

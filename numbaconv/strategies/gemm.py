@@ -76,6 +76,11 @@ def _runs(boff):
 PER_TAP_MAX_ROWS = 256
 
 
+def _max_phase_taps(p):
+    """Taps of backward data's largest stride phase (ceil(k/s) per axis at dilation 1)."""
+    return max((len(t) for _, _, t in _phases(p)), default=1) or 1
+
+
 def _phase_rows(p):
     """GEMM rows of backward data's largest stride phase."""
     return p.mb * math.prod(-(-i // s) for i, s in zip(p.isz, p.stride))
@@ -203,7 +208,9 @@ class Gemm(Strategy):
             if col_parts > 1:
                 tiles["col_parts"] = col_parts
             return tiles
-        row_bytes = max(ntaps * cn * itemsize(p), 1)
+        # backward data packs one stride phase at a time: its taps, not the kernel's
+        ptaps = _max_phase_taps(p) if p.direction == "bwd_d" else ntaps
+        row_bytes = max(ptaps * cn * itemsize(p), 1)
         budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
         slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
         if p.direction == "bwd_d" and ntaps > 1 and _phase_rows(p) <= PER_TAP_MAX_ROWS:
@@ -503,10 +510,18 @@ class Gemm(Strategy):
                         Wc[:, j] = W[ti, :, gi * ocg:(gi + 1) * ocg]
                     WT = Wc.reshape(icg, -1).T
                 if whole and not unit and not mm.numba:
-                    # 1x1 at stride s: one GEMM on dy as it is, written to every s-th pixel
-                    def strided(slot, sl=sl, WT=WT, grid=grid):
-                        dx[sl] = (dy.reshape(-1, p.oc) @ WT).reshape(p.mb, *grid, icg)
-                    tasks.append(strided)
+                    # one tap reading dy as it is (1x1 at stride s, or a stride phase of a
+                    # KxK kernel): a GEMM on dy written to every s-th pixel, in tasks over
+                    # the batch when there are workers (one task held the other worker idle:
+                    # res3a_branch2b's phase took 7.6 ms of a 27 ms call on one thread)
+                    nb = max(1, -(-p.mb // (2 * mm.workers))) if mm.workers > 1 else p.mb
+
+                    def strided(slot, sl=sl, WT=WT, grid=grid, n0=0, n1=p.mb):
+                        part = dy[n0:n1].reshape(-1, p.oc) @ WT
+                        dx[(slice(n0, n1), *sl[1:])] = part.reshape(n1 - n0, *grid, icg)
+                    for n0 in range(0, p.mb, nb):
+                        tasks.append(lambda slot, f=strided, n0=n0, n1=min(p.mb, n0 + nb):
+                                     f(slot, n0=n0, n1=n1))
                     continue
                 step = -(-icg // col_parts)
                 for r0 in range(0, Mq, R):
