@@ -25,7 +25,7 @@ from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
-from numbaconv._jit import kernel
+from numbaconv._jit import helper, kernel
 
 #: Elements per SIMD step (one 256-bit vector of float32).
 VL = 8
@@ -81,66 +81,38 @@ _widen8, _widen1 = _converter(VL, True), _converter(1, True)
 _narrow8, _narrow1 = _converter(VL, False), _converter(1, False)
 
 
-@kernel(parallel=False)
-def widen(src, dst):
-    """``dst[:] = float32(src)`` for ``src`` the uint16 bits of a float16 array (both flat,
-    C-contiguous, of one size)."""
-    n = src.size
-    ps, pd = src.ctypes.data, dst.ctypes.data
-    i = 0
-    while i + VL <= n:
-        _widen8(ps, pd, i)
-        i += VL
-    while i < n:
-        _widen1(ps, pd, i)
-        i += 1
-
-
-@kernel(parallel=False)
-def narrow(src, dst):
-    """``dst[:] = float16(src)`` (round to nearest even) as uint16 bits, for a float32
-    ``src`` (both flat, C-contiguous, of one size)."""
-    n = src.size
-    ps, pd = src.ctypes.data, dst.ctypes.data
-    i = 0
-    while i + VL <= n:
-        _narrow8(ps, pd, i)
-        i += VL
-    while i < n:
-        _narrow1(ps, pd, i)
-        i += 1
-
-
-@kernel
-def widen_parallel(src, dst):
-    """:func:`widen` in blocks of ``BLOCK`` elements on every thread."""
-    n = src.size
-    ps, pd = src.ctypes.data, dst.ctypes.data
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        i = b * BLOCK
-        i1 = min(n, i + BLOCK)
-        while i + VL <= i1:
+@helper
+def _convert(ps, pd, i, i1, up):
+    """Elements ``i .. i1 - 1``: half bits -> float32 when ``up``, else float32 -> half."""
+    while i + VL <= i1:
+        if up:
             _widen8(ps, pd, i)
-            i += VL
-        while i < i1:
+        else:
+            _narrow8(ps, pd, i)
+        i += VL
+    while i < i1:
+        if up:
             _widen1(ps, pd, i)
-            i += 1
+        else:
+            _narrow1(ps, pd, i)
+        i += 1
+
+
+@kernel(parallel=False)
+def convert(src, dst, up):
+    """``dst[:] = float32(src)`` for ``src`` the uint16 bits of a float16 array when ``up``,
+    else ``dst[:] = float16(src)`` (round to nearest even) as uint16 bits of a float32
+    ``src``; both flat, C-contiguous, of one size."""
+    _convert(src.ctypes.data, dst.ctypes.data, 0, src.size, up)
 
 
 @kernel
-def narrow_parallel(src, dst):
-    """:func:`narrow` in blocks of ``BLOCK`` elements on every thread."""
+def convert_parallel(src, dst, up):
+    """:func:`convert` in blocks of ``BLOCK`` elements on every thread."""
     n = src.size
     ps, pd = src.ctypes.data, dst.ctypes.data
     for b in prange((n + BLOCK - 1) // BLOCK):
-        i = b * BLOCK
-        i1 = min(n, i + BLOCK)
-        while i + VL <= i1:
-            _narrow8(ps, pd, i)
-            i += VL
-        while i < i1:
-            _narrow1(ps, pd, i)
-            i += 1
+        _convert(ps, pd, b * BLOCK, min(n, (b + 1) * BLOCK), up)
 
 
 def to_float32(a, parallel=False):
@@ -148,8 +120,8 @@ def to_float32(a, parallel=False):
     a = np.ascontiguousarray(a)
     out = np.empty(a.shape, np.float32)
     if a.size:
-        (widen_parallel if parallel else widen)(a.reshape(-1).view(np.uint16),
-                                                out.reshape(-1))
+        (convert_parallel if parallel else convert)(a.reshape(-1).view(np.uint16),
+                                                    out.reshape(-1), True)
     return out
 
 
@@ -158,6 +130,6 @@ def to_float16(a, parallel=False):
     a = np.ascontiguousarray(a, dtype=np.float32)
     out = np.empty(a.shape, np.float16)
     if a.size:
-        (narrow_parallel if parallel else narrow)(a.reshape(-1),
-                                                  out.reshape(-1).view(np.uint16))
+        (convert_parallel if parallel else convert)(a.reshape(-1),
+                                                    out.reshape(-1).view(np.uint16), False)
     return out

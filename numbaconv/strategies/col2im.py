@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize
-from .gemm import MIN_N, UK_KC, _Buffers, _Multiply, _blas_threads, _workers
+from .gemm import MIN_N, UK_KC, _Buffers, _Multiply, _workers, run_tasks
 from .. import config
 
 #: Fewest GEMM columns (taps * input channels) worth a GEMM.
@@ -117,7 +117,6 @@ class Col2imGemm(Strategy):
         return ws
 
     def run(self, p, tiles, ops):
-        from .. import blas, workers
         from ..kernels.cpu import col2im as k
 
         ct = np.dtype(p.compute_dtype)
@@ -165,13 +164,7 @@ class Col2imGemm(Strategy):
             step = -(-H // int(tiles["bands"]))
             tasks = [band_task(n, ih0, min(H, ih0 + step), int(tiles["block_rows"]))
                      for n in range(p.mb) for ih0 in range(0, H, step)]
-        if nw > 1 and len(tasks) > 1:
-            with blas.threads(1):
-                workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
-        else:
-            with blas.threads(_blas_threads()):
-                for t in tasks:
-                    t(0)
+        run_tasks(tasks, nw)
         return dx
 
 

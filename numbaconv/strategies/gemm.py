@@ -141,6 +141,19 @@ def _blas_threads():
     return _threads()
 
 
+def run_tasks(tasks, nw):
+    """Run ``task(slot)`` for every task: on ``nw`` worker threads with a one-thread BLAS
+    each, or on the calling thread with every BLAS thread."""
+    from .. import blas, workers
+    if nw > 1 and len(tasks) > 1:
+        with blas.threads(1):
+            workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
+    else:
+        with blas.threads(_blas_threads()):
+            for t in tasks:
+                t(0)
+
+
 #: Problems below this many FLOPs run on the calling thread alone: handing tasks to the
 #: worker pool and waiting for them costs about 80 us (a 3x3 8-channel weight gradient:
 #: 250 us on two workers, 170 us on one), more than a second core saves on them.
@@ -278,7 +291,6 @@ class Gemm(Strategy):
         """Unpacked problems are one GEMM on every core (BLAS threads); packed ones are
         slab tasks, each packed and multiplied by one worker thread with a one-thread BLAS
         (see :mod:`numbaconv.workers`)."""
-        from .. import blas, workers
         R = tiles["slab_rows"]
         ct = np.dtype(p.compute_dtype)
         nw = int(tiles.get("workers", 1))
@@ -287,13 +299,7 @@ class Gemm(Strategy):
         tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct, nw),
                                     int(tiles.get("col_parts", 1)),
                                     tiles.get("taps") == "per-tap")
-        if nw > 1 and len(tasks) > 1:
-            with blas.threads(1):
-                workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
-        else:
-            with blas.threads(_blas_threads()):
-                for t in tasks:
-                    t(0)
+        run_tasks(tasks, nw)
         return finish()
 
     def _tasks(self, p, ops, R, cols, ct, mm, col_parts=1, per_tap=False):
