@@ -263,20 +263,30 @@ def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch):
     assert err <= R.TOLERANCE["float64"]
 
 
-def test_gemm_blas_1x1_weight_gradient_split_among_workers(monkeypatch):
-    """Long 1x1 reductions on BLAS go to the workers as slabs with partial dW's."""
+@pytest.mark.parametrize("strides", [1, 2])
+def test_gemm_blas_1x1_backward_passes_split_among_workers(strides, monkeypatch):
+    """Long 1x1 problems on BLAS go to the workers: reduction slabs with partial dW's for
+    the weight gradient, row slabs (batch slices at stride 2) for backward data."""
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     monkeypatch.setattr(config, "GEMM_SLAB_BYTES", None)
     monkeypatch.setattr(G, "BLAS_SPLIT_MIN_ROWS", 64)
-    case = (1, 24, 40, (9, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    s = (strides, strides)
+    case = (1, 24, 40, (9, 11), (1, 1), s, (1, 1), (0, 0), (0, 0))
     x = np.zeros((2, 9, 11, 24), np.float32)
-    dy = np.zeros((2, 9, 11, 40), np.float32)
-    plan = nc.plan("convolution_backprop_filters", x, (1, 1), dy, strides=1, strategy="gemm")
+    dy = np.zeros((2, *(-(-v // strides) for v in (9, 11)), 40), np.float32)
+    w = np.zeros((1, 1, 24, 40), np.float32)
+    plans = [nc.plan("convolution_backprop_filters", x, (1, 1), dy, strides=s,
+                     strategy="gemm"),
+             nc.plan("convolution_backprop_data", dy, w, (9, 11), strides=s, strategy="gemm")]
     if nc.get_num_threads() > 1:
-        assert plan.tiles.get("workers", 1) > 1 and not plan.tiles["packed"], str(plan)
-    for dtype in ("float64", "float32"):
-        err = _run("bwd_w", case, dtype, "gemm", np.random.default_rng(9))
-        assert err <= R.TOLERANCE[dtype]
+        for plan in plans:  # (a strided weight gradient packs its subsampled x anyway)
+            unpacked = strides == 1 or plan.problem.direction == "bwd_d"
+            assert plan.tiles.get("workers", 1) > 1, str(plan)
+            assert plan.tiles["packed"] is not unpacked, str(plan)
+    for direction in ("bwd_w", "bwd_d"):
+        for dtype in ("float64", "float32"):
+            err = _run(direction, case, dtype, "gemm", np.random.default_rng(9))
+            assert err <= R.TOLERANCE[dtype], (direction, dtype)
 
 
 @pytest.mark.parametrize("engine", ["blas", "numba"])

@@ -127,12 +127,15 @@ def _engine(p):
     return "numba" if short_1x1 else "blas"
 
 
-#: 1x1 backward weights on BLAS over at least this many pixels splits the reduction among
-#: the workers (one-thread BLAS each, partial dW summed once) instead of one GEMM on every
-#: BLAS thread, which OpenBLAS splits along the short M and N (same process, 2 threads,
-#: 5 rounds: res2a_branch1 8.7 vs 9.4 ms, res2a_branch2a 3.0 vs 3.3, res2b_branch2a 9.1 vs
-#: 9.8, res3a_branch2a 14.9 vs 14.2 and 12.5 vs 15.7; shorter reductions lose: res5b_branch2a
-#: 8.7 vs 6.4).
+#: 1x1 backward passes on BLAS over at least this many pixels run as worker tasks (one-thread
+#: BLAS each: reduction slabs with partial dW's for the weight gradient, row slabs or batch
+#: slices for backward data) instead of one GEMM on every BLAS thread, which OpenBLAS
+#: splits along the short side (same process, 2 threads, best of >= 10 calls in 0.4 s
+#: blocks, 4-5 rounds, ms one GEMM -> tasks): weights res2a_branch1 9.4 -> 8.7,
+#: res2a_branch2a 3.3 -> 3.0, res2b_branch2a 9.8 -> 9.1, res3a_branch2a 14.2 -> 14.9 and
+#: 15.7 -> 12.5; data res3a_branch1 18.6 -> 15.2, res2a_branch2a 2.85 -> 2.38,
+#: res2b_branch2a 11.3 -> 10.8, res3a_branch2a 21.0 -> 20.2, res2a_branch1 8.3 -> 8.2.
+#: Shorter reductions lose (weights res5b_branch2a 6.4 -> 8.7).
 BLAS_SPLIT_MIN_ROWS = 16384
 
 
@@ -203,7 +206,7 @@ class Gemm(Strategy):
             engine_tiles.update(kc=UK_KC, nc=int(nc))
         workers = _workers(p) if config.GEMM_WORKERS or engine == "numba" else 1
         if self._identity(p):
-            split = p.direction == "bwd_w" and workers > 1 and rows >= BLAS_SPLIT_MIN_ROWS
+            split = workers > 1 and rows >= BLAS_SPLIT_MIN_ROWS and p.direction != "fwd"
             if engine == "blas" and not split:  # one GEMM on every BLAS thread
                 return {"slab_rows": rows, "packed": False, **engine_tiles}
             # two blocks per worker: row slabs (reduction slabs for backward weights), for
@@ -214,7 +217,7 @@ class Gemm(Strategy):
                 rows = p.mb * math.prod(p.osz)
                 a_size, b_size = rows * p.oc, p.oc * p.ic
                 fits = [c for c in range(1, n + 1)
-                        if n % c == 0 and p.ic // c >= engine_tiles["nc"] // 8]
+                        if n % c == 0 and p.ic // c >= engine_tiles.get("nc", 8 * p.ic) // 8]
                 col_parts = min(fits or [1], key=lambda c: (n // c) * b_size + c * a_size)
             tiles = {"slab_rows": int(max(1, -(-rows // (n // col_parts)))), "packed": False,
                      "workers": workers, **engine_tiles}
