@@ -215,9 +215,10 @@ class Gemm(Strategy):
             n, col_parts = 2 * workers, 1
             if p.direction == "bwd_d":  # the GEMM's rows: dy's pixels, one live phase
                 rows = p.mb * math.prod(p.osz)
+            if p.direction == "bwd_d" and engine == "numba":
                 a_size, b_size = rows * p.oc, p.oc * p.ic
                 fits = [c for c in range(1, n + 1)
-                        if n % c == 0 and p.ic // c >= engine_tiles.get("nc", 8 * p.ic) // 8]
+                        if n % c == 0 and p.ic // c >= engine_tiles["nc"] // 8]
                 col_parts = min(fits or [1], key=lambda c: (n // c) * b_size + c * a_size)
             tiles = {"slab_rows": int(max(1, -(-rows // (n // col_parts)))), "packed": False,
                      "workers": workers, **engine_tiles}
@@ -524,13 +525,12 @@ class Gemm(Strategy):
                     # the batch when there are workers (one task held the other worker idle:
                     # res3a_branch2b's phase took 7.6 ms of a 27 ms call on one thread)
                     nb = max(1, -(-p.mb // (2 * mm.workers))) if mm.workers > 1 else p.mb
-
-                    def strided(slot, sl=sl, WT=WT, grid=grid, n0=0, n1=p.mb):
-                        part = dy[n0:n1].reshape(-1, p.oc) @ WT
-                        dx[(slice(n0, n1), *sl[1:])] = part.reshape(n1 - n0, *grid, icg)
                     for n0 in range(0, p.mb, nb):
-                        tasks.append(lambda slot, f=strided, n0=n0, n1=min(p.mb, n0 + nb):
-                                     f(slot, n0=n0, n1=n1))
+                        def strided(slot, sl=sl, WT=WT, grid=grid, n0=n0,
+                                    n1=min(p.mb, n0 + nb)):
+                            part = dy[n0:n1].reshape(-1, p.oc) @ WT
+                            dx[(slice(n0, n1), *sl[1:])] = part.reshape(n1 - n0, *grid, icg)
+                        tasks.append(strided)
                     continue
                 step = -(-icg // col_parts)
                 for r0 in range(0, Mq, R):
