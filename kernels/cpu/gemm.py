@@ -66,9 +66,16 @@ def im2col(src, col, grid, a, boff, runs, c0, r0):
 
 @kernel(parallel=False)
 def scatter_phase(tmp, dx, grid, stride, phase, c0, r0):
-    """dx[n, phase + stride*j, c0 + c] = tmp[rr, c] for rows r0 + rr of the phase grid."""
+    """dx[n, phase + stride*j, c0 + c] = tmp[rr, c] for rows r0 + rr of the phase grid.
+
+    Flat unsigned offsets, as in :func:`im2col`: indexing the 5-D ``dx`` per channel kept
+    the negative-index checks in the inner loop (one stride phase of res3a_branch2b's
+    backward data, 3.2 MB: 0.79-1.17 ms that way, 0.24 ms flat)."""
     rows, cn = tmp.shape[0], tmp.shape[1]
     jd_n, jh_n, jw_n = grid[0], grid[1], grid[2]
+    s_d, s_h, s_w, s_c = dx.shape[1], dx.shape[2], dx.shape[3], dx.shape[4]
+    df = dx.reshape(dx.size)
+    tf = tmp.reshape(tmp.size)
     for rr in range(rows):
         r = r0 + rr
         jw = r % jw_n
@@ -80,5 +87,7 @@ def scatter_phase(tmp, dx, grid, stride, phase, c0, r0):
         i_d = phase[0] + stride[0] * jd
         i_h = phase[1] + stride[1] * jh
         i_w = phase[2] + stride[2] * jw
-        for c in range(cn):
-            dx[n, i_d, i_h, i_w, c0 + c] = tmp[rr, c]
+        e = np.uint64((((n * s_d + i_d) * s_h + i_h) * s_w + i_w) * s_c + c0)
+        o = np.uint64(rr * cn)
+        for c in range(np.uint64(cn)):
+            df[e + c] = tf[o + c]
