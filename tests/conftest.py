@@ -20,7 +20,8 @@ def fresh_plans():
 
 @pytest.fixture(autouse=True)
 def parallel_even_when_tiny(monkeypatch):
-    """The GEMM strategies run problems under 8 MFLOP on the calling thread alone; the
-    tests' problems are that small, and must still cross the worker-pool code paths."""
+    """The GEMM and Winograd strategies run problems under 8 MFLOP on the calling thread
+    alone; the tests' problems are that small, and must still cross the worker-pool code
+    paths."""
     from numbaconv.strategies import gemm
     monkeypatch.setattr(gemm, "SERIAL_MAX_FLOPS", 0)

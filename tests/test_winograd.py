@@ -99,6 +99,31 @@ def test_every_pad_combination_matches_reference(m, direction, dtype, tile_size,
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+def test_blocks_as_worker_tasks_match_reference(direction, tile_size, monkeypatch):
+    # two workers share many blocks: each worker transforms, multiplies and transforms back
+    # blocks of its own (backward weights: into its own partial product, added at the end)
+    import numba
+    from numbaconv import config
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads")
+    monkeypatch.setattr(config, "THREADS", 2)
+    monkeypatch.setattr(W, "TILE_ROWS", 3)
+    tile_size(2)
+    rng = np.random.default_rng(11)
+    isz, pb, pe = (9, 11), (1, 0), (2, 1)
+    x, w, dy = _operands(rng, 2, isz, 16, 24, pb, pe)
+    args = dict(strides=(1, 1), pads_begin=pb, pads_end=pe)
+    plan = {"fwd": lambda: nc.plan("convolution", x, w, **args),
+            "bwd_d": lambda: nc.plan("convolution_backprop_data", dy, w, isz, **args),
+            "bwd_w": lambda: nc.plan("convolution_backprop_filters", x, w.shape, dy, **args)}
+    t = plan[direction]().tiles
+    T = W.n_tiles(plan[direction]().problem, 2)
+    assert t["workers"] == 2 and -(-T // t["tile_rows"]) >= 4
+    assert _run(direction, "float64", x, w, dy, isz, pb, pe) <= 1e-12
+    assert _run(direction, "float32", x, w, dy, isz, pb, pe) <= R.WINOGRAD_TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
 def test_tiny_images_and_pads_beyond_the_kernel(direction, tile_size, monkeypatch):
     # a 1x1 tile grid, tiles overhanging on every side, and pads larger than the kernel
     monkeypatch.setattr(W, "MIN_IMAGE", 1)
@@ -174,7 +199,10 @@ def test_plan_tiles_and_workspace():
     assert isinstance(p.threads, int) and p.workspace_bytes > 0
     a2 = (p.tiles["m"] + 2) ** 2
     rows, T = p.tiles["tile_rows"], W.n_tiles(p.problem, p.tiles["m"])
-    assert 0 < rows <= T and -(-T // rows) == -(-T // W.TILE_ROWS)   # equal blocks
+    # equal blocks of at most TILE_ROWS, in whole rounds of the workers
+    nblocks, workers = -(-T // rows), p.tiles["workers"]
+    assert 0 < rows <= W.TILE_ROWS and rows * (nblocks - 1) < T
+    assert workers == p.threads and nblocks % workers == 0
     assert p.workspace_bytes >= a2 * rows * 128 * 4
     # F(4x4) on large images; F(2x2) when F(4x4) would have few tiles for the channels
     # (res4b at batch 1, res5b at batch 8)

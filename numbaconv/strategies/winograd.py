@@ -27,10 +27,14 @@ The three directions, all at stride 1 and dilation 1 (depth kernel 1: depth join
   (zero beyond ``osz``) and ``alpha x alpha`` tiles of ``x`` at ``m*t - pad_begin``: the GEMM
   per position is ``V[xi]^T @ D[xi]`` = [C, T] x [T, K], the tile index as its reduction.
 
-The tiles are processed in blocks of about ``TILE_ROWS``: transform a block (serial Numba
-loop nests), one batched ``matmul`` for it (BLAS owns the cores), inverse-transform it, so
-the transformed block stays in cache and the two thread pools never overlap (see
-:mod:`numbaconv.blas`). Transforms are computed and stored in the compute dtype (float32
+The tiles are processed in blocks of about ``TILE_ROWS``, each a worker task (see
+:mod:`numbaconv.workers`): transform the block (serial Numba loop nests), one batched
+``matmul`` for it on a one-thread BLAS, inverse-transform it, so the transformed block stays
+in the worker's cache and every core transforms. The block count is a multiple of the
+workers. (Until stop 12 the transforms ran on the calling thread between multithreaded
+matmuls, one core idle through them: measured in one process, 2 threads, float32,
+res2a_branch2b backward data 10.1 -> 7.0 ms, weights 12.0 -> 8.3 ms; res3b_branch2b 8.0 ->
+6.8 and 11.2 -> 6.7 ms; res4b_branch2b, one block before, 17.6 -> 10.4 and 18.0 -> 13.7.) Transforms are computed and stored in the compute dtype (float32
 for float16 inputs), never in float16 (PERF_NOTES: stored in float16 the F(4x4) error
 grows to 1e-3). Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8:
 F(4x4) float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
@@ -41,6 +45,7 @@ may come out as NaN where a direct sum would give Inf (``Inf - Inf``); NaN propa
 import numpy as np
 
 from . import Strategy, itemsize
+from . import gemm as _gemm
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
 #: transforms cost more than the multiplies they save (measured, batch 8, float32: 32
@@ -179,9 +184,13 @@ class Winograd(Strategy):
         from ..planner import _threads
         m = choose_m(p)
         T = n_tiles(p, m)
+        threads = _threads()
+        workers = threads if p.flops >= _gemm.SERIAL_MAX_FLOPS else 1
         nblocks = -(-T // TILE_ROWS) if TILE_ROWS else 1
+        if workers > 1:  # whole rounds of blocks: the workers end together
+            nblocks = -(-nblocks // workers) * workers
         rows = -(-T // nblocks)
-        return {"m": m, "tile_rows": rows, "threads": _threads()}
+        return {"m": m, "tile_rows": rows, "threads": threads, "workers": workers}
 
     def workspace_bytes(self, p, tiles):
         """The transformed buffers: one block of tiles of each operand, and the transformed
@@ -190,18 +199,25 @@ class Winograd(Strategy):
         m, rows = tiles["m"], tiles["tile_rows"]
         alpha = m + 2
         ck = p.ic * p.oc
-        n = alpha * alpha * rows * (p.ic + p.oc) + alpha * alpha * ck + 3 * alpha * ck
-        if p.direction == "bwd_w" and rows < n_tiles(p, m):
-            n += alpha * alpha * ck                # one block's product
+        nw = min(int(tiles.get("workers", 1)), -(-n_tiles(p, m) // rows))
+        n = nw * alpha * alpha * rows * (p.ic + p.oc) + alpha * alpha * ck + 3 * alpha * ck
+        if p.direction == "bwd_w":
+            # a partial product per worker beyond the first, and one block's product each
+            n += (nw - 1) * alpha * alpha * ck
+            if rows < n_tiles(p, m):
+                n += nw * alpha * alpha * ck
         return n * itemsize(p)
 
     # -- running ----------------------------------------------------------------------------
     def run(self, p, tiles, ops):
-        from .. import blas
+        """Blocks of tiles as worker tasks: each task transforms its block, multiplies it
+        with a one-thread BLAS and transforms it back (backward weights: adds its product to
+        the worker's partial), so the serial transform loop nests run on every core."""
         from ..kernels.cpu import winograd as k
-
+        from .. import blas
         from ..planner import _threads
-        blas.set_threads(int(tiles.get("threads", 0) or _threads()))
+        from .gemm import _Buffers as Buffers, run_tasks
+
         ct = np.dtype(p.compute_dtype)
         m = int(tiles["m"])
         alpha, a2 = m + 2, (m + 2) ** 2
@@ -213,6 +229,8 @@ class Winograd(Strategy):
         th, tw = -(-gh // m), -(-gw // m)
         T = nb * th * tw
         rows = int(min(tiles["tile_rows"], T)) or T
+        blocks = [(t0, min(T, t0 + rows)) for t0 in range(0, T, rows)]
+        nw = max(1, min(int(tiles.get("workers", 1)), len(blocks)))
         cb = np.int64(min(CHANNEL_BLOCK, max(C, K)))
         i64 = np.int64
 
@@ -226,26 +244,35 @@ class Winograd(Strategy):
         if p.direction == "bwd_w":
             x = ops["x"].reshape(nb, H, W, C)
             dy = ops["dy"].reshape(nb, OH, OW, K)
-            vbuf = np.empty(a2 * rows * C, ct)
-            dbuf = np.empty(a2 * rows * K, ct)
-            acc = np.empty((a2, C, K), ct)
-            prod = np.empty((a2, C, K), ct) if rows < T else None
-            for t0 in range(0, T, rows):
-                t1 = min(T, t0 + rows)
-                V = vbuf[: a2 * (t1 - t0) * C].reshape(a2, t1 - t0, C)
-                D = dbuf[: a2 * (t1 - t0) * K].reshape(a2, t1 - t0, K)
-                fwd_tiles(x, 0, V, -p.pad_begin[1], -p.pad_begin[2], t0, t1)
-                fwd_tiles(dy, 1, D, 0, 0, t0, t1)
-                # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K] per position
-                if t0 == 0:
-                    np.matmul(V.transpose(0, 2, 1), D, out=acc)
-                else:
-                    np.matmul(V.transpose(0, 2, 1), D, out=prod)
-                    np.add(acc, prod, out=acc)
+            vbuf, dbuf = Buffers(a2 * rows * C, ct), Buffers(a2 * rows * K, ct)
+            acc = {}                               # the partial product of each worker slot
+            prod = Buffers(a2 * C * K, ct)
+
+            def bwd_w_task(t0, t1):
+                def task(slot):
+                    V = vbuf[slot][: a2 * (t1 - t0) * C].reshape(a2, t1 - t0, C)
+                    D = dbuf[slot][: a2 * (t1 - t0) * K].reshape(a2, t1 - t0, K)
+                    fwd_tiles(x, 0, V, -p.pad_begin[1], -p.pad_begin[2], t0, t1)
+                    fwd_tiles(dy, 1, D, 0, 0, t0, t1)
+                    # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K]
+                    VT = V.transpose(0, 2, 1)
+                    if slot not in acc:
+                        acc[slot] = np.matmul(VT, D)
+                    else:
+                        a = acc[slot]
+                        np.add(a, np.matmul(VT, D, out=prod[slot].reshape(a2, C, K)), out=a)
+                return task
+
+            run_tasks([bwd_w_task(t0, t1) for t0, t1 in blocks], nw)
+            parts = [acc[s] for s in sorted(acc)]
+            total = parts[0]
+            for a in parts[1:]:
+                total += a
             # dw = G^T M G per (c, k)
             GT = np.ascontiguousarray(G.T)
-            t = np.matmul(GT, acc.reshape(alpha, alpha * C * K)).reshape(3, alpha, C * K)
-            return np.matmul(GT, t).reshape(1, 3, 3, C, K)
+            with blas.threads(1 if nw > 1 else _threads()):
+                t = np.matmul(GT, total.reshape(alpha, alpha * C * K)).reshape(3, alpha, C * K)
+                return np.matmul(GT, t).reshape(1, 3, 3, C, K)
 
         if p.direction == "fwd":
             src = ops["x"].reshape(nb, H, W, C)
@@ -259,21 +286,28 @@ class Winograd(Strategy):
             Gw = np.ascontiguousarray(G[:, ::-1])   # the flip r -> 2 - r folded into G
             off = (p.pad_begin[1] - 2, p.pad_begin[2] - 2)
             cin, cout = K, C
-        # U[a, b] = Gw w Gw^T over (r, s), per (c, k)
-        t = np.matmul(Gw, ops["w"].reshape(3, 3 * C * K)).reshape(alpha, 3, C * K)
-        U = np.matmul(Gw, t).reshape(a2, C, K)
+        # U[a, b] = Gw w Gw^T over (r, s), per (c, k); on one BLAS thread next to worker
+        # tasks: OpenBLAS's idle threads spin after a call and would take a worker's core
+        # (res3b_branch2b: 7.8 ms with the filter transform on two BLAS threads, 12.7 ms
+        # with the tasks after it)
+        with blas.threads(1 if nw > 1 else _threads()):
+            t = np.matmul(Gw, ops["w"].reshape(3, 3 * C * K)).reshape(alpha, 3, C * K)
+            U = np.matmul(Gw, t).reshape(a2, C, K)
         if p.direction == "bwd_d":
             U = U.transpose(0, 2, 1)               # [a2, K, C]: a transposed BLAS operand
         dst4 = dst.reshape(nb, gh, gw, cout)
-        vbuf = np.empty(a2 * rows * cin, ct)
-        mbuf = np.empty(a2 * rows * cout, ct)
-        for t0 in range(0, T, rows):
-            t1 = min(T, t0 + rows)
-            V = vbuf[: a2 * (t1 - t0) * cin].reshape(a2, t1 - t0, cin)
-            M = mbuf[: a2 * (t1 - t0) * cout].reshape(a2, t1 - t0, cout)
-            fwd_tiles(src, 0, V, off[0], off[1], t0, t1)
-            np.matmul(V, U, out=M)
-            inv_tiles(M, dst4, t0, t1)
+        vbuf, mbuf = Buffers(a2 * rows * cin, ct), Buffers(a2 * rows * cout, ct)
+
+        def block_task(t0, t1):
+            def task(slot):
+                V = vbuf[slot][: a2 * (t1 - t0) * cin].reshape(a2, t1 - t0, cin)
+                M = mbuf[slot][: a2 * (t1 - t0) * cout].reshape(a2, t1 - t0, cout)
+                fwd_tiles(src, 0, V, off[0], off[1], t0, t1)
+                np.matmul(V, U, out=M)
+                inv_tiles(M, dst4, t0, t1)
+            return task
+
+        run_tasks([block_task(t0, t1) for t0, t1 in blocks], nw)
         return dst
 
 
