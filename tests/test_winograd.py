@@ -153,20 +153,20 @@ def _problem(**kw):
 
 def test_accepts_and_declines_with_reasons(monkeypatch):
     monkeypatch.setattr(W, "MIN_CHANNELS", 64)
-    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 1 / 8)
+    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 1 / 2)
     monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL_BWD_W", 1 / 2)
     s = W.STRATEGY
     for d in ("fwd", "bwd_d", "bwd_w"):
         assert s.accepts(_problem(direction=d, ic=64, oc=64)) is None
         # ResNet-50 res5b at batch 1: 16 F(2x2) tiles for 512 channels; at batch 8: 128,
-        # enough for the forward and backward data, not for the weight gradient (256)
+        # fewer than half the channels; at batch 16: 256, enough
         res5 = dict(direction=d, ic=512, oc=512, isz=(1, 7, 7), osz=(1, 7, 7))
         assert "16 tiles for 512 channels" in s.accepts(_problem(mb=1, **res5))
-        if d == "bwd_w":
-            assert "128 tiles for 512 channels" in s.accepts(_problem(mb=8, **res5))
-            assert s.accepts(_problem(mb=16, **res5)) is None
-        else:
-            assert s.accepts(_problem(mb=8, **res5)) is None
+        assert "128 tiles for 512 channels" in s.accepts(_problem(mb=8, **res5))
+        assert s.accepts(_problem(mb=16, **res5)) is None
+        # res4b at batch 8: 128 F(4x4) tiles for 256 channels, just enough
+        res4 = dict(direction=d, ic=256, oc=256, isz=(1, 14, 14), osz=(1, 14, 14))
+        assert s.accepts(_problem(mb=8, **res4)) is None
     cases = [
         (dict(ksz=(1, 5, 5), osz=(1, 12, 12)), "not 3x3"),
         (dict(ksz=(1, 3, 1)), "not 3x3"),

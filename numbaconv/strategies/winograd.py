@@ -52,9 +52,12 @@ from . import gemm as _gemm
 #: channels lose to GEMM at 28x28 and 56x56, 64 channels win or tie).
 MIN_CHANNELS = 64
 #: Fewest tiles per channel of the wider side: with fewer, the transformed filters (or, for
-#: the weight gradient, the transformed product) outweigh the GEMMs (ResNet-50 res5, 7x7x512,
-#: loses to GEMM at batch 1, 16 tiles, and wins at batch 8, 128 tiles).
-MIN_TILES_PER_CHANNEL = 1 / 8
+#: the weight gradient, the transformed product) outweigh the GEMMs. Measured in one process
+#: on an AVX2 host, 2 threads, float32, batch 8, with the blocks as worker tasks: res5b
+#: (7x7x512, F(2x2), 128 tiles = C/4) ran 16.1 ms against GEMM's 14.8 for backward data and
+#: 15.8 against 12.8 forward; res4b (14x14x256, F(4x4), 128 tiles = C/2) 9.6 against 14.8
+#: and 9.4 against 14.2. (Before the worker tasks, 1/8 let res5b in: it tied then.)
+MIN_TILES_PER_CHANNEL = 1 / 2
 #: The weight gradient accumulates its transformed product (``alpha^2 * C * K``) over every
 #: tile and transforms it back: it needs more tiles per channel to pay (measured on an AVX2
 #: host, 2 threads, float32: res5b 7x7x512 at batch 8, 128 tiles, ran 20.5-25.3 ms against
