@@ -5,11 +5,13 @@ import time
 def _problems(dt):
     """Small problems that, together, every implementation accepts in every direction."""
     import numpy as np
-    dense = (np.ones((1, 16, 16, 64), dt), np.ones((3, 3, 64, 64), dt), 1)   # winograd, gemm
+    w3 = np.ones((3, 3, 64, 64), dt)
+    dense4 = (np.ones((1, 24, 24, 64), dt), w3, 1)   # gemm, winograd F(4x4): 36 tiles
+    dense2 = (np.ones((1, 12, 12, 64), dt), w3, 1)   # winograd F(2x2): 36 tiles (F(4x4): 9)
     narrow = (np.ones((1, 9, 9, 3), dt), np.ones((3, 3, 3, 16), dt), 1)      # per-pixel direct
     depthwise = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 1, 16), dt), 16)
     grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8)
-    return dense, narrow, depthwise, grouped
+    return dense4, dense2, narrow, depthwise, grouped
 
 
 def warmup(dtypes=("float32",), verbose=False):

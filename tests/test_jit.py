@@ -79,7 +79,7 @@ def test_winograd_chains_load_from_the_cache_in_a_new_process(tmp_path):
     code = (
         "import numpy as np, numbaconv as nc\n"
         "from numbaconv.kernels.cpu import winograd as k\n"
-        "x = np.ones((1, 8, 8, 64), np.float32); w = np.ones((3, 3, 64, 64), np.float32)\n"
+        "x = np.ones((1, 24, 24, 64), np.float32); w = np.ones((3, 3, 64, 64), np.float32)\n"
         "nc.conv2d(x, w, 1, 'SAME', strategy='winograd')\n"
         "m = nc.plan('conv2d', x, w, 1, 'SAME', strategy='winograd').tiles['m']\n"
         "ks = [k._CHAINS[0, m], k._CHAINS[2, m]]\n"

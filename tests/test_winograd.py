@@ -214,6 +214,27 @@ def test_plan_tiles_and_workspace():
 
 
 
+def test_warmup_problems_compile_both_tile_sizes(monkeypatch):
+    # numbaconv warmup must reach the Winograd transforms of F(2x2) and F(4x4), in every
+    # direction, with the real thresholds
+    from numbaconv import _warmup
+    monkeypatch.undo()  # the module's own thresholds, not the small_problems fixture's
+    assert W.MIN_TILES_PER_CHANNEL > 0
+    sizes = set()
+    for x, w, g in _warmup._problems("float32"):
+        if g != 1 or x.shape[-1] < W.MIN_CHANNELS:
+            continue
+        dy = np.ones((1, *x.shape[1:-1], w.shape[-1]), np.float32)
+        attrs = dict(strides=1, pads_begin=1, pads_end=1)
+        for fn, args in ((nc.convolution, (x, w)),
+                         (nc.convolution_backprop_data, (dy, w, x.shape[1:-1])),
+                         (nc.convolution_backprop_filters, (x, w.shape[:-2], dy))):
+            problem, _ = fn.parse(*args, **attrs)
+            assert W.STRATEGY.accepts(problem) is None, problem.descriptor()
+            sizes.add(W.choose_m(problem))
+    assert sizes == set(W.TILE_SIZES)
+
+
 # ResNet-50's 3x3 stride-1 layers (batch 1 here; the report measures batch 8).
 RESNET = [(64, 56), (128, 28), (256, 14), (512, 7)]
 
