@@ -22,7 +22,6 @@ def small_problems(monkeypatch):
     """Small channel counts and images stay accepted (the thresholds are about speed)."""
     monkeypatch.setattr(W, "MIN_CHANNELS", 16)
     monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 0)
-    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL_BWD_W", 0)
 
 
 @pytest.fixture
@@ -154,7 +153,6 @@ def _problem(**kw):
 def test_accepts_and_declines_with_reasons(monkeypatch):
     monkeypatch.setattr(W, "MIN_CHANNELS", 64)
     monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 1 / 2)
-    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL_BWD_W", 1 / 2)
     s = W.STRATEGY
     for d in ("fwd", "bwd_d", "bwd_w"):
         assert s.accepts(_problem(direction=d, ic=64, oc=64)) is None

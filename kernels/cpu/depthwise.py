@@ -345,6 +345,20 @@ def _loops(builder, npix, C, vl, pb, cbv, emit):
         pixel_blocks(lambda p0, cnt: emit(cfull, p0, cnt, mask))
 
 
+def _block_loader(builder, load, base_ptr, base, C, mask, ty):
+    """``get(j)``: the ``ty`` vector at element ``base + j*C`` of ``base_ptr`` (pixel ``j``
+    of a block), loaded on first use and reused by every later tap that reads it."""
+    cache = {}
+
+    def get(j):
+        if j not in cache:
+            off = builder.add(base, builder.mul(C, ir.Constant(ir.IntType(64), j)))
+            cache[j] = load(_at(builder, base_ptr, off, ty), mask)
+        return cache[j]
+
+    return get
+
+
 def _masked_io(builder, vty, dtype, vl):
     """``load(ptr, mask)`` and ``store(value, ptr, mask)`` of ``vty`` (no mask: plain)."""
     suffix = "v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
@@ -409,15 +423,8 @@ def _dspan(NT):
                 slide = builder.and_(slide, builder.icmp_signed("==", ody[k], want))
 
             def slide_block(c, p0, dyc, wv, acc_on, mask, zero):
-                base = builder.add(dyc[0], builder.mul(p0, sdy))
-                dv = {}
-
-                def dyload(j):
-                    if j not in dv:
-                        off = builder.add(base, builder.mul(C, ir.Constant(i64, j)))
-                        dv[j] = load(_at(builder, pdy, off, ty), mask)
-                    return dv[j]
-
+                dyload = _block_loader(builder, load, pdy,
+                                       builder.add(dyc[0], builder.mul(p0, sdy)), C, mask, ty)
                 for q in range(PB_D):
                     p = builder.add(p0, ir.Constant(i64, q))
                     px = _at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
@@ -503,15 +510,8 @@ def _wspan(NT):
                 "==", sx, builder.mul(C, ir.Constant(i64, S)))) for S in (1, 2)}
 
             def slide_block(S, c, p0, xc, mask):
-                base = builder.add(xc[0], builder.mul(p0, sx))
-                xv = {}
-
-                def xload(j):
-                    if j not in xv:
-                        off = builder.add(base, builder.mul(C, ir.Constant(i64, j)))
-                        xv[j] = load(_at(builder, px_, off, ty), mask)
-                    return xv[j]
-
+                xload = _block_loader(builder, load, px_,
+                                      builder.add(xc[0], builder.mul(p0, sx)), C, mask, ty)
                 accv = [builder.load(acc[k]) for k in range(NT)]
                 for q in range(PB_W):
                     p = builder.add(p0, ir.Constant(i64, q))

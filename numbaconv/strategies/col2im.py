@@ -14,8 +14,9 @@ never built.
 Parallelism without atomics or partial copies: a task owns whole images (several per GEMM
 where their ``col`` fits: 1-D layers), or one band of input rows of one image (every image
 whole when the batch alone keeps the workers busy), zeroes it, and computes every output
-row whose window reaches the band, keeping only the contributions that land inside it. Bands of one image recompute the few output rows their windows
-share; the result is the same, in the same order of additions, whatever the bands.
+row whose window reaches the band, keeping only the contributions that land inside it.
+Bands of one image recompute the few output rows their windows share; the result is the
+same, in the same order of additions, whatever the bands.
 """
 import math
 

@@ -34,7 +34,8 @@ in the worker's cache and every core transforms. The block count is a multiple o
 workers. (Until stop 12 the transforms ran on the calling thread between multithreaded
 matmuls, one core idle through them: measured in one process, 2 threads, float32,
 res2a_branch2b backward data 10.1 -> 7.0 ms, weights 12.0 -> 8.3 ms; res3b_branch2b 8.0 ->
-6.8 and 11.2 -> 6.7 ms; res4b_branch2b, one block before, 17.6 -> 10.4 and 18.0 -> 13.7.) Transforms are computed and stored in the compute dtype (float32
+6.8 and 11.2 -> 6.7 ms; res4b_branch2b, one block before, 17.6 -> 10.4 and 18.0 -> 13.7.)
+Transforms are computed and stored in the compute dtype (float32
 for float16 inputs), never in float16 (PERF_NOTES: stored in float16 the F(4x4) error
 grows to 1e-3). Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8:
 F(4x4) float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
@@ -45,25 +46,22 @@ may come out as NaN where a direct sum would give Inf (``Inf - Inf``); NaN propa
 import numpy as np
 
 from . import Strategy, itemsize
-from . import gemm as _gemm
+from .gemm import _workers
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
 #: transforms cost more than the multiplies they save (measured, batch 8, float32: 32
 #: channels lose to GEMM at 28x28 and 56x56, 64 channels win or tie).
 MIN_CHANNELS = 64
-#: Fewest tiles per channel of the wider side: with fewer, the transformed filters (or, for
-#: the weight gradient, the transformed product) outweigh the GEMMs. Measured in one process
-#: on an AVX2 host, 2 threads, float32, batch 8, with the blocks as worker tasks: res5b
-#: (7x7x512, F(2x2), 128 tiles = C/4) ran 16.1 ms against GEMM's 14.8 for backward data and
-#: 15.8 against 12.8 forward; res4b (14x14x256, F(4x4), 128 tiles = C/2) 9.6 against 14.8
-#: and 9.4 against 14.2. (Before the worker tasks, 1/8 let res5b in: it tied then.)
+#: Fewest tiles per channel of the wider side, in every direction: with fewer, the
+#: transformed filters (or, for the weight gradient, the transformed product ``alpha^2*C*K``
+#: it accumulates over every tile and transforms back) outweigh the GEMMs. Measured in one
+#: process on an AVX2 host, 2 threads, float32, batch 8, with the blocks as worker tasks:
+#: res5b (7x7x512, F(2x2), 128 tiles = C/4) ran 16.1 ms against GEMM's 14.8 for backward
+#: data and 15.8 against 12.8 forward; res4b (14x14x256, F(4x4), 128 tiles = C/2) 9.6 against
+#: 14.8 and 9.4 against 14.2. The weight gradient needed C/2 already before the tasks (res5b:
+#: 20.5-25.3 ms against GEMM's 14.7-14.9; res4b, 392 tiles, 9.2 vs 13.8 ms), when forward and
+#: backward data let res5b in at C/8 and tied.
 MIN_TILES_PER_CHANNEL = 1 / 2
-#: The weight gradient accumulates its transformed product (``alpha^2 * C * K``) over every
-#: tile and transforms it back: it needs more tiles per channel to pay (measured on an AVX2
-#: host, 2 threads, float32: res5b 7x7x512 at batch 8, 128 tiles, ran 20.5-25.3 ms against
-#: GEMM's 14.7-14.9 in one process, where its backward data tied, 17.0-17.6 vs 14.6-17.1;
-#: res4b 14x14x256, 392 tiles, stays Winograd's: 9.2 vs 13.8 ms).
-MIN_TILES_PER_CHANNEL_BWD_W = 1 / 2
 #: Smallest tile grid side (output positions; dx positions for backward data) worth tiling.
 MIN_IMAGE = 4
 #: Tile sides offered; ``tiles`` chooses per shape (see ``choose_m``).
@@ -178,8 +176,7 @@ class Winograd(Strategy):
         if min(h, w) < MIN_IMAGE:
             return R_SMALL.format(h=h, w=w, least=MIN_IMAGE)
         t = n_tiles(p, choose_m(p))
-        least = MIN_TILES_PER_CHANNEL_BWD_W if p.direction == "bwd_w" else MIN_TILES_PER_CHANNEL
-        if t < least * max(p.ic, p.oc):
+        if t < MIN_TILES_PER_CHANNEL * max(p.ic, p.oc):
             return R_FEW_TILES.format(t=t, c=max(p.ic, p.oc))
         return None
 
@@ -187,13 +184,12 @@ class Winograd(Strategy):
         from ..planner import _threads
         m = choose_m(p)
         T = n_tiles(p, m)
-        threads = _threads()
-        workers = threads if p.flops >= _gemm.SERIAL_MAX_FLOPS else 1
+        workers = _workers(p)
         nblocks = -(-T // TILE_ROWS) if TILE_ROWS else 1
         if workers > 1:  # whole rounds of blocks: the workers end together
             nblocks = -(-nblocks // workers) * workers
         rows = -(-T // nblocks)
-        return {"m": m, "tile_rows": rows, "threads": threads, "workers": workers}
+        return {"m": m, "tile_rows": rows, "threads": _threads(), "workers": workers}
 
     def workspace_bytes(self, p, tiles):
         """The transformed buffers: one block of tiles of each operand, and the transformed
@@ -234,6 +230,10 @@ class Winograd(Strategy):
         rows = int(min(tiles["tile_rows"], T)) or T
         blocks = [(t0, min(T, t0 + rows)) for t0 in range(0, T, rows)]
         nw = max(1, min(int(tiles.get("workers", 1)), len(blocks)))
+        # BLAS calls outside the tasks on one thread next to worker tasks: OpenBLAS's idle
+        # threads spin after a call and would take a worker's core (res3b_branch2b: 7.8 ms
+        # with the filter transform on two BLAS threads, 12.7 ms with the tasks after it)
+        outside = 1 if nw > 1 else _threads()
         cb = np.int64(min(CHANNEL_BLOCK, max(C, K)))
         i64 = np.int64
 
@@ -273,7 +273,7 @@ class Winograd(Strategy):
                 total += a
             # dw = G^T M G per (c, k)
             GT = np.ascontiguousarray(G.T)
-            with blas.threads(1 if nw > 1 else _threads()):
+            with blas.threads(outside):
                 t = np.matmul(GT, total.reshape(alpha, alpha * C * K)).reshape(3, alpha, C * K)
                 return np.matmul(GT, t).reshape(1, 3, 3, C, K)
 
@@ -289,11 +289,8 @@ class Winograd(Strategy):
             Gw = np.ascontiguousarray(G[:, ::-1])   # the flip r -> 2 - r folded into G
             off = (p.pad_begin[1] - 2, p.pad_begin[2] - 2)
             cin, cout = K, C
-        # U[a, b] = Gw w Gw^T over (r, s), per (c, k); on one BLAS thread next to worker
-        # tasks: OpenBLAS's idle threads spin after a call and would take a worker's core
-        # (res3b_branch2b: 7.8 ms with the filter transform on two BLAS threads, 12.7 ms
-        # with the tasks after it)
-        with blas.threads(1 if nw > 1 else _threads()):
+        # U[a, b] = Gw w Gw^T over (r, s), per (c, k)
+        with blas.threads(outside):
             t = np.matmul(Gw, ops["w"].reshape(3, 3 * C * K)).reshape(alpha, 3, C * K)
             U = np.matmul(Gw, t).reshape(a2, C, K)
         if p.direction == "bwd_d":
