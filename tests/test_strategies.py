@@ -137,6 +137,24 @@ def test_gemm_numba_engine_unpacked_blocks(direction, monkeypatch):
         assert err <= R.TOLERANCE["float32"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gemm_numba_1x1_backward_data_claims_rows(dtype, monkeypatch):
+    """1x1 backward data at stride 1 on the Numba engine: W^T packed once and the rows of
+    dY claimed by the workers in blocks (several blocks per worker, a last partial one)."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
+    case = (1, 72, 100, (41, 40), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    dy = np.zeros((2, *isz, oc), np.float32)
+    plan = nc.plan("convolution_backprop_data", dy, np.zeros((1, 1, ic, oc), np.float32),
+                   isz, strides=st, dilations=dl, pads_begin=pb, pads_end=pe,
+                   strategy="gemm")
+    assert plan.tiles.get("claim"), plan
+    if nc.get_num_threads() > 1:
+        assert plan.tiles["claim"] < 2 * 41 * 40 // 4, plan
+    err = _run("bwd_d", case, dtype, "gemm", np.random.default_rng(6))
+    assert err <= R.TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("engine", ["blas", "numba"])
 def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
     """A reduction over few pixels into a larger dW: columns packed once, dW's rows split

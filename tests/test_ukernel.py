@@ -82,6 +82,49 @@ def test_matmul_rows_writes_only_its_rows(dtype):
         uk.matmul_rows(A, B, out, rows + 50 * 3)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (5, 3, 7), (100, 64, 64), (301, 70, 37),
+                                   (250, 128, 257)])
+def test_matmul_claimed_threads_share_the_rows(M, K, N, dtype):
+    """Two threads claim row blocks from one counter: C complete and exact, nothing past
+    it written, and the counter run past M (every block claimed once)."""
+    import threading
+    rng = np.random.default_rng(M + K + N)
+    A = rng.standard_normal((M, K)).astype(dtype)
+    W = rng.standard_normal((N, K + 1)).astype(dtype)
+    B = W[:, 1:].T  # backward data's W^T: a transposed view
+    Bp = uk.pack_panels(B)
+    assert Bp.shape == (-(-N // uk.panel(A.itemsize)), K, uk.panel(A.itemsize))
+    out = np.full((M, N + 3), np.nan, dtype)
+    C = out[:, :N]
+    counter = np.zeros(1, np.int64)
+    threads = [threading.Thread(target=uk.matmul_claimed, args=(A, Bp, C, counter, 12))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _close(C, _ref(A, B), dtype)
+    assert np.isnan(out[:, N:]).all()
+    assert M <= counter[0] < M + 3 * 12  # claims of 12 rows: each thread overshoots once
+
+
+def test_matmul_claimed_argument_checks():
+    A = np.ones((4, 3), np.float32)
+    Bp = uk.pack_panels(np.ones((3, 5), np.float32))
+    with pytest.raises(ValueError, match="panels"):
+        uk.matmul_claimed(A, np.ones((3, 5), np.float32), np.empty((4, 5), np.float32),
+                          np.zeros(1, np.int64), 6)
+    with pytest.raises(ValueError, match="counter"):
+        uk.matmul_claimed(A, Bp, np.empty((4, 5), np.float32), np.zeros(1, np.int32), 6)
+    with pytest.raises(ValueError, match="unit column stride"):
+        uk.matmul_claimed(A, Bp, np.empty((5, 4), np.float32).T, np.zeros(1, np.int64), 6)
+    C = np.full((4, 5), np.nan, np.float32)
+    uk.matmul_claimed(np.ones((4, 0), np.float32), uk.pack_panels(np.ones((0, 5), np.float32)),
+                      C, np.zeros(1, np.int64), 6)
+    assert not C.any()
+
+
 def test_argument_checks():
     A = np.ones((4, 3), np.float32)
     B = np.ones((3, 5), np.float32)

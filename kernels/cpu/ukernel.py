@@ -248,6 +248,69 @@ def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work):
 
 
 @intrinsic
+def _claim(typingctx, counter, step):
+    """Atomically ``counter[0] += step``; returns the value it had (LLVM ``atomicrmw``)."""
+    sig = types.int64(counter, types.int64)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.atomic_rmw("add", ary.data, args[1], "monotonic")
+
+    return sig, codegen
+
+
+@kernel(parallel=False)
+def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
+    """``C[:M, :N] = A @ B`` with all of B packed once by :func:`pack_panels` (``bp``:
+    ``[panels, K, NR]``, zero-padded) and the rows of A and C shared out at run time: the
+    caller claims blocks of ``chunk`` rows (a multiple of ``MR``) from ``counter[0]`` until
+    none are left. Every thread that calls this with the same counter takes blocks as it
+    goes, so a thread that starts late or runs slow simply takes fewer (oneDNN's and
+    OpenMP's dynamic schedule, with no task per block in Python). ``work``: scratch of
+    :func:`claimed_workspace` elements, one per thread."""
+    it = work.itemsize
+    vl = VECTOR_BYTES // it
+    nr = NV * vl
+    npan, K = bp.shape[0], bp.shape[1]
+    offs = np.empty(2 * MR, np.int64)
+    wa = work[: MR * K]                        # padded last row tile of A: [MR, K]
+    wc = work[MR * K: MR * K + MR * nr]        # scratch tile of C: [MR, nr]
+    pwa, pwc, pb0 = wa.ctypes.data, wc.ctypes.data, bp.ctypes.data
+    tile_rows = offs[:MR]
+    for i in range(MR):
+        offs[MR + i] = i * nr
+    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    while True:
+        r0 = _claim(counter, chunk)
+        if r0 >= M:
+            break
+        r1 = min(M, r0 + chunk)
+        for i0 in range(r0, r1, MR):
+            im = min(MR, r1 - i0)
+            for i in range(im):
+                tile_rows[i] = (i0 + i) * ldc
+            if im == MR:
+                pa, ra, ca = a + i0 * rsa * it, rsa, csa
+            else:
+                for i in range(MR):
+                    for k in range(K):
+                        wa[i * K + k] = _load(a, (i0 + i) * rsa + k * csa, work) if i < im else 0
+                pa, ra, ca = pwa, K, 1
+            for q in range(npan):
+                j = q * nr
+                w = min(nr, N - j)
+                nv = (w + vl - 1) // vl
+                pb = pb0 + q * K * nr * it
+                if im == MR and w == nv * vl:
+                    _call(nv, pa, ra, ca, pb, nr, c + j * it, p_rows, K, 0, work)
+                else:
+                    _call(nv, pa, ra, ca, pb, nr, pwc, p_wrows, K, 0, work)
+                    for i in range(im):
+                        for jj in range(w):
+                            _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
+
+
+@intrinsic
 def _load(typingctx, base, index, work):
     """``base[index]`` for an address ``base`` of ``work``'s dtype."""
     dtype = work.dtype
@@ -380,3 +443,52 @@ def transpose_taps(w, idx, k0, out):
                 for k in range(q0, q1):
                     for c in range(c0, c1):
                         out[j, k, c] = w[t, c, k0 + k]
+
+
+def pack_panels(B):
+    """All of ``B`` (``K x N``, any strides) as contiguous ``[panels, K, NR]`` panels,
+    zero-padded past column N: :func:`gemm_claimed`'s B operand, packed once per product
+    instead of once per thread and block."""
+    K, N = B.shape
+    nr = panel(B.itemsize)
+    npan = max(1, -(-N // nr))
+    wide = np.zeros((K, npan * nr), B.dtype)
+    wide[:, :N] = B
+    return np.ascontiguousarray(wide.reshape(K, npan, nr).transpose(1, 0, 2))
+
+
+def claimed_workspace(K, itemsize):
+    """Elements of per-thread scratch :func:`gemm_claimed` needs for a reduction of ``K``."""
+    return MR * K + MR * panel(itemsize)
+
+
+def matmul_claimed(A, Bp, C, counter, chunk, work=None):
+    """``C = A @ B`` for ``Bp = pack_panels(B)``, on the rows this thread claims from
+    ``counter`` (an int64 array, zero before the first thread starts): call it from every
+    worker with the same ``counter`` and ``C`` is complete once all have returned. ``C``
+    needs a unit column stride; ``chunk`` is rounded up to a multiple of ``MR``."""
+    M, K = A.shape
+    N = C.shape[1]
+    if (Bp.ndim != 3 or Bp.shape[1] != K or Bp.shape[2] != panel(C.itemsize)
+            or Bp.shape[0] * Bp.shape[2] < N or not Bp.flags.c_contiguous):
+        raise ValueError(f"ukernel.matmul_claimed: B panels {Bp.shape} for {M}x{K} @ {K}x{N}")
+    _check(A, Bp[0], C.dtype, Bp.shape[2])
+    if C.shape[0] != M or not C.flags.writeable:
+        raise ValueError(f"ukernel.matmul_claimed: C of shape {C.shape} for {M}x{N}")
+    if M * N and ((C.strides[1] != C.itemsize and N > 1) or C.strides[0] < 0):
+        raise ValueError("ukernel.matmul_claimed: C needs a unit column stride")
+    if counter.dtype != np.int64 or counter.shape != (1,):
+        raise ValueError("ukernel.matmul_claimed: counter must be one int64")
+    if not (M and N):
+        return C
+    if K == 0:
+        C[...] = 0
+        return C
+    it = C.itemsize
+    need = claimed_workspace(K, it)
+    if work is None or work.size < need:
+        work = np.empty(need, A.dtype)
+    chunk = max(MR, -(-int(chunk) // MR) * MR)
+    gemm_claimed(A.ctypes.data, A.strides[0] // it, A.strides[1] // it, Bp, C.ctypes.data,
+                 C.strides[0] // it, M, N, counter, chunk, work)
+    return C

@@ -157,6 +157,11 @@ def run_tasks(tasks, nw):
                 t(0)
 
 
+#: Rows of dY a worker claims at a time in 1x1 backward data on the Numba engine (2 threads,
+#: 25088x64 @ 64x64, best of 3x3 blocks: 4 tasks 1.31-1.36 ms, blocks of 48 rows 1.28-1.32,
+#: 96 1.28-1.31, 192 1.24-1.27).
+CLAIM_ROWS = 192
+
 #: Problems below this many FLOPs run on the calling thread alone: handing tasks to the
 #: worker pool and waiting for them costs about 80 us (a 3x3 8-channel weight gradient:
 #: 250 us on two workers, 170 us on one), more than a second core saves on them.
@@ -191,6 +196,16 @@ class Gemm(Strategy):
             return all(-(-i // s) == o for i, s, o in zip(p.isz, p.stride, p.osz))
         return all(s == 1 for s in p.stride) and p.osz == p.isz
 
+    def _claims(self, p, machine):
+        """Whether 1x1 backward data on the Numba engine packs all of W^T once and lets the
+        workers claim blocks of dY's rows (``ukernel.matmul_claimed``): at stride 1, when
+        the packed W^T fits half of L2, where every row tile meets all of it."""
+        from ..kernels.cpu import ukernel as uk
+        if any(s != 1 for s in p.stride):  # dX's rows are every s-th pixel: not one stride
+            return False
+        npad = -(-p.ic // uk.panel(itemsize(p))) * uk.panel(itemsize(p))
+        return p.oc * npad * itemsize(p) <= machine.l2_bytes // 2
+
     def tiles(self, p, machine):
         """Slab rows and workers; with the Numba engine also its reduction block ``kc``
         and column block ``nc`` (a ``kc x nc`` block of B fills half of one core's L2)."""
@@ -215,6 +230,11 @@ class Gemm(Strategy):
             n, col_parts = 2 * workers, 1
             if p.direction == "bwd_d":  # the GEMM's rows: dy's pixels, one live phase
                 rows = p.mb * math.prod(p.osz)
+            if p.direction == "bwd_d" and engine == "numba" and self._claims(p, machine):
+                # W^T packed once, row blocks claimed by the workers as they go
+                chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
+                return {"slab_rows": int(rows), "packed": False, "workers": workers,
+                        "claim": int(chunk), **engine_tiles}
             if p.direction == "bwd_d" and engine == "numba":
                 a_size, b_size = rows * p.oc, p.oc * p.ic
                 fits = [c for c in range(1, n + 1)
@@ -260,6 +280,10 @@ class Gemm(Strategy):
         nw = tiles.get("workers", 1)
         numba_engine = tiles.get("engine") == "numba"
         ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
+        if tiles.get("claim"):  # W^T's panels, and one row tile of scratch per worker
+            from ..kernels.cpu import ukernel as uk
+            npad = -(-p.ic // uk.panel(item)) * uk.panel(item)
+            return (p.oc * npad + nw * uk.claimed_workspace(p.oc, item)) * item
         if numba_engine:
             from ..kernels.cpu import ukernel as uk
             ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
@@ -298,6 +322,8 @@ class Gemm(Strategy):
         R = tiles["slab_rows"]
         ct = np.dtype(p.compute_dtype)
         nw = int(tiles.get("workers", 1))
+        if tiles.get("claim"):
+            return self._bwd_d_claimed(p, ops, ct, nw, int(tiles["claim"]))
         cols = _Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"]
                         else 0, ct)
         tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct, nw),
@@ -305,6 +331,21 @@ class Gemm(Strategy):
                                     tiles.get("taps") == "per-tap")
         run_tasks(tasks, nw)
         return finish()
+
+    def _bwd_d_claimed(self, p, ops, ct, nw, chunk):
+        """1x1 backward data at stride 1 (see ``_identity``): ``dX = dY @ W^T`` with W^T packed once and every worker claiming blocks
+        of ``chunk`` rows of dY until none are left, so that a worker that starts late (a
+        Python thread's wake-up: 0.07-0.2 ms) or runs slow takes fewer blocks."""
+        from ..kernels.cpu import ukernel as uk
+        dy2 = ops["dy"].reshape(-1, p.oc)
+        bp = uk.pack_panels(ops["w"].reshape(p.ic, p.oc).T)
+        dx = np.empty(canonical_shapes(p)[0], ct)
+        dx2 = dx.reshape(-1, p.ic)
+        counter = np.zeros(1, np.int64)
+        work = _Buffers(uk.claimed_workspace(p.oc, ct.itemsize), ct)
+        run_tasks([lambda slot: uk.matmul_claimed(dy2, bp, dx2, counter, chunk, work[slot])]
+                  * nw, nw)
+        return dx
 
     def _tasks(self, p, ops, R, cols, ct, mm, col_parts=1, per_tap=False):
         """``(tasks, finish)``: independent callables ``task(slot)`` and a function that
