@@ -180,7 +180,8 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
 def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
     """"auto", as measured per host: with AVX-512 the Numba engine for tall backward-weights
     reductions and BLAS elsewhere; with AVX2 the Numba engine for 1x1 backward data with a
-    short reduction (few output channels) and BLAS elsewhere."""
+    short reduction (few output channels) or a packed W^T that fits half of L2, and BLAS
+    elsewhere."""
     from numbaconv.kernels.cpu import ukernel
     monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
     monkeypatch.setattr(config, "GEMM_ENGINE", "auto")
@@ -192,13 +193,18 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
     short = nc.plan("convolution_backprop_filters", x[:, :7, :7], (1, 1), dy[:, :7, :7], **kw)
     data = nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw)
     dy_wide = np.zeros((8, 28, 28, 256), np.float32)
+    # a longer reduction whose packed W^T fits half of L2 (the workers claim rows of it),
+    # and one whose W^T does not
     wide = nc.plan("convolution_backprop_data", dy_wide, np.zeros((1, 1, 64, 256), np.float32),
                    (28, 28), **kw)
-    engines = [p.tiles["engine"] for p in (tall, short, data, wide)]
+    huge = nc.plan("convolution_backprop_data", dy_wide, np.zeros((1, 1, 4096, 256), np.float32),
+                   (28, 28), **kw)
+    engines = [p.tiles["engine"] for p in (tall, short, data, wide, huge)]
     if vector_bytes == 64:
-        assert engines == ["numba", "blas", "blas", "blas"]
+        assert engines == ["numba", "blas", "blas", "blas", "blas"]
     else:
-        assert engines == ["blas", "blas", "numba", "blas"]
+        assert engines == ["blas", "blas", "numba", "numba", "blas"]
+        assert wide.tiles.get("claim") and not huge.tiles.get("claim")
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"
     monkeypatch.setattr(config, "GEMM_ENGINE", "numba")

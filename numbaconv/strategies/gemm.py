@@ -110,10 +110,25 @@ UK_MIN_ROWS = 16384
 #: OpenBLAS's packing of the tall dY outweighs a short reduction (res2a_branch2a 2.8 vs 3.3
 #: and 1.70 vs 1.80 ms, res2b_branch2a 7.7 vs 9.1 and 6.1 vs 8.1, res3b_branch2a 7.3 vs 7.8;
 #: 256 output channels and more: BLAS, res4a_branch2a 13.4 vs 16.5, res5a_branch2c 5.7 vs 9.3).
+#: Longer reductions take the Numba engine too where its workers claim row blocks of one
+#: packed W^T (``_claims``): res2a_branch1 6.88 -> 6.09 ms, res3a_branch2c 5.33 -> 4.92
+#: (PyTorch 5.60, 4.43; same process, best of 10 in 5 rounds); where W^T does not fit,
+#: BLAS stays (res4a_branch2a 10.3 either way, res4b_branch2a 5.0).
 UK_MAX_SHORT_K = 128
 
 
-def _engine(p):
+def _claims(p, machine):
+    """Whether 1x1 backward data on the Numba engine packs all of W^T once and lets the
+    workers claim blocks of dY's rows (``ukernel.matmul_claimed``): at stride 1, when
+    the packed W^T fits half of L2, where every row tile meets all of it."""
+    from ..kernels.cpu import ukernel as uk
+    if any(s != 1 for s in p.stride):  # dX's rows are every s-th pixel: not one stride
+        return False
+    npad = -(-p.ic // uk.panel(itemsize(p))) * uk.panel(itemsize(p))
+    return p.oc * npad * itemsize(p) <= machine.l2_bytes // 2
+
+
+def _engine(p, machine):
     """The GEMM engine for a problem: ``config.GEMM_ENGINE``, "auto" as measured above."""
     e = config.GEMM_ENGINE
     if e in ("numba", "blas"):
@@ -123,7 +138,7 @@ def _engine(p):
         rows = p.mb * math.prod(p.osz)
         return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
     short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
-                 and p.oc <= UK_MAX_SHORT_K)
+                 and (p.oc <= UK_MAX_SHORT_K or _claims(p, machine)))
     return "numba" if short_1x1 else "blas"
 
 
@@ -196,23 +211,13 @@ class Gemm(Strategy):
             return all(-(-i // s) == o for i, s, o in zip(p.isz, p.stride, p.osz))
         return all(s == 1 for s in p.stride) and p.osz == p.isz
 
-    def _claims(self, p, machine):
-        """Whether 1x1 backward data on the Numba engine packs all of W^T once and lets the
-        workers claim blocks of dY's rows (``ukernel.matmul_claimed``): at stride 1, when
-        the packed W^T fits half of L2, where every row tile meets all of it."""
-        from ..kernels.cpu import ukernel as uk
-        if any(s != 1 for s in p.stride):  # dX's rows are every s-th pixel: not one stride
-            return False
-        npad = -(-p.ic // uk.panel(itemsize(p))) * uk.panel(itemsize(p))
-        return p.oc * npad * itemsize(p) <= machine.l2_bytes // 2
-
     def tiles(self, p, machine):
         """Slab rows and workers; with the Numba engine also its reduction block ``kc``
         and column block ``nc`` (a ``kc x nc`` block of B fills half of one core's L2)."""
         ntaps = math.prod(p.ksz)
         cn = self._packed_channels(p)
         rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
-        engine = _engine(p)
+        engine = _engine(p, machine)
         engine_tiles = {"engine": engine}
         if engine == "numba":
             from ..kernels.cpu import ukernel as uk
@@ -230,7 +235,7 @@ class Gemm(Strategy):
             n, col_parts = 2 * workers, 1
             if p.direction == "bwd_d":  # the GEMM's rows: dy's pixels, one live phase
                 rows = p.mb * math.prod(p.osz)
-            if p.direction == "bwd_d" and engine == "numba" and self._claims(p, machine):
+            if p.direction == "bwd_d" and engine == "numba" and _claims(p, machine):
                 # W^T packed once, row blocks claimed by the workers as they go
                 chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
                 return {"slab_rows": int(rows), "packed": False, "workers": workers,
