@@ -30,14 +30,26 @@ def im2col(src, col, grid, a, boff, runs, c0, r0):
     sf = src.reshape(src.size)
     cf = col.reshape(col.size)
     full = cn == s_c
+    # the grid point of row r0, then stepped row by row (four divisions per row took most
+    # of the time of narrow rows: 2800 rows of 7 taps x 3 channels, 85 -> 30 us)
+    jw = r0 % jw_n
+    q = r0 // jw_n
+    jh = q % jh_n
+    q = q // jh_n
+    jd = q % jd_n
+    n = q // jd_n
     for rr in range(rows):
-        r = r0 + rr
-        jw = r % jw_n
-        q = r // jw_n
-        jh = q % jh_n
-        q = q // jh_n
-        jd = q % jd_n
-        n = q // jd_n
+        if rr > 0:
+            jw += 1
+            if jw == jw_n:
+                jw = 0
+                jh += 1
+                if jh == jh_n:
+                    jh = 0
+                    jd += 1
+                    if jd == jd_n:
+                        jd = 0
+                        n += 1
         for ri in range(runs.shape[0]):
             t0 = runs[ri, 0]
             L = runs[ri, 1]
@@ -76,14 +88,24 @@ def scatter_phase(tmp, dx, grid, stride, phase, c0, r0):
     s_d, s_h, s_w, s_c = dx.shape[1], dx.shape[2], dx.shape[3], dx.shape[4]
     df = dx.reshape(dx.size)
     tf = tmp.reshape(tmp.size)
+    jw = r0 % jw_n  # the grid point of row r0, then stepped row by row (see im2col)
+    q = r0 // jw_n
+    jh = q % jh_n
+    q = q // jh_n
+    jd = q % jd_n
+    n = q // jd_n
     for rr in range(rows):
-        r = r0 + rr
-        jw = r % jw_n
-        q = r // jw_n
-        jh = q % jh_n
-        q = q // jh_n
-        jd = q % jd_n
-        n = q // jd_n
+        if rr > 0:
+            jw += 1
+            if jw == jw_n:
+                jw = 0
+                jh += 1
+                if jh == jh_n:
+                    jh = 0
+                    jd += 1
+                    if jd == jd_n:
+                        jd = 0
+                        n += 1
         i_d = phase[0] + stride[0] * jd
         i_h = phase[1] + stride[1] * jh
         i_w = phase[2] + stride[2] * jw
