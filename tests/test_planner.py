@@ -313,3 +313,58 @@ def test_plans_are_cached_per_problem_and_settings(monkeypatch):
     monkeypatch.setattr(config, "VERBOSE", False)
     planner.clear_plan_cache()
     assert nc.plan(*args) is not other
+
+
+def test_parsed_calls_are_memoised_but_operands_are_the_callers(monkeypatch):
+    """A repeated call with equal arguments skips parsing (the memo), yet computes on its
+    own arrays; shape arguments given as integer arrays are keyed by value, and another
+    dtype is another key."""
+    from numbaconv.api import _op
+    rng = np.random.default_rng(0)
+    calls = []  # one per parse: every lookup that missed
+
+    class Memo(dict):
+        def get(self, key, default=None):
+            hit = super().get(key, default)
+            if hit is None:
+                calls.append(key)
+            return hit
+
+    monkeypatch.setattr(_op, "_MEMO", Memo())
+    w = rng.standard_normal((3, 3, 4, 5)).astype(np.float32)
+    forms = [([2, 7, 6, 4], 1), ([2, 7, 6, 4], 1), (np.array([2, 7, 6, 4], np.int32), 1),
+             (np.array([2, 8, 6, 4], np.int32), 2), (np.array([2, 8, 6, 4], np.int32), 2)]
+    for sizes, stride in forms:
+        dy = rng.standard_normal((2, (int(sizes[1]) - 3) // stride + 1, 4, 5)).astype(
+            np.float32)
+        before = dy.copy()
+        got = nc.conv2d_backprop_input(sizes, w, dy, [1, stride, 1, 1], "VALID")
+        want = conv_bwd_data_ref(dy, w, (int(sizes[1]), 6), stride=(stride, 1))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(dy, before)
+    # list, list (memo), int32 array (a new key), other sizes, the same again (memo)
+    assert len(calls) == 3, calls
+    dy16 = rng.standard_normal((2, 5, 4, 5)).astype(np.float16)
+    got = nc.conv2d_backprop_input([2, 7, 6, 4], w.astype(np.float16), dy16, [1, 1, 1, 1],
+                                   "VALID")
+    assert got.dtype == np.float16 and len(calls) == 4
+    want = conv_bwd_data_ref(dy16, w.astype(np.float16), (7, 6))
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    # a bad argument after memoised calls still fails as parsing says
+    with pytest.raises(ValueError):
+        nc.conv2d_backprop_input([2, 7, 6, 4], w, np.zeros((2, 5, 4, 6), np.float32),
+                                 [1, 1, 1, 1], "VALID")
+
+
+def test_parse_memo_keys():
+    from numbaconv.api._op import _NO_KEY, _value_key
+    a = np.zeros((2, 3), np.float32)
+    assert _value_key(a) == _value_key(np.ones((2, 3), np.float32))
+    assert _value_key(a) != _value_key(a.T.copy().T)  # other strides
+    assert _value_key(a) != _value_key(a.astype(">f4"))
+    assert _value_key(True) != _value_key(1) and _value_key(1) != _value_key(1.0)
+    assert _value_key(np.int64(3)) != _value_key(3)
+    assert _value_key(np.array([1, 2])) != _value_key(np.array([1, 3]))
+    assert _value_key([1, 2]) != _value_key((1, 2))
+    for v in (np.zeros(40, np.int64), np.zeros(3, bool), {"a": 1}, object(), [[[1]]]):
+        assert _value_key(v) is _NO_KEY
