@@ -9,6 +9,7 @@ threads enter parallel code at once. Until the layer is known (after the first l
 whenever it is ``workqueue``, launches are serialised by a lock; ``omp`` and ``tbb`` run
 concurrently.
 """
+import functools
 import math
 import os
 import threading
@@ -26,7 +27,10 @@ def threading_layer():
     return _layer
 
 
+@functools.lru_cache(maxsize=None)
 def _phys_memory():
+    """The machine's physical memory in bytes (asked once: two sysconf calls per launch
+    were a few microseconds of every call)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
