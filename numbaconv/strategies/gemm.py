@@ -338,9 +338,10 @@ class Gemm(Strategy):
         return finish()
 
     def _bwd_d_claimed(self, p, ops, ct, nw, chunk):
-        """1x1 backward data at stride 1 (see ``_identity``): ``dX = dY @ W^T`` with W^T packed once and every worker claiming blocks
-        of ``chunk`` rows of dY until none are left, so that a worker that starts late (a
-        Python thread's wake-up: 0.07-0.2 ms) or runs slow takes fewer blocks."""
+        """1x1 backward data at stride 1 (see ``_identity``): ``dX = dY @ W^T`` with W^T
+        packed once and every worker claiming blocks of ``chunk`` rows of dY until none are
+        left, so that a worker that starts late (a Python thread's wake-up: 0.07-0.2 ms) or
+        runs slow takes fewer blocks."""
         from ..kernels.cpu import ukernel as uk
         dy2 = ops["dy"].reshape(-1, p.oc)
         bp = uk.pack_panels(ops["w"].reshape(p.ic, p.oc).T)
