@@ -121,11 +121,17 @@ def _claims(p, machine):
     """Whether 1x1 backward data on the Numba engine packs all of W^T once and lets the
     workers claim blocks of dY's rows (``ukernel.matmul_claimed``): at stride 1, when
     the packed W^T fits half of L2, where every row tile meets all of it."""
-    from ..kernels.cpu import ukernel as uk
     if any(s != 1 for s in p.stride):  # dX's rows are every s-th pixel: not one stride
         return False
-    npad = -(-p.ic // uk.panel(itemsize(p))) * uk.panel(itemsize(p))
-    return p.oc * npad * itemsize(p) <= machine.l2_bytes // 2
+    return _packed_wt_elems(p) * itemsize(p) <= machine.l2_bytes // 2
+
+
+def _packed_wt_elems(p):
+    """Elements of 1x1 backward data's W^T as ``ukernel.pack_panels`` packs it: K output
+    channels by the input channels padded to whole panels."""
+    from ..kernels.cpu import ukernel as uk
+    nr = uk.panel(itemsize(p))
+    return p.oc * (-(-p.ic // nr) * nr)
 
 
 def _engine(p, machine):
@@ -287,8 +293,7 @@ class Gemm(Strategy):
         ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
         if tiles.get("claim"):  # W^T's panels, and one row tile of scratch per worker
             from ..kernels.cpu import ukernel as uk
-            npad = -(-p.ic // uk.panel(item)) * uk.panel(item)
-            return (p.oc * npad + nw * uk.claimed_workspace(p.oc, item)) * item
+            return (_packed_wt_elems(p) + nw * uk.claimed_workspace(p.oc, item)) * item
         if numba_engine:
             from ..kernels.cpu import ukernel as uk
             ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
