@@ -52,23 +52,32 @@ def _settings():
 
 
 def clear_plan_cache():
-    """Forget the plans made so far (after changing a strategy's code at run time)."""
+    """Forget the plans made so far (after changing a strategy's code at run time),
+    including those the front end's memo of parsed calls keeps."""
+    from .api import _op
     _PLANS.clear()
+    _op.clear_memo()
 
 
 class FrozenMapping(Mapping):
-    """A small immutable, hashable mapping for ``Plan.tiles``."""
+    """A small immutable, hashable mapping for ``Plan.tiles`` (lookups through a private
+    dict: a strategy reads its tiles on every call)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_d")
 
     def __init__(self, items=()):
-        object.__setattr__(self, "_items", tuple(sorted(dict(items).items())))
+        d = dict(items)
+        object.__setattr__(self, "_items", tuple(sorted(d.items())))
+        object.__setattr__(self, "_d", d)
 
     def __getitem__(self, key):
-        for k, v in self._items:
-            if k == key:
-                return v
-        raise KeyError(key)
+        return self._d[key]
+
+    def get(self, key, default=None):
+        return self._d.get(key, default)
+
+    def __contains__(self, key):
+        return key in self._d
 
     def __iter__(self):
         return (k for k, _ in self._items)

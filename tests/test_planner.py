@@ -356,6 +356,46 @@ def test_parsed_calls_are_memoised_but_operands_are_the_callers(monkeypatch):
                                  [1, 1, 1, 1], "VALID")
 
 
+def test_memoised_calls_follow_threads_settings_and_the_memory_limit(monkeypatch):
+    """A memoised call keeps its plan only while the thread count and the planner's settings
+    are those it was made for; clear_plan_cache() drops it; a bad tune= still fails; a
+    lower memory limit is checked again."""
+    from numbaconv import config, planner
+    from numbaconv.backends import cpu
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 9, 8, 6)).astype(np.float32)
+    dy = rng.standard_normal((2, 9, 8, 16)).astype(np.float32)
+    ran = []
+    run = cpu.execute
+    monkeypatch.setattr(cpu, "execute", lambda plan, *a, **k: ran.append(plan) or run(plan, *a, **k))
+    want = conv_bwd_filter_ref(x, dy, (3, 3), pads_begin=1, pads_end=1)
+
+    def call(**kw):
+        got = nc.conv2d_backprop_filter(x, [3, 3, 6, 16], dy, 1, "SAME", **kw)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        return ran[-1]
+
+    threads = nc.get_num_threads()
+    first = call()
+    assert call() is first and first.threads == threads
+    monkeypatch.setattr(config, "THREADS", 1)
+    one = call()
+    assert one.threads == 1 and call() is one
+    monkeypatch.setattr(config, "THREADS", threads)
+    assert call() is first
+    monkeypatch.setattr(config, "GEMM_MIN_ROWS", config.GEMM_MIN_ROWS + 1)
+    again = call()
+    assert again is not first and call() is again
+    planner.clear_plan_cache()
+    assert call() is not again
+    assert call(strategy="direct").strategy == "direct"
+    with pytest.raises(TypeError, match="tune"):
+        call(tune=0.0)
+    monkeypatch.setattr(config, "MAX_MEMORY_FRACTION", 1e-12)
+    with pytest.raises(MemoryError):
+        call()
+
+
 def test_parse_memo_keys():
     from numbaconv.api._op import _NO_KEY, _value_key
     a = np.zeros((2, 3), np.float32)

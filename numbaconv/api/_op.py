@@ -26,34 +26,54 @@ def _value_key(v, depth=0):
     ``1``), lists and tuples item by item; anything else is not memoised."""
     t = type(v)
     if t is np.ndarray:
-        if v.dtype.kind == "f":
-            return ("f", v.shape, v.dtype.str, v.strides)
-        if v.dtype.kind in "iu" and v.size <= 16:
-            return ("i", v.shape, v.dtype.str, v.tobytes())
+        dt = v.dtype
+        kind = dt.kind
+        if kind == "f":
+            return ("f", v.shape, dt, v.strides)
+        if (kind == "i" or kind == "u") and v.size <= 16:
+            return ("i", v.shape, dt, v.tobytes())
         return _NO_KEY
-    if v is None or t in (int, str, bool, float):
+    if t is int or t is str or v is None or t is bool or t is float:
         return (t, v)
+    if t is tuple or t is list:
+        if depth >= 2 or len(v) > 16:
+            return _NO_KEY
+        for x in v:
+            if type(x) is not int:
+                break
+        else:  # all plain ints: the common shape, stride and pad lists
+            return (t, tuple(v))
+        items = tuple([_value_key(x, depth + 1) for x in v])
+        return _NO_KEY if _NO_KEY in items else (t, "items", items)
     if isinstance(v, np.integer):
         return (t, int(v))
-    if (t is tuple or t is list) and depth < 2 and len(v) <= 16:
-        items = tuple(_value_key(x, depth + 1) for x in v)
-        return _NO_KEY if _NO_KEY in items else (t, items)
     return _NO_KEY
+
+
+def clear_memo():
+    """Forget the parsed calls (and the plans they keep)."""
+    _MEMO.clear()
 
 
 def _parse(parse, args, kwargs):
     """``parse(*args, **kwargs)``, from the memo when an earlier call had equal arguments
-    (by :func:`_value_key`) and every operand it returned was one of the arguments itself."""
-    key = (parse, tuple(_value_key(a) for a in args),
-           tuple((k, _value_key(v)) for k, v in kwargs.items()))
-    memo = (PARSE_MEMO_SIZE > 0 and _NO_KEY not in key[1]
-            and all(k[1] is not _NO_KEY for k in key[2]))
+    (by :func:`_value_key`) and every operand it returned was one of the arguments itself.
+
+    Returns ``(problem, operands, entry)``: ``entry`` is the memo's mutable record of this
+    call (``[problem, where, plan key, plan]``), or None when the call is not memoised. Every
+    operand of a memoised call is a NumPy array the caller passed (a device array has no
+    key), so it runs on the host.
+    """
+    pos = tuple([_value_key(a) for a in args])
+    named = tuple([(k, _value_key(v)) for k, v in kwargs.items()]) if kwargs else ()
+    key = (parse, pos, named)
+    memo = (PARSE_MEMO_SIZE > 0 and _NO_KEY not in pos
+            and all(k[1] is not _NO_KEY for k in named))
     if memo:
         hit = _MEMO.get(key)
         if hit is not None:
-            problem, where = hit
-            flat = args + tuple(kwargs.values())
-            return problem, {name: flat[i] for name, i in where}
+            flat = args + tuple(kwargs.values()) if kwargs else args
+            return hit[0], {name: flat[i] for name, i in hit[1]}, hit
     problem, operands = parse(*args, **kwargs)
     if memo:
         flat = args + tuple(kwargs.values())
@@ -61,12 +81,14 @@ def _parse(parse, args, kwargs):
         for name, arr in operands.items():
             i = next((i for i, a in enumerate(flat) if a is arr), None)
             if i is None:  # converted while parsing (a list, a device array): parse again
-                return problem, operands
+                return problem, operands, None
             where.append((name, i))
         if len(_MEMO) >= PARSE_MEMO_SIZE:
             _MEMO.clear()
-        _MEMO[key] = (problem, tuple(where))
-    return problem, operands
+        entry = [problem, tuple(where), None, None]
+        _MEMO[key] = entry
+        return problem, operands, entry
+    return problem, operands, None
 
 
 def _prefixed(exc, name):
@@ -101,15 +123,25 @@ def op(parse):
 
     @functools.wraps(parse)
     def public(*args, **kwargs):
-        from .. import planner
+        from .. import config, planner
         from ..backends import cpu, cuda
 
         name = _arg(args, kwargs, "name")
         try:
-            problem, operands = _parse(parse, args, kwargs)
+            problem, operands, entry = _parse(parse, args, kwargs)
             out = _arg(args, kwargs, "out")
-            device = cuda.on_device(operands, out)  # TypeError when host and device mix
             tune = _arg(args, kwargs, "tune")
+            if entry is not None and (tune is None or tune is False) and not config.VERBOSE:
+                # a memoised call (host arrays only; strategy= and out's shape in the key):
+                # its plan, made for the present threads and planner settings
+                pkey = (planner._threads(), planner._settings())
+                if entry[2] != pkey:
+                    entry[3] = planner.make_plan(problem, strategy=_arg(args, kwargs,
+                                                                        "strategy"),
+                                                 device="cpu")
+                    entry[2] = pkey
+                return cpu.execute(entry[3], operands, out=out)
+            device = cuda.on_device(operands, out)  # TypeError when host and device mix
             the_plan = planner.make_plan(problem, strategy=_arg(args, kwargs, "strategy"),
                                          tune=False if tune is None else tune,
                                          operands=operands,
