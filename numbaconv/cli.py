@@ -10,7 +10,7 @@ import numpy as np
 def _info(args):
     import numba
     import numbaconv
-    from numbaconv import _jit, config
+    from numbaconv import _jit
     from numbaconv.machine import machine
 
     m = machine()

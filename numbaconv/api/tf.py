@@ -12,7 +12,7 @@ import numpy as np
 
 from ._common import (as_float_array, common_dtype, check_rank, int_list, int_or_list,
                       shape_vector, positive, non_negative, make_problem, split_data_shape,
-                      groups_from_filter, shape_of)
+                      groups_from_filter)
 from ._op import op
 
 _FORMATS = {2: {"NHWC": "NXC", "NCHW": "NCX"}, 3: {"NDHWC": "NXC", "NCDHW": "NCX"}}

@@ -1,6 +1,4 @@
 """Direct strategy, depthwise variant: groups == channels, vectorised across channels."""
-import math
-
 import numpy as np
 
 from . import canonical_shapes, geo, itemsize

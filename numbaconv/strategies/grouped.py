@@ -141,7 +141,7 @@ class GroupedDirect(Direct):
     def workspace_bytes(self, p, tiles):
         gp = math.prod(_vectors(p))
         taps = math.prod(p.ksz)
-        mb, (id_, ih, iw), (od, oh, ow) = p.mb, p.isz, p.osz
+        mb, (id_, ih, _), (od, oh, ow) = p.mb, p.isz, p.osz
         x_gm = mb * id_ * ih * _x_pad(p)[1] * p.icg * gp
         if p.direction == "fwd":
             n = x_gm + taps * p.icg * p.ocg * gp
