@@ -63,7 +63,7 @@ def _check_plan(op, args, attrs, multiplier=1):
     elif op == "convolution_backprop_filters":
         assert plan.tiles["kernel"] == "spans"
     else:
-        assert plan.tiles["kernel"] in ("spans", "unrolled_3x3")
+        assert plan.tiles["kernel"] in ("spans", "unrolled_3x3", "pairs_3x3")
     return plan
 
 
@@ -134,9 +134,57 @@ def test_backward_data_kernel_choice():
 
     wide = UNROLLED_MIN_BYTES // 4
     assert kernel(wide - 1, np.float32, 1) == "spans"
-    assert kernel(wide, np.float32, 1) == "unrolled_3x3"
-    assert kernel(wide // 2, np.float64, 1) == "unrolled_3x3"
+    assert kernel(wide, np.float32, 1) == "pairs_3x3"  # small: within L3
+    assert kernel(wide // 2, np.float64, 1) == "pairs_3x3"
     assert kernel(wide, np.float32, 2) == "spans"
+
+
+def test_backward_data_pairs_only_within_l3_and_without_column_dilation(monkeypatch):
+    from numbaconv.strategies import depthwise as S
+
+    def kernel(dilation=1, batch=1):
+        dy = np.zeros((batch, 8, 8, 64), np.float32)
+        w = np.zeros((3, 3, 1, 64), np.float32)
+        return nc.plan("convolution_backprop_data", dy, w, (8, 8), strides=1,
+                       dilations=(1, dilation), pads_begin=(1, dilation),
+                       pads_end=(1, dilation), groups=64).tiles["kernel"]
+
+    assert kernel() == "pairs_3x3"
+    assert kernel(dilation=2) == "unrolled_3x3"
+    monkeypatch.setattr(S, "PAIRS_MAX_L3_SHARE", 0.0)
+    assert kernel(batch=2) == "unrolled_3x3"
+
+
+# (input spatial, dilation, pads_begin, pads_end): odd and even widths, widths of 1 and 2,
+# no padding, wide and asymmetric padding, row dilation
+SAME_SHAPE_3X3 = [((5, 9), (1, 1), (1, 1), (1, 1)), ((4, 8), (1, 1), (1, 1), (1, 1)),
+                  ((3, 1), (1, 1), (1, 1), (1, 1)), ((3, 2), (1, 1), (1, 1), (1, 1)),
+                  ((6, 7), (1, 1), (0, 0), (0, 0)), ((4, 6), (1, 1), (2, 3), (1, 0)),
+                  ((7, 9), (2, 1), (2, 1), (2, 1)), ((5, 10), (1, 2), (1, 2), (1, 2))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", SAME_SHAPE_3X3)
+def test_3x3_stride1_backward_data_kernels(geometry, dtype):
+    """The nine-term kernel and its two-pixel form, called directly on a NaN-filled dX with
+    wide channels that are not a whole number of vectors: every pixel written, and equal
+    to the reference (the two-pixel form only without column dilation)."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    isz, dl, pb, pe = geometry
+    c = 67
+    case = (c, isz, (3, 3), (1, 1), dl, pb, pe, 1)
+    _, w, dy, attrs = _operands(case, dtype, seed=5)
+    p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
+    xs, ys, ws = canonical_shapes(p)
+    want = conv_bwd_data_ref(dy, w, isz, stride=(1, 1), dilation=dl, pads_begin=pb,
+                             pads_end=pe, groups=c).reshape(xs)
+    kernels = [k.bwd_d_depthwise_3x3] + ([k.bwd_d_depthwise_3x3_pairs] if dl[1] == 1 else [])
+    for fn in kernels:
+        dx = np.full(xs, np.nan, dtype)
+        fn(dy.reshape(ys), w.reshape(ws), dx, geo(p))
+        assert not np.isnan(dx).any(), fn.__name__
+        np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5, err_msg=fn.__name__)
 
 
 @pytest.mark.parametrize("name", ["3x3_s2_d2_empty_phases", "3x3_s3", "3x3_s2_tf_same_odd",

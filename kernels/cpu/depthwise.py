@@ -235,6 +235,86 @@ def bwd_d_depthwise_3x3(dy, w, dx, geo):
                             dx[n, i_d, i_h, i_w, c] += dy[n, o_d, o_h, o_w, c] * w[0, t_h, t_w, 0, c]
 
 
+@kernel
+def bwd_d_depthwise_3x3_pairs(dy, w, dx, geo):
+    """:func:`bwd_d_depthwise_3x3` for column dilation 1, two input pixels at a time.
+
+    Two neighbouring interior pixels read four dY columns per row tap, of which they
+    share two, so per channel vector the pair loads 12 dY and 9 filter vectors instead of
+    2 x 18, and writes two dX vectors; odd and border pixels take the one-pixel code.
+    """
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    dh = geo[17]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    for r in prange(mb * id_ * ih):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        o_d = i_d + pd
+        h0 = i_h + ph  # output row of tap 0; tap t reads h0 - t*dh
+        h1, h2 = h0 - dh, h0 - 2 * dh
+        rows_in = o_d < od and h2 >= 0 and h0 < oh
+        i_w = 0
+        while i_w < iw:
+            w0 = i_w + pw  # output column of tap 0 for pixel i_w; tap t reads w0 - t
+            if rows_in and w0 - 2 >= 0 and w0 + 1 < ow and i_w + 1 < iw:
+                q0, q1, q3 = w0 - 2, w0 - 1, w0 + 1
+                for c in range(C):
+                    a0 = dy[n, o_d, h0, q0, c]
+                    a1 = dy[n, o_d, h0, q1, c]
+                    a2 = dy[n, o_d, h0, w0, c]
+                    a3 = dy[n, o_d, h0, q3, c]
+                    b0 = dy[n, o_d, h1, q0, c]
+                    b1 = dy[n, o_d, h1, q1, c]
+                    b2 = dy[n, o_d, h1, w0, c]
+                    b3 = dy[n, o_d, h1, q3, c]
+                    e0 = dy[n, o_d, h2, q0, c]
+                    e1 = dy[n, o_d, h2, q1, c]
+                    e2 = dy[n, o_d, h2, w0, c]
+                    e3 = dy[n, o_d, h2, q3, c]
+                    k00, k01, k02 = w[0, 0, 0, 0, c], w[0, 0, 1, 0, c], w[0, 0, 2, 0, c]
+                    k10, k11, k12 = w[0, 1, 0, 0, c], w[0, 1, 1, 0, c], w[0, 1, 2, 0, c]
+                    k20, k21, k22 = w[0, 2, 0, 0, c], w[0, 2, 1, 0, c], w[0, 2, 2, 0, c]
+                    s0 = (a2 * k00 + a1 * k01 + a0 * k02 + b2 * k10 + b1 * k11 + b0 * k12
+                          + e2 * k20 + e1 * k21 + e0 * k22)
+                    s1 = (a3 * k00 + a2 * k01 + a1 * k02 + b3 * k10 + b2 * k11 + b1 * k12
+                          + e3 * k20 + e2 * k21 + e1 * k22)
+                    dx[n, i_d, i_h, i_w, c] = s0
+                    dx[n, i_d, i_h, i_w + 1, c] = s1
+                i_w += 2
+                continue
+            if rows_in and w0 - 2 >= 0 and w0 < ow:
+                for c in range(C):
+                    dx[n, i_d, i_h, i_w, c] = (
+                        dy[n, o_d, h0, w0, c] * w[0, 0, 0, 0, c]
+                        + dy[n, o_d, h0, w0 - 1, c] * w[0, 0, 1, 0, c]
+                        + dy[n, o_d, h0, w0 - 2, c] * w[0, 0, 2, 0, c]
+                        + dy[n, o_d, h1, w0, c] * w[0, 1, 0, 0, c]
+                        + dy[n, o_d, h1, w0 - 1, c] * w[0, 1, 1, 0, c]
+                        + dy[n, o_d, h1, w0 - 2, c] * w[0, 1, 2, 0, c]
+                        + dy[n, o_d, h2, w0, c] * w[0, 2, 0, 0, c]
+                        + dy[n, o_d, h2, w0 - 1, c] * w[0, 2, 1, 0, c]
+                        + dy[n, o_d, h2, w0 - 2, c] * w[0, 2, 2, 0, c])
+            else:
+                for c in range(C):
+                    dx[n, i_d, i_h, i_w, c] = 0
+                if o_d < od:
+                    for t_h in range(3):
+                        o_h = h0 - t_h * dh
+                        if o_h < 0 or o_h >= oh:
+                            continue
+                        for t_w in range(3):
+                            o_w = w0 - t_w
+                            if o_w < 0 or o_w >= ow:
+                                continue
+                            for c in range(C):
+                                dx[n, i_d, i_h, i_w, c] += (dy[n, o_d, o_h, o_w, c]
+                                                            * w[0, t_h, t_w, 0, c])
+            i_w += 1
+
+
 # ---------------------------------------------------------------------------------------
 # Multiplier 1: span kernels with explicit SIMD (any kernel size, stride, dilation, padding,
 # rank). Backward data uses them for every multiplier-1 problem except 3x3 stride 1 with
