@@ -60,7 +60,7 @@ def _parse(parse, args, kwargs):
     (by :func:`_value_key`) and every operand it returned was one of the arguments itself.
 
     Returns ``(problem, operands, entry)``: ``entry`` is the memo's mutable record of this
-    call (``[problem, where, plan key, plan]``), or None when the call is not memoised. Every
+    call (``[problem, where, (plan key, plan)]``), or None when the call is not memoised. Every
     operand of a memoised call is a NumPy array the caller passed (a device array has no
     key), so it runs on the host.
     """
@@ -85,7 +85,7 @@ def _parse(parse, args, kwargs):
             where.append((name, i))
         if len(_MEMO) >= PARSE_MEMO_SIZE:
             _MEMO.clear()
-        entry = [problem, tuple(where), None, None]
+        entry = [problem, tuple(where), None]
         _MEMO[key] = entry
         return problem, operands, entry
     return problem, operands, None
@@ -134,13 +134,15 @@ def op(parse):
             if entry is not None and (tune is None or tune is False) and not config.VERBOSE:
                 # a memoised call (host arrays only; strategy= and out's shape in the key):
                 # its plan, made for the present threads and planner settings
+                # (one slot, replaced whole: Python threads may differ in Numba's threads)
                 pkey = (planner._threads(), planner._settings())
-                if entry[2] != pkey:
-                    entry[3] = planner.make_plan(problem, strategy=_arg(args, kwargs,
-                                                                        "strategy"),
-                                                 device="cpu")
-                    entry[2] = pkey
-                return cpu.execute(entry[3], operands, out=out)
+                kept = entry[2]
+                if kept is None or kept[0] != pkey:
+                    kept = (pkey, planner.make_plan(problem, strategy=_arg(args, kwargs,
+                                                                           "strategy"),
+                                                    device="cpu"))
+                    entry[2] = kept
+                return cpu.execute(kept[1], operands, out=out)
             device = cuda.on_device(operands, out)  # TypeError when host and device mix
             the_plan = planner.make_plan(problem, strategy=_arg(args, kwargs, "strategy"),
                                          tune=False if tune is None else tune,
