@@ -178,10 +178,9 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
 
 @pytest.mark.parametrize("vector_bytes", [64, 32])
 def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
-    """"auto", as measured per host: with AVX-512 the Numba engine for tall backward-weights
-    reductions and BLAS elsewhere; with AVX2 the Numba engine for 1x1 backward data with a
-    short reduction (few output channels) or a packed W^T that fits half of L2, and BLAS
-    elsewhere."""
+    """"auto", as measured per host: on both the Numba engine for 1x1 backward data with a
+    short reduction (few output channels) or a packed W^T that fits half of L2; with
+    AVX-512 also for tall backward-weights reductions; BLAS elsewhere."""
     from numbaconv.kernels.cpu import ukernel
     monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
     monkeypatch.setattr(config, "GEMM_ENGINE", "auto")
@@ -201,10 +200,10 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
                    (28, 28), **kw)
     engines = [p.tiles["engine"] for p in (tall, short, data, wide, huge)]
     if vector_bytes == 64:
-        assert engines == ["numba", "blas", "blas", "blas", "blas"]
+        assert engines == ["numba", "blas", "numba", "numba", "blas"]
     else:
         assert engines == ["blas", "blas", "numba", "numba", "blas"]
-        assert wide.tiles.get("claim") and not huge.tiles.get("claim")
+    assert wide.tiles.get("claim") and not huge.tiles.get("claim")
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"
     monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
@@ -331,3 +330,24 @@ def test_gemm_backward_data_single_tap_phase_split_over_the_batch(engine, monkey
         ref = R.conv_bwd_data(dy, w, isz, st, dl, pb, pe, g)
         ra = R.conv_bwd_data(abs(dy), abs(w), isz, st, dl, pb, pe, g)
         assert R.normalized_error(got, ref, ra) <= R.TOLERANCE["float64"], mb
+
+
+def test_grouped_declines_strided_weight_gradient_of_wide_groups():
+    """Strided backward weights with >= 32 channels per group goes to the GEMM strategy
+    (ResNeXt-3D conv_3d:12); narrower groups, stride 1 and backward data stay grouped."""
+    def plan(direction, groups, ic, stride):
+        x = np.zeros((1, 4, 8, 8, ic), np.float32)
+        o = 8 // stride
+        dy = np.zeros((1, 4 // stride, o, o, ic), np.float32)
+        kw = dict(strides=stride, pads_begin=1, pads_end=1, groups=groups)
+        if direction == "bwd_w":
+            return nc.plan("convolution_backprop_filters", x, (3, 3, 3), dy, **kw)
+        w = np.zeros((3, 3, 3, ic // groups, ic), np.float32)
+        return nc.plan("convolution_backprop_data", dy, w, (4, 8, 8), **kw)
+
+    wide = plan("bwd_w", 8, 256, 2)
+    assert wide.strategy == "gemm", wide
+    assert "strided weight gradient" in str(wide)
+    assert plan("bwd_w", 8, 64, 2).variant == "grouped"     # 8 channels per group
+    assert plan("bwd_w", 8, 256, 1).variant == "grouped"    # stride 1
+    assert plan("bwd_d", 8, 256, 2).variant == "grouped"    # backward data

@@ -101,7 +101,11 @@ UK_KC = 256
 #: 10.2 ms, res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers
 #: (res5b_branch2a 5.2 vs 4.6 ms), where OpenBLAS splits the output across threads instead
 #: of the reduction. float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs
-#: 24.3 ms). Backward data and forward stay on BLAS there: the two were within noise.
+#: 24.3 ms). Backward data and forward stay on BLAS there, except the short or claimed 1x1
+#: backward data below, which the Numba engine wins on AVX-512 as on AVX2 (Zen 4, 2
+#: threads, ResNet-50 suite run per engine: res2a_branch1 5.55 -> 4.44 ms, res2a_branch2a
+#: 1.36 -> 1.07, res3a_branch2a 9.41 -> 8.93, res3a_branch2c 4.51 -> 4.39, res4b_branch2a
+#: stays on BLAS: its 1 MB W^T does not fit; res5a_branch2c lost there, 4.30 -> 4.95).
 UK_MIN_ROWS = 16384
 #: "auto" on AVX2 hosts (a 6 x 16 register tile instead of 6 x 64) keeps backward weights on
 #: BLAS, which won every ResNet-50 GEMM layer in one process (res2a_branch1 7.2 vs 10.0 ms,
@@ -140,12 +144,14 @@ def _engine(p, machine):
     if e in ("numba", "blas"):
         return e
     from ..kernels.cpu.ukernel import VECTOR_BYTES
+    short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
+                 and (p.oc <= UK_MAX_SHORT_K or _claims(p, machine)))
+    if short_1x1:
+        return "numba"
     if VECTOR_BYTES >= 64:
         rows = p.mb * math.prod(p.osz)
         return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
-    short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
-                 and (p.oc <= UK_MAX_SHORT_K or _claims(p, machine)))
-    return "numba" if short_1x1 else "blas"
+    return "blas"
 
 
 #: 1x1 backward passes on BLAS over at least this many pixels run as worker tasks (one-thread
