@@ -9,6 +9,7 @@ import pytest
 
 import numbaconv as nc
 from numbaconv.kernels.cpu import depthwise as k
+from numbaconv.kernels.cpu import depthwise_rows as kr
 
 from reference import conv_bwd_data_ref, conv_bwd_filter_ref, normalized_error, out_shape, \
     same_pads_nd, tolerance
@@ -61,9 +62,9 @@ def _check_plan(op, args, attrs, multiplier=1):
     if multiplier != 1:
         assert plan.tiles["kernel"] == "general"
     elif op == "convolution_backprop_filters":
-        assert plan.tiles["kernel"] == "spans"
+        assert plan.tiles["kernel"] in ("spans", "rows_3x3")
     else:
-        assert plan.tiles["kernel"] in ("spans", "unrolled_3x3", "pairs_3x3")
+        assert plan.tiles["kernel"] in ("spans", "unrolled_3x3", "rows_3x3")
     return plan
 
 
@@ -119,40 +120,34 @@ def test_float16_runs_the_float32_kernels():
     assert normalized_error(got, conv_bwd_filter_ref, x, dy, case[2], **ref_attrs) <= 4e-3
 
 
-def test_backward_data_kernel_choice():
-    """3x3 at stride 1: the span kernel for narrow channels, the nine-term per-pixel kernel
-    from UNROLLED_MIN_BYTES of channels per pixel on; every other multiplier-1 geometry
-    runs the span kernel."""
+def test_kernel_choice():
+    """3x3 with column dilation 1: the row kernels (backward data at stride 1, backward
+    weights at column stride 1 or 2); 3x3 at stride 1 with column dilation: the nine-term
+    kernel from UNROLLED_MIN_BYTES of channels per pixel on, the span kernel below; every
+    other multiplier-1 geometry: the span kernels."""
     from numbaconv.strategies.depthwise import UNROLLED_MIN_BYTES
 
-    def kernel(c, dtype, stride):
-        dy = np.zeros((1, 8 // stride, 8 // stride, c), dtype)
-        w = np.zeros((3, 3, 1, c), dtype)
-        return nc.plan("convolution_backprop_data", dy, w, (8, 8), strides=stride,
-                       pads_begin=1 if stride == 1 else 0, pads_end=1, groups=c,
-                       strategy="direct").tiles["kernel"]
+    def kernels(c, dtype, stride, dilation=1, k=3):
+        s = (stride, stride) if isinstance(stride, int) else stride
+        pad = (k // 2, dilation * (k // 2))
+        osz = out_shape((8, 8), (k, k), s, (1, dilation), pad, pad)
+        dy = np.zeros((1, *osz, c), dtype)
+        x = np.zeros((1, 8, 8, c), dtype)
+        w = np.zeros((k, k, 1, c), dtype)
+        kw = dict(strides=s, dilations=(1, dilation), groups=c, strategy="direct",
+                  pads_begin=pad, pads_end=pad)
+        return (nc.plan("convolution_backprop_data", dy, w, (8, 8), **kw).tiles["kernel"],
+                nc.plan("convolution_backprop_filters", x, (k, k), dy, **kw).tiles["kernel"])
 
     wide = UNROLLED_MIN_BYTES // 4
-    assert kernel(wide - 1, np.float32, 1) == "spans"
-    assert kernel(wide, np.float32, 1) == "pairs_3x3"  # small: within L3
-    assert kernel(wide // 2, np.float64, 1) == "pairs_3x3"
-    assert kernel(wide, np.float32, 2) == "spans"
-
-
-def test_backward_data_pairs_only_within_l3_and_without_column_dilation(monkeypatch):
-    from numbaconv.strategies import depthwise as S
-
-    def kernel(dilation=1, batch=1):
-        dy = np.zeros((batch, 8, 8, 64), np.float32)
-        w = np.zeros((3, 3, 1, 64), np.float32)
-        return nc.plan("convolution_backprop_data", dy, w, (8, 8), strides=1,
-                       dilations=(1, dilation), pads_begin=(1, dilation),
-                       pads_end=(1, dilation), groups=64).tiles["kernel"]
-
-    assert kernel() == "pairs_3x3"
-    assert kernel(dilation=2) == "unrolled_3x3"
-    monkeypatch.setattr(S, "PAIRS_MAX_L3_SHARE", 0.0)
-    assert kernel(batch=2) == "unrolled_3x3"
+    assert kernels(3, np.float32, 1) == ("rows_3x3", "rows_3x3")
+    assert kernels(wide, np.float64, 1) == ("rows_3x3", "rows_3x3")
+    assert kernels(wide, np.float32, (2, 2)) == ("spans", "rows_3x3")
+    assert kernels(wide, np.float32, (1, 2)) == ("spans", "rows_3x3")
+    assert kernels(wide, np.float32, (1, 4)) == ("spans", "spans")
+    assert kernels(wide - 1, np.float32, 1, dilation=2) == ("spans", "spans")
+    assert kernels(wide, np.float32, 1, dilation=2) == ("unrolled_3x3", "spans")
+    assert kernels(wide, np.float32, 1, k=5) == ("spans", "spans")
 
 
 # (input spatial, dilation, pads_begin, pads_end): odd and even widths, widths of 1 and 2,
@@ -166,9 +161,10 @@ SAME_SHAPE_3X3 = [((5, 9), (1, 1), (1, 1), (1, 1)), ((4, 8), (1, 1), (1, 1), (1,
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("geometry", SAME_SHAPE_3X3)
 def test_3x3_stride1_backward_data_kernels(geometry, dtype):
-    """The nine-term kernel and its two-pixel form, called directly on a NaN-filled dX with
-    wide channels that are not a whole number of vectors: every pixel written, and equal
-    to the reference (the two-pixel form only without column dilation)."""
+    """The nine-term kernel and the row kernel (without column dilation), called directly
+    on a NaN-filled dX with wide channels that are not a whole number of vectors, the row
+    kernel also with several row chunks: every pixel written, and equal to the
+    reference."""
     from numbaconv.strategies import canonical_shapes, geo
 
     isz, dl, pb, pe = geometry
@@ -179,12 +175,16 @@ def test_3x3_stride1_backward_data_kernels(geometry, dtype):
     xs, ys, ws = canonical_shapes(p)
     want = conv_bwd_data_ref(dy, w, isz, stride=(1, 1), dilation=dl, pads_begin=pb,
                              pads_end=pe, groups=c).reshape(xs)
-    kernels = [k.bwd_d_depthwise_3x3] + ([k.bwd_d_depthwise_3x3_pairs] if dl[1] == 1 else [])
-    for fn in kernels:
+    kernels = [("nine-term", lambda dx: k.bwd_d_depthwise_3x3(dy.reshape(ys), w.reshape(ws),
+                                                                dx, geo(p)))]
+    if dl[1] == 1:
+        kernels += [(f"rows, {n} chunks", lambda dx, n=n: kr.bwd_d_depthwise_3x3_rows(
+            dy.reshape(ys), w.reshape(ws), dx, geo(p), n)) for n in (1, 2, 7)]
+    for name, fn in kernels:
         dx = np.full(xs, np.nan, dtype)
-        fn(dy.reshape(ys), w.reshape(ws), dx, geo(p))
-        assert not np.isnan(dx).any(), fn.__name__
-        np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5, err_msg=fn.__name__)
+        fn(dx)
+        assert not np.isnan(dx).any(), name
+        np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("name", ["3x3_s2_d2_empty_phases", "3x3_s3", "3x3_s2_tf_same_odd",
@@ -203,7 +203,9 @@ def test_backward_data_writes_every_pixel(name):
     for chunks in (1, 2, 5):
         dx = np.full(xs, np.nan, np.float32)
         k.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks)
-        np.testing.assert_array_equal(dx, want)
+        assert not np.isnan(dx).any()
+        # the planner's kernel may sum in another order (3x3 at stride 1: the row kernel)
+        np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_backward_weights_reduces_every_chunk():
@@ -223,3 +225,61 @@ def test_backward_weights_reduces_every_chunk():
         dw = np.full(ws, np.nan)
         k.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), part, dw, geo(p))
         np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+# (input spatial, stride, dilation, pads_begin, pads_end) for the row kernels' weight
+# gradient: column stride 1 and 2, row strides 1 to 3, row dilation, widths of 1 and 2,
+# pads wider than the filter, rows longer than a register block (8 pixels)
+ROWS_BWD_W = [((5, 9), (1, 1), (1, 1), (1, 1), (1, 1)), ((3, 1), (1, 1), (1, 1), (1, 1), (1, 1)),
+              ((4, 2), (1, 2), (1, 1), (1, 1), (1, 1)), ((6, 23), (2, 2), (1, 1), (1, 1), (1, 1)),
+              ((7, 40), (3, 2), (2, 1), (2, 0), (0, 1)), ((4, 6), (1, 1), (1, 1), (3, 3), (2, 3)),
+              ((5, 19), (2, 1), (1, 1), (0, 0), (0, 0))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", ROWS_BWD_W)
+def test_rows_backward_weights_kernel(geometry, dtype):
+    """The row kernel's weight gradient called directly, with channels that are not a whole
+    number of vectors: per-chunk partials are zeroed and reduced inside (any number of
+    chunks, more than rows included; scratch and result may hold garbage)."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    isz, st, dl, pb, pe = geometry
+    c = 37
+    case = (c, isz, (3, 3), st, dl, pb, pe, 1)
+    x, w, dy, attrs = _operands(case, dtype, seed=6)
+    plan = _check_plan("convolution_backprop_filters", (x, (3, 3), dy), attrs)
+    assert plan.tiles["kernel"] == "rows_3x3"
+    p = plan.problem
+    xs, ys, ws = canonical_shapes(p)
+    want = conv_bwd_filter_ref(x, dy, (3, 3), st, dl, pb, pe, c)
+    for chunks in (1, 2, 3, 64):
+        part = np.full((chunks, *ws), np.nan, dtype)
+        dw = np.full(ws, np.nan, dtype)
+        kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), part, dw, geo(p))
+        np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=tolerance(dtype),
+                                   atol=tolerance(dtype) * np.abs(want).max(),
+                                   err_msg=f"{chunks} chunks")
+
+
+@pytest.mark.parametrize("name", ["3x3_s1_long_rows", "3x3_s2_long_rows", "3x3_s1_p1_odd"])
+def test_span_kernels_where_the_row_kernels_run(name):
+    """The span kernels still serve every geometry the row kernels do not; called directly
+    on 3x3 cases that the planner now gives the row kernels, their sliding-window blocks
+    stay checked against the reference."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    case = CASES[name]
+    x, w, dy, attrs = _operands(case, "float64", seed=7)
+    p = nc.plan("convolution_backprop_filters", x, case[2], dy, **attrs).problem
+    xs, ys, ws = canonical_shapes(p)
+    geom = dict(stride=attrs["strides"], dilation=attrs["dilations"],
+                pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"], groups=case[0])
+    dw = np.empty(ws)
+    k.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), np.empty((2, *ws)), dw, geo(p))
+    want = conv_bwd_filter_ref(x, dy, case[2], **geom)
+    np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+    dx = np.full(xs, np.nan)
+    k.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2)
+    want = conv_bwd_data_ref(dy, w, case[1], **geom)
+    np.testing.assert_allclose(dx.reshape(want.shape), want, rtol=1e-12, atol=1e-12)

@@ -1,5 +1,4 @@
 """Direct strategy, depthwise variant: groups == channels, vectorised across channels."""
-import math
 
 import numpy as np
 
@@ -26,25 +25,30 @@ def _unrolled_3x3(p):
 UNROLLED_MIN_BYTES = 256
 
 
-#: Backward data, 3x3 at stride 1 and column dilation 1: the two-pixel kernel runs while
-#: dY and dX together take at most this share of L3. Measured (2 threads, float32, no
-#: border, one kernel against the other): 8x14x14x576 0.39-0.47 -> 0.27-0.28 ms,
-#: 8x28x28x192 0.45-0.48 -> 0.38, 8x7x8x960 0.12 -> 0.08, 8x28x28x144 0.39-0.41 -> 0.30;
-#: but from DRAM 8x56x56x144 2.9-3.1 -> 3.6-3.7 and 8x56x56x192 4.3-4.5 -> 4.9-5.0.
-PAIRS_MAX_L3_SHARE = 0.5
+
+
+def _rows_3x3(p):
+    """The register-blocked row kernels of :mod:`numbaconv.kernels.cpu.depthwise_rows`
+    apply: 3x3 (depth 1), multiplier 1, column dilation 1; backward data at stride 1 with
+    no depth padding before, backward weights at column stride 1 or 2."""
+    if not (p.ksz == (1, 3, 3) and p.oc == p.ic and p.dilation[2] == 1):
+        return False
+    if p.direction == "bwd_d":
+        return p.stride == (1, 1, 1) and p.pad_begin[0] == 0
+    return p.direction == "bwd_w" and p.stride[2] in (1, 2)
 
 
 def _bwd_d_kernel(p, machine):
-    """Which backward-data loop nest runs: ``spans`` (multiplier 1, any geometry),
-    ``unrolled_3x3`` (multiplier 1, 3x3 stride 1, wide channels), its two-pixel form
-    ``pairs_3x3`` (also column dilation 1, operands within L3) or ``general``."""
+    """Which backward-data loop nest runs: ``rows_3x3`` (3x3 stride 1, column dilation
+    1: the filter in registers for a whole row; it replaced the nine-term kernel's
+    two-pixel form, 8x14x14x576 0.254 -> 0.152 ms, 8x28x28x192 0.322 -> 0.174 ms in one
+    process), ``unrolled_3x3`` (3x3 stride 1 with column dilation, wide channels),
+    ``spans`` (multiplier 1, any geometry) or ``general``."""
     if p.oc != p.ic:
         return "general"
+    if _rows_3x3(p):
+        return "rows_3x3"
     if _unrolled_3x3(p) and p.ic * itemsize(p) >= UNROLLED_MIN_BYTES:
-        xs, ys, _ = canonical_shapes(p)
-        operands = (math.prod(xs) + math.prod(ys)) * itemsize(p)
-        if p.dilation[2] == 1 and operands <= PAIRS_MAX_L3_SHARE * machine.l3_bytes:
-            return "pairs_3x3"
         return "unrolled_3x3"
     return "spans"
 
@@ -66,9 +70,11 @@ class DepthwiseDirect(Direct):
             t["unrolled_3x3"] = _unrolled_3x3(p)
         elif p.direction == "bwd_d":
             t["kernel"] = _bwd_d_kernel(p, machine)
-            if t["kernel"] == "spans":
+            if t["kernel"] in ("spans", "rows_3x3"):
                 # one contiguous range of dX rows per thread
                 t["chunks"] = max(1, min(machine.cores, t["rows"]))
+        elif _rows_3x3(p):
+            t["kernel"] = "rows_3x3"
         else:
             t["kernel"] = "spans" if p.oc == p.ic else "general"
         return t
@@ -89,20 +95,26 @@ class DepthwiseDirect(Direct):
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
             return y
         if p.direction == "bwd_d":
-            if tiles["kernel"] == "spans":
+            if tiles["kernel"] == "rows_3x3":
+                from ..kernels.cpu import depthwise_rows as kr
+                dx = np.empty(xs, ct)
+                kr.bwd_d_depthwise_3x3_rows(ops["dy"], ops["w"], dx, g, tiles["chunks"])
+            elif tiles["kernel"] == "spans":
                 dx = np.empty(xs, ct)
                 k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
             elif tiles["kernel"] == "unrolled_3x3":
                 dx = np.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
-            elif tiles["kernel"] == "pairs_3x3":
-                dx = np.empty(xs, ct)
-                k.bwd_d_depthwise_3x3_pairs(ops["dy"], ops["w"], dx, g)
             else:
                 dx = np.zeros(xs, ct)
                 k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]
+        if tiles["kernel"] == "rows_3x3":
+            from ..kernels.cpu import depthwise_rows as kr
+            dw = np.empty(ws, ct)
+            kr.bwd_w_depthwise_3x3_rows(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g)
+            return dw
         if tiles["kernel"] == "spans":
             # per-thread partials, zeroed and reduced inside the kernel (one launch)
             dw = np.empty(ws, ct)

@@ -1,0 +1,359 @@
+"""Depthwise 3x3 row kernels (multiplier 1, kernel depth 1, column dilation 1): the filter
+or the tap accumulators in registers for a whole row.
+
+The span kernels of :mod:`numbaconv.kernels.cpu.depthwise` take one row tap at a time
+(three filter vectors in registers; dX read back and added to per row tap; dW's partials
+read and written per block of pixels), and the nine-term kernels load the nine filter
+vectors again for every pixel: both issue about as many vector loads as FMAs, which bounds
+them by the load ports rather than the FMA units. Here a whole row of the result is made
+per channel vector:
+
+* backward data at stride 1 (:func:`bwd_d_depthwise_3x3_rows`): dX row ``i`` is a
+  correlation of the (up to three) dY rows that reach it with the flipped filter. The
+  row's nine filter vectors are loaded once; blocks of ``PB`` output pixels keep their
+  sums in registers while each of the block's ``PB + 2`` dY vectors per row tap is loaded
+  once and feeds up to three pixels; dX is written once, with no zero-fill.
+* backward weights at column stride 1 or 2 (:func:`bwd_w_depthwise_3x3_rows`): the nine
+  tap sums of a dY row live in registers for the whole row; per block the ``PB`` dY vectors
+  are loaded once and every input vector once per row tap, feeding the taps that read it;
+  the sums are added to the thread's partial dW once per row.
+
+Pixels whose taps leave the input (the row's ends) take a checked one-pixel path; rows
+with fewer row taps in range are their own compiled variants (one to three row taps), so
+no multiply is spent on padding. Channels beyond the last whole vector run the same code
+with masked loads and stores. The inner loops are LLVM IR through
+``numba.extending.intrinsic``, as the span kernels are (the loop vectoriser keeps
+accumulators in memory); the row drivers are serial helpers under a one-line prange.
+
+Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[1, 3, 3, 1, C]``.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from numbaconv._jit import helper, kernel
+from numbaconv.kernels.cpu.depthwise import _at, _fma_fn, _ir_types, _masked_io, _table
+
+#: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
+#: weights), plus nine filter vectors or nine tap sums and one loaded vector, within the
+#: 32 vector registers of AVX-512 (16 with AVX2: the compiler spills a few there).
+PB = 8
+
+
+def _const(v):
+    return ir.Constant(ir.IntType(64), v)
+
+
+def _channel_vectors(builder, C, vl, body):
+    """``body(c, mask)`` for every whole vector of channels (``mask`` None), then once for
+    the channels beyond the last whole vector with a lane mask (``<vl x i1>``)."""
+    i64 = ir.IntType(64)
+    nfull = builder.sdiv(C, _const(vl))
+    with cgutils.for_range(builder, nfull) as lp:
+        body(builder.mul(lp.index, _const(vl)), None)
+    cfull = builder.mul(nfull, _const(vl))
+    rem = builder.sub(C, cfull)
+    with builder.if_then(builder.icmp_signed(">", rem, _const(0))):
+        vi = ir.VectorType(i64, vl)
+        iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vi, ir.Undefined), rem,
+                                   ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
+        body(cfull, builder.icmp_signed("<", iota, splat))
+
+
+def _drow(NR):
+    """One output row of a stride-1 3x3 correlation over ``NR`` input rows: for each pixel
+    ``j < npix`` and channel ``c < C``, ``out[j*C + c] = sum_r sum_b
+    inp[rows[r] + (j + off + b)*C + c] * w[wrow[r] + wcol[b] + c]``, where input columns
+    outside ``[0, win)`` count as zero. Pixels ``jlo <= j < jhi`` have all three columns
+    inside (the caller computes the range). Addresses: ``inp``, ``wp``, ``outp`` (floats),
+    ``trows``, ``twrow`` (NR int64 each), ``twcol`` (3 int64)."""
+
+    @intrinsic
+    def row(typingctx, inp, wp, outp, trows, twrow, twcol, npix, off, jlo, jhi, win, C, work):
+        sig = types.void(*([types.intp] * 12), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            inp, wp, outp, trows, twrow, twcol, npix, off, jlo, jhi, win, C, _ = args
+            f, vty, vl = _ir_types(context, dtype)
+            fp = f.as_pointer()
+            pin, pwt, pout = (builder.inttoptr(a, fp) for a in (inp, wp, outp))
+            rows, wrow, wcol = (_table(builder, trows, NR), _table(builder, twrow, NR),
+                                _table(builder, twcol, 3))
+            fma = _fma_fn(builder, vty, dtype, vl)
+            load, store = _masked_io(builder, vty, dtype, vl)
+            zero = ir.Constant(vty, None)
+            acc = cgutils.alloca_once(builder, vty)
+
+            def body(c, mask):
+                wv = [[load(_at(builder, pwt, builder.add(builder.add(wrow[r], wcol[b]), c),
+                                vty), mask) for b in range(3)] for r in range(NR)]
+                rowc = [builder.add(rows[r], c) for r in range(NR)]
+
+                def checked(j):
+                    builder.store(zero, acc)
+                    for b in range(3):
+                        col = builder.add(builder.add(j, off), _const(b))
+                        with builder.if_then(builder.icmp_unsigned("<", col, win)):
+                            e = builder.mul(col, C)
+                            a = builder.load(acc)
+                            for r in range(NR):
+                                v = load(_at(builder, pin, builder.add(rowc[r], e), vty), mask)
+                                a = builder.call(fma, [v, wv[r][b], a])
+                            builder.store(a, acc)
+                    store(builder.load(acc),
+                          _at(builder, pout, builder.add(builder.mul(j, C), c), vty), mask)
+
+                with cgutils.for_range(builder, jlo) as lp:
+                    checked(lp.index)
+                nblk = builder.sdiv(builder.sub(jhi, jlo), _const(PB))
+                with cgutils.for_range(builder, nblk) as lp:
+                    j0 = builder.add(jlo, builder.mul(lp.index, _const(PB)))
+                    base = builder.mul(builder.add(j0, off), C)
+                    sums = [zero] * PB
+                    for r in range(NR):
+                        rb = builder.add(rowc[r], base)
+                        for q in range(PB + 2):
+                            v = load(_at(builder, pin, builder.add(rb, builder.mul(C, _const(q))),
+                                         vty), mask)
+                            for b in range(3):
+                                if 0 <= q - b < PB:
+                                    sums[q - b] = builder.call(fma, [v, wv[r][b], sums[q - b]])
+                    ob = builder.add(builder.mul(j0, C), c)
+                    for p in range(PB):
+                        store(sums[p], _at(builder, pout, builder.add(ob, builder.mul(C, _const(p))),
+                                           vty), mask)
+                start = builder.add(jlo, builder.mul(nblk, _const(PB)))
+                with cgutils.for_range_slice(builder, start, npix, _const(1)) as (j, _):
+                    checked(j)
+
+            _channel_vectors(builder, C, vl, body)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row
+
+
+def _wrow(NR, S):
+    """The nine tap sums of one dY row at column stride ``S`` over ``NR`` input rows: for
+    each channel ``c < C``, ``part[prow[r] + b*C + c] += sum_{j < npix}
+    x[rows[r] + (j*S + off + b)*C + c] * dy[j*C + c]``, input columns outside ``[0, win)``
+    counting as zero; pixels ``jlo <= j < jhi`` have all three columns inside. Addresses:
+    ``xp``, ``dyp``, ``pp`` (floats), ``trows``, ``tprow`` (NR int64 each)."""
+
+    @intrinsic
+    def row(typingctx, xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, work):
+        sig = types.void(*([types.intp] * 11), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, _ = args
+            f, vty, vl = _ir_types(context, dtype)
+            fp = f.as_pointer()
+            px, pdy, ppart = (builder.inttoptr(a, fp) for a in (xp, dyp, pp))
+            rows, prow = _table(builder, trows, NR), _table(builder, tprow, NR)
+            fma = _fma_fn(builder, vty, dtype, vl)
+            load, store = _masked_io(builder, vty, dtype, vl)
+            zero = ir.Constant(vty, None)
+            # the nine sums as allocas in the entry block: mem2reg keeps them in registers
+            acc = [[cgutils.alloca_once(builder, vty) for _ in range(3)] for _ in range(NR)]
+
+            def body(c, mask):
+                for r in range(NR):
+                    for b in range(3):
+                        builder.store(zero, acc[r][b])
+                rowc = [builder.add(rows[r], c) for r in range(NR)]
+
+                def checked(j):
+                    g = load(_at(builder, pdy, builder.add(builder.mul(j, C), c), vty), mask)
+                    for b in range(3):
+                        col = builder.add(builder.add(builder.mul(j, _const(S)), off), _const(b))
+                        with builder.if_then(builder.icmp_unsigned("<", col, win)):
+                            e = builder.mul(col, C)
+                            for r in range(NR):
+                                v = load(_at(builder, px, builder.add(rowc[r], e), vty), mask)
+                                builder.store(builder.call(fma, [v, g, builder.load(acc[r][b])]),
+                                              acc[r][b])
+
+                with cgutils.for_range(builder, jlo) as lp:
+                    checked(lp.index)
+                nblk = builder.sdiv(builder.sub(jhi, jlo), _const(PB))
+                with cgutils.for_range(builder, nblk) as lp:
+                    j0 = builder.add(jlo, builder.mul(lp.index, _const(PB)))
+                    gb = builder.add(builder.mul(j0, C), c)
+                    g = [load(_at(builder, pdy, builder.add(gb, builder.mul(C, _const(p))), vty),
+                              mask) for p in range(PB)]
+                    base = builder.mul(builder.add(builder.mul(j0, _const(S)), off), C)
+                    for r in range(NR):
+                        a = [builder.load(acc[r][b]) for b in range(3)]
+                        rb = builder.add(rowc[r], base)
+                        for q in range((PB - 1) * S + 3):
+                            v = load(_at(builder, px, builder.add(rb, builder.mul(C, _const(q))),
+                                         vty), mask)
+                            for b in range(3):
+                                if (q - b) % S == 0 and 0 <= (q - b) // S < PB:
+                                    a[b] = builder.call(fma, [v, g[(q - b) // S], a[b]])
+                        for b in range(3):
+                            builder.store(a[b], acc[r][b])
+                start = builder.add(jlo, builder.mul(nblk, _const(PB)))
+                with cgutils.for_range_slice(builder, start, npix, _const(1)) as (j, _):
+                    checked(j)
+                for r in range(NR):
+                    for b in range(3):
+                        q = _at(builder, ppart, builder.add(builder.add(prow[r], c),
+                                                            builder.mul(C, _const(b))), vty)
+                        store(builder.fadd(load(q, mask), builder.load(acc[r][b])), q, mask)
+
+            _channel_vectors(builder, C, vl, body)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row
+
+
+_drow1, _drow2, _drow3 = (_drow(n) for n in (1, 2, 3))
+_wrow1s1, _wrow2s1, _wrow3s1 = (_wrow(n, 1) for n in (1, 2, 3))
+_wrow1s2, _wrow2s2, _wrow3s2 = (_wrow(n, 2) for n in (1, 2, 3))
+
+
+def interior(npix, win, off, S):
+    """``(jlo, jhi)``: the pixels ``j < npix`` whose three input columns ``j*S + off + b``
+    (b = 0, 1, 2) all lie in ``[0, win)``, as one range (empty ranges start at ``npix``
+    or where the left border ends)."""
+    jlo = 0 if off >= 0 else (-off + S - 1) // S
+    jhi = (win - 3 - off) // S + 1 if win - 3 - off >= 0 else 0
+    jlo = min(jlo, npix)
+    return jlo, min(max(jhi, jlo), npix)
+
+
+interior_jit = helper(interior)
+
+
+@helper
+def _bwd_d_rows(dy, w, dx, geo, r0, r1):
+    """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
+    C = geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    dh = geo[17]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = dx.itemsize
+    dyb, wb, dxb = dy.ctypes.data, w.ctypes.data, dx.ctypes.data
+    trows = np.empty(3, np.int64)
+    twrow = np.empty(3, np.int64)
+    twcol = np.empty(3, np.int64)
+    for b in range(3):
+        twcol[b] = (2 - b) * C  # dx[i] = sum_b dy[i + pw - 2 + b] * w[2 - b]
+    off = pw - 2
+    jlo, jhi = interior_jit(iw, ow, off, 1)
+    ra, rb, rc = trows.ctypes.data, twrow.ctypes.data, twcol.ctypes.data
+    dxf = dx.reshape(-1)
+    for r in range(r0, r1):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        o_d = i_d + pd
+        nr = 0
+        if o_d < od:
+            for t_h in range(3):
+                o_h = i_h + ph - t_h * dh
+                if 0 <= o_h < oh:
+                    trows[nr] = ((n * od + o_d) * oh + o_h) * ow * C
+                    twrow[nr] = t_h * 3 * C
+                    nr += 1
+        dxp = dxb + r * iw * C * it
+        if nr == 3:
+            _drow3(dyb, wb, dxp, ra, rb, rc, iw, off, jlo, jhi, ow, C, dx)
+        elif nr == 2:
+            _drow2(dyb, wb, dxp, ra, rb, rc, iw, off, jlo, jhi, ow, C, dx)
+        elif nr == 1:
+            _drow1(dyb, wb, dxp, ra, rb, rc, iw, off, jlo, jhi, ow, C, dx)
+        else:
+            dxf[r * iw * C:(r + 1) * iw * C] = 0
+
+
+@kernel
+def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks):
+    """dx = depthwise conv^T(dy, w) for 3x3 filters at stride 1, multiplier 1, kernel depth
+    1 with no depth padding before, column dilation 1 (any row dilation, any padding). Each
+    dX row is written once, a row kernel per channel vector (see the module docstring);
+    threads take ``nchunks`` contiguous ranges of dX rows."""
+    rows = geo[0] * geo[4] * geo[5]
+    for chunk in prange(nchunks):
+        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks)
+
+
+@helper
+def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
+    """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here)."""
+    C = geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dh = geo[17]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = x.itemsize
+    xb, dyb, pb = x.ctypes.data, dy.ctypes.data, part.ctypes.data
+    pf = part.reshape(-1)
+    pf[ch * 9 * C:(ch + 1) * 9 * C] = 0
+    trows = np.empty(3, np.int64)
+    tprow = np.empty(3, np.int64)
+    off = -pw
+    jlo, jhi = interior_jit(ow, iw, off, sw)
+    ra, rb = trows.ctypes.data, tprow.ctypes.data
+    for r in range(r0, r1):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        i_d = o_d * sd - pd
+        if i_d < 0 or i_d >= id_:
+            continue
+        nr = 0
+        for t_h in range(3):
+            i_h = o_h * sh - ph + t_h * dh
+            if 0 <= i_h < ih:
+                trows[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
+                tprow[nr] = (ch * 9 + t_h * 3) * C
+                nr += 1
+        dyp = dyb + r * ow * C * it
+        if sw == 1:
+            if nr == 3:
+                _wrow3s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+            elif nr == 2:
+                _wrow2s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+            elif nr == 1:
+                _wrow1s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+        else:
+            if nr == 3:
+                _wrow3s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+            elif nr == 2:
+                _wrow2s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+            elif nr == 1:
+                _wrow1s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+
+
+@kernel
+def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo):
+    """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
+    depth 1, column stride 1 or 2, column dilation 1 (any row stride, row dilation and
+    padding). part (scratch, ``[nchunks, 1, 3, 3, 1, C]``): chunk j's sum over its
+    contiguous range of dY rows, zeroed and reduced here."""
+    rows = geo[0] * geo[10] * geo[11]
+    nchunks = part.shape[0]
+    for ch in prange(nchunks):
+        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
+    TC = dwt.size
+    pf = part.reshape(-1)
+    df = dwt.reshape(-1)
+    for i in range(TC):
+        acc = pf[i]
+        for ch in range(1, nchunks):
+            acc += pf[ch * TC + i]
+        df[i] = acc
