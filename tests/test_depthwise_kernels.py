@@ -121,10 +121,10 @@ def test_float16_runs_the_float32_kernels():
 
 
 def test_kernel_choice():
-    """3x3 with column dilation 1: the row kernels (backward data at stride 1, backward
-    weights at column stride 1 or 2); 3x3 at stride 1 with column dilation: the nine-term
-    kernel from UNROLLED_MIN_BYTES of channels per pixel on, the span kernel below; every
-    other multiplier-1 geometry: the span kernels."""
+    """3x3 at column stride 1 or 2 with column dilation 1: the row kernels; 3x3 at stride 1
+    with column dilation: the nine-term kernel for backward data from UNROLLED_MIN_BYTES
+    of channels per pixel on, the span kernel below; every other multiplier-1 geometry:
+    the span kernels."""
     from numbaconv.strategies.depthwise import UNROLLED_MIN_BYTES
 
     def kernels(c, dtype, stride, dilation=1, k=3):
@@ -142,8 +142,9 @@ def test_kernel_choice():
     wide = UNROLLED_MIN_BYTES // 4
     assert kernels(3, np.float32, 1) == ("rows_3x3", "rows_3x3")
     assert kernels(wide, np.float64, 1) == ("rows_3x3", "rows_3x3")
-    assert kernels(wide, np.float32, (2, 2)) == ("spans", "rows_3x3")
-    assert kernels(wide, np.float32, (1, 2)) == ("spans", "rows_3x3")
+    assert kernels(wide, np.float32, (2, 2)) == ("rows_3x3", "rows_3x3")
+    assert kernels(wide, np.float32, (3, 1)) == ("rows_3x3", "rows_3x3")
+    assert kernels(wide, np.float32, (1, 3)) == ("spans", "spans")
     assert kernels(wide, np.float32, (1, 4)) == ("spans", "spans")
     assert kernels(wide - 1, np.float32, 1, dilation=2) == ("spans", "spans")
     assert kernels(wide, np.float32, 1, dilation=2) == ("unrolled_3x3", "spans")
@@ -283,3 +284,39 @@ def test_span_kernels_where_the_row_kernels_run(name):
     k.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2)
     want = conv_bwd_data_ref(dy, w, case[1], **geom)
     np.testing.assert_allclose(dx.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+# (input spatial, stride, dilation, pads_begin, pads_end) for the row kernel's strided
+# backward data: column stride 2 with odd and even widths, TF SAME (0 before, 1 after), pads
+# wider than the filter, row strides 1 to 3, row dilation, widths of 1 and 2, and rows long
+# enough for several 16-pixel register blocks
+ROWS_BWD_D = [((7, 9), (2, 2), (1, 1), (1, 1), (1, 1)), ((6, 12), (2, 2), (1, 1), (0, 0), (1, 1)),
+              ((5, 1), (1, 2), (1, 1), (1, 1), (1, 1)), ((4, 2), (2, 2), (1, 1), (1, 1), (1, 1)),
+              ((7, 45), (3, 2), (2, 1), (2, 3), (0, 1)), ((6, 40), (2, 1), (1, 1), (1, 1), (1, 1)),
+              ((4, 7), (1, 2), (1, 1), (3, 3), (2, 3)), ((3, 36), (1, 2), (1, 1), (0, 0), (0, 0))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", ROWS_BWD_D)
+def test_rows_backward_data_kernel(geometry, dtype):
+    """The row kernel's backward data called directly on a NaN-filled dX with channels that
+    are not a whole number of vectors, in one and several row chunks: every pixel written
+    (pixels and rows no tap reaches get zeros), and equal to the reference."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    isz, st, dl, pb, pe = geometry
+    c = 37
+    case = (c, isz, (3, 3), st, dl, pb, pe, 1)
+    _, w, dy, attrs = _operands(case, dtype, seed=8)
+    plan = _check_plan("convolution_backprop_data", (dy, w, isz), attrs)
+    assert plan.tiles["kernel"] == "rows_3x3"
+    p = plan.problem
+    xs, ys, ws = canonical_shapes(p)
+    want = conv_bwd_data_ref(dy, w, isz, st, dl, pb, pe, c).reshape(xs)
+    for chunks in (1, 3):
+        dx = np.full(xs, np.nan, dtype)
+        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks)
+        assert not np.isnan(dx).any(), f"{chunks} chunks"
+        np.testing.assert_allclose(dx, want, rtol=tolerance(dtype),
+                                   atol=tolerance(dtype) * np.abs(want).max(),
+                                   err_msg=f"{chunks} chunks")

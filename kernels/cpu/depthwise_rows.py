@@ -8,11 +8,12 @@ vectors again for every pixel: both issue about as many vector loads as FMAs, wh
 them by the load ports rather than the FMA units. Here a whole row of the result is made
 per channel vector:
 
-* backward data at stride 1 (:func:`bwd_d_depthwise_3x3_rows`): dX row ``i`` is a
-  correlation of the (up to three) dY rows that reach it with the flipped filter. The
-  row's nine filter vectors are loaded once; blocks of ``PB`` output pixels keep their
-  sums in registers while each of the block's ``PB + 2`` dY vectors per row tap is loaded
-  once and feeds up to three pixels; dX is written once, with no zero-fill.
+* backward data at column stride 1 or 2 (:func:`bwd_d_depthwise_3x3_rows`): dX row ``i``
+  takes the (up to three) dY rows that reach it. The row's filter vectors are loaded once;
+  blocks of ``S*PB`` dX pixels keep their sums in registers while each of the block's
+  ``PB + 2 // S`` dY vectors per row tap is loaded once and added to the (up to three)
+  pixels it reaches, so strided backward data needs no stride phases; dX is written once,
+  with no zero-fill.
 * backward weights at column stride 1 or 2 (:func:`bwd_w_depthwise_3x3_rows`): the nine
   tap sums of a dY row live in registers for the whole row; per block the ``PB`` dY vectors
   are loaded once and every input vector once per row tap, feeding the taps that read it;
@@ -65,72 +66,83 @@ def _channel_vectors(builder, C, vl, body):
         body(cfull, builder.icmp_signed("<", iota, splat))
 
 
-def _drow(NR):
-    """One output row of a stride-1 3x3 correlation over ``NR`` input rows: for each pixel
-    ``j < npix`` and channel ``c < C``, ``out[j*C + c] = sum_r sum_b
-    inp[rows[r] + (j + off + b)*C + c] * w[wrow[r] + wcol[b] + c]``, where input columns
-    outside ``[0, win)`` count as zero. Pixels ``jlo <= j < jhi`` have all three columns
-    inside (the caller computes the range). Addresses: ``inp``, ``wp``, ``outp`` (floats),
-    ``trows``, ``twrow`` (NR int64 each), ``twcol`` (3 int64)."""
+def _drow(NR, S):
+    """One dX row of a 3x3 backward-data correlation at column stride ``S`` (1 or 2) over
+    ``NR`` dY rows: for each pixel ``a < npix`` and channel ``c < C``, ``out[a*C + c] =
+    sum_r sum_{t: (a + pw - t) = S*m, 0 <= m < win} dy[rows[r] + m*C + c] *
+    w[wrow[r] + t*C + c]``. Blocks of ``S*PB`` pixels start at ``a0 = S*m0 - pw`` with
+    ``m0 = m0lo + b*PB`` for ``b < nblk`` (the caller keeps every dY and dX column of a
+    block inside); each block's sums stay in registers while each of its dY vectors is
+    loaded once per row tap and added to the (up to three) pixels it reaches. Other
+    pixels take the checked path. Addresses: ``inp``, ``wp``, ``outp`` (floats),
+    ``trows``, ``twrow`` (NR int64 each)."""
+    lo = -(2 // S)  # the first dY column of a block, relative to m0
 
     @intrinsic
-    def row(typingctx, inp, wp, outp, trows, twrow, twcol, npix, off, jlo, jhi, win, C, work):
-        sig = types.void(*([types.intp] * 12), work)
+    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, work):
+        sig = types.void(*([types.intp] * 11), work)
         dtype = work.dtype
 
         def codegen(context, builder, signature, args):
-            inp, wp, outp, trows, twrow, twcol, npix, off, jlo, jhi, win, C, _ = args
+            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, _ = args
             f, vty, vl = _ir_types(context, dtype)
             fp = f.as_pointer()
             pin, pwt, pout = (builder.inttoptr(a, fp) for a in (inp, wp, outp))
-            rows, wrow, wcol = (_table(builder, trows, NR), _table(builder, twrow, NR),
-                                _table(builder, twcol, 3))
+            rows, wrow = _table(builder, trows, NR), _table(builder, twrow, NR)
             fma = _fma_fn(builder, vty, dtype, vl)
             load, store = _masked_io(builder, vty, dtype, vl)
             zero = ir.Constant(vty, None)
             acc = cgutils.alloca_once(builder, vty)
+            a0lo = builder.sub(builder.mul(m0lo, _const(S)), pw)
+            aend = builder.add(a0lo, builder.mul(nblk, _const(S * PB)))
 
             def body(c, mask):
-                wv = [[load(_at(builder, pwt, builder.add(builder.add(wrow[r], wcol[b]), c),
-                                vty), mask) for b in range(3)] for r in range(NR)]
+                wv = [[load(_at(builder, pwt, builder.add(builder.add(wrow[r], c),
+                                                          builder.mul(C, _const(t))), vty),
+                            mask) for t in range(3)] for r in range(NR)]
                 rowc = [builder.add(rows[r], c) for r in range(NR)]
 
-                def checked(j):
+                def checked(a):
                     builder.store(zero, acc)
-                    for b in range(3):
-                        col = builder.add(builder.add(j, off), _const(b))
-                        with builder.if_then(builder.icmp_unsigned("<", col, win)):
-                            e = builder.mul(col, C)
-                            a = builder.load(acc)
+                    for t in range(3):
+                        e = builder.sub(builder.add(a, pw), _const(t))
+                        m = builder.sdiv(e, _const(S)) if S > 1 else e
+                        ok = builder.icmp_unsigned("<", m, win)
+                        if S > 1:
+                            ok = builder.and_(ok, builder.icmp_signed(
+                                "==", builder.and_(e, _const(S - 1)), _const(0)))
+                        with builder.if_then(ok):
+                            mc = builder.mul(m, C)
+                            v = builder.load(acc)
                             for r in range(NR):
-                                v = load(_at(builder, pin, builder.add(rowc[r], e), vty), mask)
-                                a = builder.call(fma, [v, wv[r][b], a])
-                            builder.store(a, acc)
+                                d = load(_at(builder, pin, builder.add(rowc[r], mc), vty), mask)
+                                v = builder.call(fma, [d, wv[r][t], v])
+                            builder.store(v, acc)
                     store(builder.load(acc),
-                          _at(builder, pout, builder.add(builder.mul(j, C), c), vty), mask)
+                          _at(builder, pout, builder.add(builder.mul(a, C), c), vty), mask)
 
-                with cgutils.for_range(builder, jlo) as lp:
-                    checked(lp.index)
-                nblk = builder.sdiv(builder.sub(jhi, jlo), _const(PB))
+                left = builder.select(builder.icmp_signed("<", a0lo, npix), a0lo, npix)
+                with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
+                    checked(a)
                 with cgutils.for_range(builder, nblk) as lp:
-                    j0 = builder.add(jlo, builder.mul(lp.index, _const(PB)))
-                    base = builder.mul(builder.add(j0, off), C)
-                    sums = [zero] * PB
+                    m0 = builder.add(m0lo, builder.mul(lp.index, _const(PB)))
+                    a0 = builder.sub(builder.mul(m0, _const(S)), pw)
+                    sums = [zero] * (S * PB)
                     for r in range(NR):
-                        rb = builder.add(rowc[r], base)
-                        for q in range(PB + 2):
-                            v = load(_at(builder, pin, builder.add(rb, builder.mul(C, _const(q))),
+                        rb = builder.add(rowc[r], builder.mul(m0, C))
+                        for i in range(lo, PB):
+                            d = load(_at(builder, pin, builder.add(rb, builder.mul(C, _const(i))),
                                          vty), mask)
-                            for b in range(3):
-                                if 0 <= q - b < PB:
-                                    sums[q - b] = builder.call(fma, [v, wv[r][b], sums[q - b]])
-                    ob = builder.add(builder.mul(j0, C), c)
-                    for p in range(PB):
-                        store(sums[p], _at(builder, pout, builder.add(ob, builder.mul(C, _const(p))),
+                            for t in range(3):
+                                k = S * i + t
+                                if 0 <= k < S * PB:
+                                    sums[k] = builder.call(fma, [d, wv[r][t], sums[k]])
+                    ob = builder.add(builder.mul(a0, C), c)
+                    for k in range(S * PB):
+                        store(sums[k], _at(builder, pout, builder.add(ob, builder.mul(C, _const(k))),
                                            vty), mask)
-                start = builder.add(jlo, builder.mul(nblk, _const(PB)))
-                with cgutils.for_range_slice(builder, start, npix, _const(1)) as (j, _):
-                    checked(j)
+                with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
+                    checked(a)
 
             _channel_vectors(builder, C, vl, body)
             return context.get_dummy_value()
@@ -218,7 +230,8 @@ def _wrow(NR, S):
     return row
 
 
-_drow1, _drow2, _drow3 = (_drow(n) for n in (1, 2, 3))
+_drow1s1, _drow2s1, _drow3s1 = (_drow(n, 1) for n in (1, 2, 3))
+_drow1s2, _drow2s2, _drow3s2 = (_drow(n, 2) for n in (1, 2, 3))
 _wrow1s1, _wrow2s1, _wrow3s1 = (_wrow(n, 1) for n in (1, 2, 3))
 _wrow1s2, _wrow2s2, _wrow3s2 = (_wrow(n, 2) for n in (1, 2, 3))
 
@@ -236,53 +249,71 @@ def interior(npix, win, off, S):
 interior_jit = helper(interior)
 
 
+def blocks(npix, win, pw, S):
+    """``(m0lo, nblk)``: the backward-data blocks of :func:`_drow` at column stride
+    ``S``: block ``b`` covers dX pixels ``S*m0 - pw + k`` (``k < S*PB``) from dY columns
+    ``m0 - 2 // S .. m0 + PB - 1``, ``m0 = m0lo + b*PB``, all of them inside."""
+    m0lo = max(2 // S, (pw + S - 1) // S)
+    nblk = min((win - m0lo) // PB, (npix + pw - S * m0lo) // (S * PB))
+    return m0lo, max(nblk, 0)
+
+
+blocks_jit = helper(blocks)
+
+
 @helper
 def _bwd_d_rows(dy, w, dx, geo, r0, r1):
     """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
     dh = geo[17]
     pd, ph, pw = geo[19], geo[20], geo[21]
     it = dx.itemsize
     dyb, wb, dxb = dy.ctypes.data, w.ctypes.data, dx.ctypes.data
     trows = np.empty(3, np.int64)
     twrow = np.empty(3, np.int64)
-    twcol = np.empty(3, np.int64)
-    for b in range(3):
-        twcol[b] = (2 - b) * C  # dx[i] = sum_b dy[i + pw - 2 + b] * w[2 - b]
-    off = pw - 2
-    jlo, jhi = interior_jit(iw, ow, off, 1)
-    ra, rb, rc = trows.ctypes.data, twrow.ctypes.data, twcol.ctypes.data
+    m0lo, nblk = blocks_jit(iw, ow, pw, sw)
+    ra, rb = trows.ctypes.data, twrow.ctypes.data
     dxf = dx.reshape(-1)
     for r in range(r0, r1):
         n = r // (id_ * ih)
         i_d = (r // ih) % id_
         i_h = r % ih
-        o_d = i_d + pd
+        e_d = i_d + pd
         nr = 0
-        if o_d < od:
+        if e_d % sd == 0 and e_d // sd < od:
+            o_d = e_d // sd
             for t_h in range(3):
-                o_h = i_h + ph - t_h * dh
-                if 0 <= o_h < oh:
-                    trows[nr] = ((n * od + o_d) * oh + o_h) * ow * C
+                e = i_h + ph - t_h * dh
+                if e >= 0 and e % sh == 0 and e // sh < oh:
+                    trows[nr] = ((n * od + o_d) * oh + e // sh) * ow * C
                     twrow[nr] = t_h * 3 * C
                     nr += 1
         dxp = dxb + r * iw * C * it
-        if nr == 3:
-            _drow3(dyb, wb, dxp, ra, rb, rc, iw, off, jlo, jhi, ow, C, dx)
-        elif nr == 2:
-            _drow2(dyb, wb, dxp, ra, rb, rc, iw, off, jlo, jhi, ow, C, dx)
-        elif nr == 1:
-            _drow1(dyb, wb, dxp, ra, rb, rc, iw, off, jlo, jhi, ow, C, dx)
-        else:
+        if nr == 0:
             dxf[r * iw * C:(r + 1) * iw * C] = 0
+        elif sw == 1:
+            if nr == 3:
+                _drow3s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+            elif nr == 2:
+                _drow2s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+            else:
+                _drow1s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+        else:
+            if nr == 3:
+                _drow3s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+            elif nr == 2:
+                _drow2s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+            else:
+                _drow1s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
 
 
 @kernel
 def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks):
-    """dx = depthwise conv^T(dy, w) for 3x3 filters at stride 1, multiplier 1, kernel depth
-    1 with no depth padding before, column dilation 1 (any row dilation, any padding). Each
+    """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
+    stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
     threads take ``nchunks`` contiguous ranges of dX rows."""
     rows = geo[0] * geo[4] * geo[5]

@@ -29,20 +29,17 @@ UNROLLED_MIN_BYTES = 256
 
 def _rows_3x3(p):
     """The register-blocked row kernels of :mod:`numbaconv.kernels.cpu.depthwise_rows`
-    apply: 3x3 (depth 1), multiplier 1, column dilation 1; backward data at stride 1 with
-    no depth padding before, backward weights at column stride 1 or 2."""
-    if not (p.ksz == (1, 3, 3) and p.oc == p.ic and p.dilation[2] == 1):
-        return False
-    if p.direction == "bwd_d":
-        return p.stride == (1, 1, 1) and p.pad_begin[0] == 0
-    return p.direction == "bwd_w" and p.stride[2] in (1, 2)
+    apply: backward passes, 3x3 (depth 1), multiplier 1, column stride 1 or 2, column
+    dilation 1 (any row stride, row dilation and padding)."""
+    return (p.direction in ("bwd_d", "bwd_w") and p.ksz == (1, 3, 3) and p.oc == p.ic
+            and p.dilation[2] == 1 and p.stride[2] in (1, 2))
 
 
 def _bwd_d_kernel(p, machine):
-    """Which backward-data loop nest runs: ``rows_3x3`` (3x3 stride 1, column dilation
-    1: the filter in registers for a whole row; it replaced the nine-term kernel's
-    two-pixel form, 8x14x14x576 0.254 -> 0.152 ms, 8x28x28x192 0.322 -> 0.174 ms in one
-    process), ``unrolled_3x3`` (3x3 stride 1 with column dilation, wide channels),
+    """Which backward-data loop nest runs: ``rows_3x3`` (3x3, column stride 1 or 2,
+    column dilation 1: the filter in registers for a whole row; it replaced the nine-term
+    kernel's two-pixel form, 8x14x14x576 0.254 -> 0.152 ms, 8x28x28x192 0.322 -> 0.174 ms
+    in one process), ``unrolled_3x3`` (3x3 stride 1 with column dilation, wide channels),
     ``spans`` (multiplier 1, any geometry) or ``general``."""
     if p.oc != p.ic:
         return "general"
