@@ -781,6 +781,20 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
             j = j1
 
 
+@helper
+def reduce_chunks(part, dwt):
+    """``dwt`` = the sum of the per-chunk partials ``part[0] + part[1] + ...``."""
+    nchunks = part.shape[0]
+    TC = dwt.size
+    pf = part.reshape(-1)
+    df = dwt.reshape(-1)
+    for i in range(TC):
+        acc = pf[i]
+        for ch in range(1, nchunks):
+            acc += pf[ch * TC + i]
+        df[i] = acc
+
+
 @kernel
 def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
     """dwt (``[kd, kh, kw, 1, C]``) = dW of multiplier 1, any kernel, stride, dilation and
@@ -792,11 +806,4 @@ def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
     nchunks = part.shape[0]
     for ch in prange(nchunks):
         _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
-    TC = dwt.size
-    pf = part.reshape(-1)
-    df = dwt.reshape(-1)
-    for i in range(TC):
-        acc = pf[i]
-        for ch in range(1, nchunks):
-            acc += pf[ch * TC + i]
-        df[i] = acc
+    reduce_chunks(part, dwt)

@@ -35,7 +35,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
-from numbaconv.kernels.cpu.depthwise import _at, _fma_fn, _ir_types, _masked_io, _table
+from numbaconv.kernels.cpu.depthwise import (_at, _fma_fn, _ir_types, _masked_io, _table,
+                                             reduce_chunks)
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
 #: weights), plus nine filter vectors or nine tap sums and one loaded vector, within the
@@ -66,6 +67,15 @@ def _channel_vectors(builder, C, vl, body):
         body(cfull, builder.icmp_signed("<", iota, splat))
 
 
+def _prologue(context, builder, dtype, addrs):
+    """A row kernel's vector type and lanes, its float pointers (from the integer
+    addresses ``addrs``), and its FMA and (masked) load and store."""
+    f, vty, vl = _ir_types(context, dtype)
+    ptrs = tuple(builder.inttoptr(a, f.as_pointer()) for a in addrs)
+    load, store = _masked_io(builder, vty, dtype, vl)
+    return vty, vl, ptrs, _fma_fn(builder, vty, dtype, vl), load, store
+
+
 def _drow(NR, S):
     """One dX row of a 3x3 backward-data correlation at column stride ``S`` (1 or 2) over
     ``NR`` dY rows: for each pixel ``a < npix`` and channel ``c < C``, ``out[a*C + c] =
@@ -92,12 +102,9 @@ def _drow(NR, S):
 
         def codegen(context, builder, signature, args):
             inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, _ = args
-            f, vty, vl = _ir_types(context, dtype)
-            fp = f.as_pointer()
-            pin, pwt, pout = (builder.inttoptr(a, fp) for a in (inp, wp, outp))
+            vty, vl, (pin, pwt, pout), fma, load, store = _prologue(
+                context, builder, dtype, (inp, wp, outp))
             rows, wrow = _table(builder, trows, NR), _table(builder, twrow, NR)
-            fma = _fma_fn(builder, vty, dtype, vl)
-            load, store = _masked_io(builder, vty, dtype, vl)
             zero = ir.Constant(vty, None)
             acc = cgutils.alloca_once(builder, vty)
             a0lo = builder.sub(builder.mul(m0lo, _const(S)), pw)
@@ -189,12 +196,9 @@ def _wrow(NR, S):
 
         def codegen(context, builder, signature, args):
             xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, _ = args
-            f, vty, vl = _ir_types(context, dtype)
-            fp = f.as_pointer()
-            px, pdy, ppart = (builder.inttoptr(a, fp) for a in (xp, dyp, pp))
+            vty, vl, (px, pdy, ppart), fma, load, store = _prologue(
+                context, builder, dtype, (xp, dyp, pp))
             rows, prow = _table(builder, trows, NR), _table(builder, tprow, NR)
-            fma = _fma_fn(builder, vty, dtype, vl)
-            load, store = _masked_io(builder, vty, dtype, vl)
             zero = ir.Constant(vty, None)
             # the nine sums as allocas in the entry block: mem2reg keeps them in registers
             acc = [[cgutils.alloca_once(builder, vty) for _ in range(3)] for _ in range(NR)]
@@ -403,11 +407,4 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo):
     nchunks = part.shape[0]
     for ch in prange(nchunks):
         _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
-    TC = dwt.size
-    pf = part.reshape(-1)
-    df = dwt.reshape(-1)
-    for i in range(TC):
-        acc = pf[i]
-        for ch in range(1, nchunks):
-            acc += pf[ch * TC + i]
-        df[i] = acc
+    reduce_chunks(part, dwt)
