@@ -237,8 +237,10 @@ def bwd_d_depthwise_3x3(dy, w, dx, geo):
 
 # ---------------------------------------------------------------------------------------
 # Multiplier 1: span kernels with explicit SIMD (any kernel size, stride, dilation, padding,
-# rank). Backward data uses them for every multiplier-1 problem except 3x3 stride 1 with
-# wide channels (the nine-term kernel above: see the strategy); backward weights for all.
+# rank). Both backward passes use them for every multiplier-1 problem except 3x3 filters
+# at column stride 1 or 2 without column dilation (the row kernels of ``depthwise_rows``)
+# and backward data's 3x3 stride 1 with column dilation and wide channels (the nine-term
+# kernel above): see the strategy.
 #
 # The loop vectoriser keeps accumulators in memory (PERF_NOTES), so the inner loops are
 # written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``. A "span" is a
@@ -303,6 +305,17 @@ def _at(builder, base, off, ty):
     return p if ty is base.type.pointee else builder.bitcast(p, ty.as_pointer())
 
 
+def lane_mask(builder, n, vl):
+    """``<vl x i1>``: lanes ``0 .. n - 1`` on, for the channels beyond the last whole vector."""
+    i64 = ir.IntType(64)
+    vi = ir.VectorType(i64, vl)
+    iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
+    splat = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(vi, ir.Undefined), n, ir.Constant(ir.IntType(32), 0)),
+        ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
+    return builder.icmp_signed("<", iota, splat)
+
+
 def _loops(builder, npix, C, vl, pb, cbv, emit):
     """``emit(c, p0, cnt, mask)`` over blocks of ``cbv`` channel vectors x ``pb`` pixels:
     per channel block, per pixel block (the last may be shorter), per channel vector
@@ -336,12 +349,7 @@ def _loops(builder, npix, C, vl, pb, cbv, emit):
         pixel_blocks(vec_body)
     rem = builder.sub(C, cfull)
     with builder.if_then(builder.icmp_signed(">", rem, const(0))):
-        vi = ir.VectorType(i64, vl)
-        iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(vi, ir.Undefined), rem, ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
-        mask = builder.icmp_signed("<", iota, splat)
+        mask = lane_mask(builder, rem, vl)
         pixel_blocks(lambda p0, cnt: emit(cfull, p0, cnt, mask))
 
 

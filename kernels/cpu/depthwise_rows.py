@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
 from numbaconv.kernels.cpu.depthwise import (_at, _fma_fn, _ir_types, _masked_io, _table,
-                                             reduce_chunks)
+                                             lane_mask, reduce_chunks)
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
 #: weights), plus nine filter vectors or nine tap sums and one loaded vector, within the
@@ -51,20 +51,13 @@ def _const(v):
 def _channel_vectors(builder, C, vl, body):
     """``body(c, mask)`` for every whole vector of channels (``mask`` None), then once for
     the channels beyond the last whole vector with a lane mask (``<vl x i1>``)."""
-    i64 = ir.IntType(64)
     nfull = builder.sdiv(C, _const(vl))
     with cgutils.for_range(builder, nfull) as lp:
         body(builder.mul(lp.index, _const(vl)), None)
     cfull = builder.mul(nfull, _const(vl))
     rem = builder.sub(C, cfull)
     with builder.if_then(builder.icmp_signed(">", rem, _const(0))):
-        vi = ir.VectorType(i64, vl)
-        iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(vi, ir.Undefined), rem,
-                                   ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
-        body(cfull, builder.icmp_signed("<", iota, splat))
+        body(cfull, lane_mask(builder, rem, vl))
 
 
 def _prologue(context, builder, dtype, addrs):
@@ -263,6 +256,7 @@ _wrow1s1, _wrow2s1, _wrow3s1 = (_wrow(n, 1) for n in (1, 2, 3))
 _wrow1s2, _wrow2s2, _wrow3s2 = (_wrow(n, 2) for n in (1, 2, 3))
 
 
+@helper
 def interior(npix, win, off, S):
     """``(jlo, jhi)``: the pixels ``j < npix`` whose three input columns ``j*S + off + b``
     (b = 0, 1, 2) all lie in ``[0, win)``, as one range (empty ranges start at ``npix``
@@ -273,9 +267,8 @@ def interior(npix, win, off, S):
     return jlo, min(max(jhi, jlo), npix)
 
 
-interior_jit = helper(interior)
 
-
+@helper
 def blocks(npix, win, pw, S):
     """``(m0lo, nblk)``: the backward-data blocks of :func:`_drow` at column stride
     ``S``: block ``b`` covers dX pixels ``S*m0 - pw + k`` (``k < S*PB``) from dY columns
@@ -284,8 +277,6 @@ def blocks(npix, win, pw, S):
     nblk = min((win - m0lo) // PB, (npix + pw - S * m0lo) // (S * PB))
     return m0lo, max(nblk, 0)
 
-
-blocks_jit = helper(blocks)
 
 
 @helper
@@ -301,7 +292,7 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
     dyb, wb, dxb = dy.ctypes.data, w.ctypes.data, dx.ctypes.data
     trows = np.empty(3, np.int64)
     twrow = np.empty(3, np.int64)
-    m0lo, nblk = blocks_jit(iw, ow, pw, sw)
+    m0lo, nblk = blocks(iw, ow, pw, sw)
     ra, rb = trows.ctypes.data, twrow.ctypes.data
     dxf = dx.reshape(-1)
     for r in range(r0, r1):
@@ -364,7 +355,7 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
     trows = np.empty(3, np.int64)
     tprow = np.empty(3, np.int64)
     off = -pw
-    jlo, jhi = interior_jit(ow, iw, off, sw)
+    jlo, jhi = interior(ow, iw, off, sw)
     ra, rb = trows.ctypes.data, tprow.ctypes.data
     for r in range(r0, r1):
         n = r // (od * oh)

@@ -1,5 +1,4 @@
 """Direct strategy, depthwise variant: groups == channels, vectorised across channels."""
-
 import numpy as np
 
 from . import canonical_shapes, geo, itemsize
@@ -23,8 +22,6 @@ def _unrolled_3x3(p):
 #: this session's measurements (2 threads, float32: 32 channels 1.4 vs 6.2 ms for the
 #: span kernel, 144 channels 2.0-2.6 vs 8 ms for the nine-term one; 192-960 within noise).
 UNROLLED_MIN_BYTES = 256
-
-
 
 
 def _rows_3x3(p):
