@@ -19,7 +19,7 @@ CASES = [
     # 3-D stride 2 (phases with one and two taps), 8 groups of 8x8
     (8, 64, 64, (4, 6, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (1, 0, 1)),
     # 2-D, 16 in / 32 out channels per group, stride 2 along w only, asymmetric pads
-    # (32 in as well would send the strided weight gradient to GEMM)
+    # (16 in: the strided gathers of a grouped weight gradient with unequal channels)
     (8, 128, 256, (5, 7), (3, 3), (1, 2), (1, 1), (1, 0), (0, 2)),
     # 2-D, 17 in / 3 out per group (channel and tile remainders), dilation 2 along w
     (8, 136, 24, (6, 11), (3, 3), (1, 1), (1, 2), (2, 2), (1, 1)),
@@ -31,6 +31,9 @@ CASES = [
     # 2-D, 4 in / 32 out per group, stride 2 and dilation 2 together, big pads; rows
     # narrower than a tile
     (16, 64, 512, (7, 3), (2, 2), (2, 2), (2, 2), (2, 3), (1, 2)),
+    # 3-D, 8 groups of 32x32 at stride 2 (ResNeXt-3D conv_3d:12, small): half-width
+    # vectors in float32 on AVX-512 hosts
+    (8, 256, 256, (3, 5, 6), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (1, 1, 1)),
     # 3-D, 8 in / 16 out per group, kernel 1 along d, width 2 (fewer pixels than a tile)
     (16, 128, 256, (2, 4, 2), (1, 3, 3), (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1)),
 ]

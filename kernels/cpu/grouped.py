@@ -52,17 +52,24 @@ TILE_D = (6, 4) if VECTOR_BYTES == 64 else (5, 2)
 TILE_W = (4, 4) if VECTOR_BYTES == 64 else (2, 4)
 
 
-def lanes(itemsize):
+#: The narrower vector width the kernels also run with (half a register): on AVX-512 hosts
+#: an 8-group problem in float32 fills a 256-bit vector and would leave half of a 512-bit
+#: one zero (Zen 4 executes a 512-bit FMA as two 256-bit halves, so the narrow vector
+#: loses nothing there); the strategy picks the width per problem.
+HALF_BYTES = VECTOR_BYTES // 2
+
+
+def lanes(itemsize, vbytes=VECTOR_BYTES):
     """Groups in one vector for an element size (8 float32 or 4 float64 with AVX2)."""
-    return VECTOR_BYTES // itemsize
+    return vbytes // itemsize
 
 
-def group_vectors(g, itemsize):
+def group_vectors(g, itemsize, vbytes=VECTOR_BYTES):
     """Vectors across ``g`` groups (the last one padded with zero lanes)."""
-    return -(-g // lanes(itemsize))
+    return -(-g // lanes(itemsize, vbytes))
 
 
-def _micro(P, NV, to_last):
+def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
     """``C[p, v] (+)= sum_s sum_j A[s, j, p] * B[s, j, v]``, element-wise over the lanes: a
     ``P x NV`` tile of vectors kept in registers over a whole reduction (LLVM allocas that
     mem2reg turns into registers).
@@ -88,7 +95,7 @@ def _micro(P, NV, to_last):
         def codegen(context, builder, signature, args):
             a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, warr = args
             f = context.get_value_type(dtype)
-            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            vl = vbytes // context.get_abi_sizeof(f)
             vty = ir.VectorType(f, vl)
             fp, vp = f.as_pointer(), vty.as_pointer()
             i64, i32 = ir.IntType(64), ir.IntType(32)
@@ -176,7 +183,7 @@ def _micro(P, NV, to_last):
     return micro
 
 
-def _transpose(cc, to_lanes):
+def _transpose(cc, to_lanes, vbytes=VECTOR_BYTES):
     """A register transpose between channels-last and group-minor for one pixel and one
     vector of groups: with ``to_lanes``, ``VL`` rows of ``cc`` channels (row ``i`` at ``src +
     i*ss``) become ``cc`` vectors of ``VL`` lanes (vector ``j`` at ``dst + j*ds``); else the
@@ -190,7 +197,7 @@ def _transpose(cc, to_lanes):
         def codegen(context, builder, signature, args):
             src, ss, dst, ds, _ = args
             f = context.get_value_type(dtype)
-            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            vl = vbytes // context.get_abi_sizeof(f)
             nin, win = (vl, cc) if to_lanes else (cc, vl)
             i64, i32 = ir.IntType(64), ir.IntType(32)
             ps = builder.inttoptr(src, f.as_pointer())
@@ -235,6 +242,7 @@ def _transpose(cc, to_lanes):
 
 
 _to4, _to1 = _transpose(4, True), _transpose(1, True)
+_to4h, _to1h = _transpose(4, True, HALF_BYTES), _transpose(1, True, HALF_BYTES)
 
 
 @kernel
@@ -251,6 +259,7 @@ def to_group_minor(src, dst, g, pl):
     rows = mb * d * h
     chunk = rows * wp * C * vl
     it = src.itemsize
+    full = vl * it == VECTOR_BYTES
     ps, pd = src.ctypes.data, dst.ctypes.data
     for r in prange(rows):
         for gv in range(nvg):
@@ -274,23 +283,28 @@ def to_group_minor(src, dst, g, pl):
                     continue
                 c = 0
                 while c + 4 <= C:
-                    _to4(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
+                    if full:
+                        _to4(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
+                    else:
+                        _to4h(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
                     c += 4
                 while c < C:
-                    _to1(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
+                    if full:
+                        _to1(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
+                    else:
+                        _to1h(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
                     c += 1
 
 
 @kernel(parallel=False)
-def pack_filter(w, out, pos, taps, g, transposed):
+def pack_filter(w, out, pos, taps, g, transposed, vl):
     """Filter ``w [kd, kh, kw, icg, g*ocg]`` -> the block at ``pos`` of every row of ``out
     [nvg, *]``: ``[kd, kh, len(taps), icg, ocg, VL]``, or ``[..., ocg, icg, VL]`` when
     ``transposed``; tap ``j`` along w is ``w``'s tap ``taps[j]``, lane ``l`` of vector ``gv``
-    is group ``gv*VL + l`` (zero past the last group)."""
+    is group ``gv*vl + l`` (zero past the last group)."""
     kd, kh, icg = w.shape[0], w.shape[1], w.shape[3]
     ocg = w.shape[4] // g
     nvg, nj = out.shape[0], taps.shape[0]
-    vl = VECTOR_BYTES // out.itemsize
     a_n, b_n = (ocg, icg) if transposed else (icg, ocg)
     for r in range(nvg * kd * kh):
         gv = r // (kd * kh)
@@ -310,17 +324,22 @@ _tile_d = _micro(TILE_D[0], TILE_D[1], True)
 _tile_dd = _micro(1, 1, True)
 _tile_w = _micro(TILE_W[0], TILE_W[1], False)
 _tile_w1 = _micro(1, 1, False)
+_tile_dh = _micro(TILE_D[0], TILE_D[1], True, HALF_BYTES)
+_tile_ddh = _micro(1, 1, True, HALF_BYTES)
+_tile_wh = _micro(TILE_W[0], TILE_W[1], False, HALF_BYTES)
+_tile_w1h = _micro(1, 1, False, HALF_BYTES)
 
 
 @helper
-def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, work):
+def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, work):
     """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
     groups, in ``TILE_D`` tiles stored channels-last; the last tile of a row or of the
     channels overlaps the one before it (recomputing a few pixels: tiles are stored, not
-    added). B's channel vectors are contiguous (``VL`` apart)."""
+    added). B's channel vectors are contiguous (``vl`` apart: the full or the half vector
+    width)."""
     P, NV = TILE_D
     it = work.itemsize
-    vl = VECTOR_BYTES // it
+    full = vl * it == VECTOR_BYTES
     if npix >= P and nout >= NV:
         j = 0
         while j < npix:
@@ -328,15 +347,23 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, work)
             k = 0
             while k < nout:
                 kk = min(k, nout - NV)
-                _tile_d(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
-                        segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                if full:
+                    _tile_d(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
+                            segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                else:
+                    _tile_dh(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
+                             segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
                 k += NV
             j += P
     else:
         for jj in range(npix):
             for k in range(nout):
-                _tile_dd(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
-                         segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                if full:
+                    _tile_dd(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
+                             segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                else:
+                    _tile_ddh(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
+                              segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
 
 
 @kernel
@@ -388,7 +415,7 @@ def _fwd_row(xp, wf, y, geo, pl, segs, r):
     for gv in range(nvg):
         _row_tiles(pa + gv * xs * it, pb + gv * ws * it, pc + (crow + gv * vl * ocg) * it,
                    segs.ctypes.data, ns, ow, ocg, min(vl, g - gv * vl), sw * icg * vl, vl,
-                   ocg * vl, oc, ocg, work)
+                   ocg * vl, oc, ocg, vl, work)
 
 
 @kernel
@@ -449,7 +476,7 @@ def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
         for gv in range(nvg):
             _row_tiles(pa + gv * ys * it, pb + gv * ws * it, pc + (crow + gv * vl * icg) * it,
                        segs.ctypes.data, ns, npix, icg, min(vl, g - gv * vl), ocg * vl, vl,
-                       icg * vl, sw * ic, icg, work)
+                       icg * vl, sw * ic, icg, vl, work)
 
 
 @kernel
@@ -481,6 +508,7 @@ def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
     nvg, wp, vl = xp.shape[0], xp.shape[4], xp.shape[6]
     P, NV = TILE_W
     it = part.itemsize
+    full = vl * it == VECTOR_BYTES
     xs, ys, cs = xp[0].size, dyg[0].size, part[0].size
     work = np.empty(0, part.dtype)
     pa, pb, pc = xp.ctypes.data, dyg.ctypes.data, part.ctypes.data
@@ -516,16 +544,30 @@ def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
                             c = pc + (gv * cs + ((t_d * kh + t_h) * kw + t_w) * tap) * it
                             for c0 in range(0, cf, P):
                                 for k0 in range(0, kf, NV):
-                                    _tile_w(a + c0 * vl * it, b + k0 * vl * it,
-                                            c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
-                                            sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1, work)
+                                    if full:
+                                        _tile_w(a + c0 * vl * it, b + k0 * vl * it,
+                                                c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                                sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
+                                                work)
+                                    else:
+                                        _tile_wh(a + c0 * vl * it, b + k0 * vl * it,
+                                                 c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                                 sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
+                                                 work)
                             for c0 in range(icg):
                                 for k0 in range(ocg):
                                     if c0 < cf and k0 < kf:
                                         continue
-                                    _tile_w1(a + c0 * vl * it, b + k0 * vl * it,
-                                             c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
-                                             sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1, work)
+                                    if full:
+                                        _tile_w1(a + c0 * vl * it, b + k0 * vl * it,
+                                                 c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                                 sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
+                                                 work)
+                                    else:
+                                        _tile_w1h(a + c0 * vl * it, b + k0 * vl * it,
+                                                  c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                                  sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
+                                                  work)
 
 
 @kernel(parallel=False)

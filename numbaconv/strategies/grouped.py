@@ -18,11 +18,6 @@ from .direct import Direct
 MIN_GROUPS = 8
 #: Above this many channels per group, GEMMs per group are efficient enough.
 MAX_GROUP_CHANNELS = 64
-#: Strided backward weights with at least this many channels per group goes to the GEMM
-#: strategy: the grouped kernel's strided gathers load each input vector once per tap,
-#: while a GEMM per group reduces over contiguous im2col rows (ResNeXt-3D conv_3d:12, 8
-#: groups of 32 channels, stride 2, Zen 4, 2 threads: 7.22 ms grouped, 3.30 ms GEMM).
-MAX_STRIDED_BWD_W_CHANNELS = 32
 #: Backward weights sums each tile over blocks of output pixels whose x and dy vectors (one
 #: vector of groups) take at most this many bytes, so that they stay in L1 while every tile
 #: of the tap passes over them; and of at least ``BWD_W_MIN_PIXELS`` pixels (a tile's
@@ -35,8 +30,6 @@ R_DEPTHWISE = "depthwise (groups == channels): the depthwise variant is simpler"
 R_FEW_GROUPS = "{g} groups: vectors across groups shorter than %d lanes" % MIN_GROUPS
 R_WIDE_GROUPS = "{icg}x{ocg} channels per group: per-group GEMMs are efficient (> %d)" % (
     MAX_GROUP_CHANNELS)
-R_STRIDED_BWD_W = ("strided weight gradient with {icg}x{ocg} channels per group: per-group "
-                   "GEMMs over im2col rows are faster (>= %d)" % MAX_STRIDED_BWD_W_CHANNELS)
 
 
 def _kernels():
@@ -45,9 +38,24 @@ def _kernels():
 
 
 def _vectors(p):
-    """``(nvg, VL)``: vectors across the groups, lanes per vector."""
+    """``(nvg, VL)``: vectors across the groups, lanes per vector. The full register width,
+    unless half of it (on 64-byte-vector hosts only, where the two halves of a 512-bit FMA
+    run as two 256-bit ones anyway) holds the groups in fewer lanes: 8 groups in float32
+    fill a 256-bit vector and half of a 512-bit one. Zen 4, 2 threads, suite runs:
+    ResNeXt-3D conv_3d:8 (8 groups of 8x8) backward data 21.3 -> 8.6 ms (PyTorch 8.2-8.8),
+    weights 33.1 -> 10.1 ms (PyTorch 18.6-21.3); conv_3d:12 (8 groups of 32x32, stride 2)
+    backward data 4.76 -> 2.52 ms, and its weight gradient, which had gone to the GEMM
+    strategy (4.3-4.5 ms there), 2.9-3.0 ms. 16 groups stay on full vectors (two half
+    vectors measured slower: conv_3d:4 backward data 3.2-3.6 -> 4.0-4.2 ms)."""
     k = _kernels()
-    return k.group_vectors(p.g, itemsize(p)), k.lanes(itemsize(p))
+    item = itemsize(p)
+    vbytes = k.VECTOR_BYTES
+    if vbytes == 64:
+        half = k.HALF_BYTES
+        if (k.group_vectors(p.g, item, half) * k.lanes(item, half)
+                < k.group_vectors(p.g, item) * k.lanes(item)):
+            vbytes = half
+    return k.group_vectors(p.g, item, vbytes), k.lanes(item, vbytes)
 
 
 def _x_pad(p):
@@ -88,7 +96,8 @@ def _fwd_filter(w, p, vec):
     """``[kd, kh, kw, icg, g*ocg]`` -> ``[nvg, kd, kh, kw, icg, ocg, VL]``."""
     out = np.empty((vec[0], math.prod(p.ksz) * p.icg * p.ocg * vec[1]), w.dtype)
     _kernels().pack_filter(np.ascontiguousarray(w), out, np.int64(0),
-                           np.arange(p.ksz[2], dtype=np.int64), np.int64(p.g), False)
+                           np.arange(p.ksz[2], dtype=np.int64), np.int64(p.g), False,
+                           np.int64(vec[1]))
     return out
 
 
@@ -111,7 +120,7 @@ def _bwd_d_filter(w, p, vec, phases, left):
         if taps:
             _kernels().pack_filter(np.ascontiguousarray(w), wq, np.int64(pos),
                                    np.array([t for _, t in taps], np.int64), np.int64(p.g),
-                                   True)
+                                   True, np.int64(vec[1]))
             pos += len(taps) * per_tap
     return (wq, np.array(qtab, np.int64).reshape(-1, 3),
             np.array(runs, np.int64).reshape(-1, 3))
@@ -131,15 +140,12 @@ class GroupedDirect(Direct):
             return R_FEW_GROUPS.format(g=p.g)
         if max(p.icg, p.ocg) > MAX_GROUP_CHANNELS:
             return R_WIDE_GROUPS.format(icg=p.icg, ocg=p.ocg)
-        if (p.direction == "bwd_w" and any(s > 1 for s in p.stride)
-                and min(p.icg, p.ocg) >= MAX_STRIDED_BWD_W_CHANNELS):
-            return R_STRIDED_BWD_W.format(icg=p.icg, ocg=p.ocg)
         return None
 
     def tiles(self, p, machine):
         if p.direction == "bwd_w":
             rows = p.mb * p.osz[0] * p.osz[1]
-            per_pixel = (p.icg + p.ocg) * machine.lanes(itemsize(p)) * itemsize(p)
+            per_pixel = (p.icg + p.ocg) * _vectors(p)[1] * itemsize(p)
             pixels = max(BWD_W_MIN_PIXELS, BWD_W_BLOCK_BYTES // per_pixel)
             cols = max(1, min(p.osz[2], pixels))
             return {"chunks": max(1, min(machine.cores, rows)), "block_cols": cols,
