@@ -26,15 +26,15 @@ def test_tune_times_once_then_uses_cache(tune_dir, monkeypatch):
     assert "tuned now" in p1.reason
     data = json.loads((tune_dir / "tune.json").read_text())
     (entry,) = data["entries"].values()
-    assert entry["strategy"] == p1.strategy
-    assert set(entry["seconds"]) == {"gemm", "direct"}
+    assert entry["strategy"] == p1.strategy + (f"[{p1.variant}]" if p1.variant else "")
+    assert set(entry["seconds"]) == {"gemm[rows]", "gemm", "direct"}
 
     def no_timing(*a, **k):
         raise AssertionError("a cached problem must not be timed again")
 
     monkeypatch.setattr(tune, "time_strategy", no_timing)
     p2 = nc.plan("conv2d_backprop_filter", *_args(), tune=True)
-    assert p2.strategy == p1.strategy and "cached" in p2.reason
+    assert (p2.strategy, p2.variant) == (p1.strategy, p1.variant) and "cached" in p2.reason
     # the op itself runs with the tuned plan and gives the right answer
     x, fs, dy, s, pad = _args()
     got = nc.conv2d_backprop_filter(x, fs, dy, s, pad, tune=True)

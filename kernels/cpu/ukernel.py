@@ -31,6 +31,7 @@ disk cache on the host CPU, so code cached on one machine is never loaded on ano
 """
 import numpy as np
 from llvmlite import ir
+from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -308,6 +309,62 @@ def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
                     for i in range(im):
                         for jj in range(w):
                             _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
+
+
+@kernel
+def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
+    """``parts[j] += dW`` over share ``j`` of the output pixels (flat over rows of ``ow``
+    pixels), the shares in parallel (``work[j]``: share ``j``'s scratch of
+    :func:`workspace` elements): see :func:`_rows_bwd_w`."""
+    nch = parts.shape[0]
+    total = geo[0] * geo[10] * geo[11] * geo[12]
+    for j in prange(nch):
+        _rows_bwd_w(xp, dy, parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc,
+                    work[j])
+
+
+@helper
+def _rows_bwd_w(xp, dy, part, geo, t0, t1, kc, nc, work):
+    """``part += dW`` over the output pixels ``t0 .. t1`` (flat over rows of ``ow``
+    pixels): backward weights as GEMMs whose A is a strided view of the input, with no
+    im2col. ``xp [mb, id, ih, wp, C]`` is ``x`` padded along w only (pixel ``i`` of a row
+    at ``pw + i``, every tap of every output pixel inside, dilation 1 along w), ``dy [mb,
+    od, oh, ow, K]``, ``part [kd, kh, kw*C, K]`` (one group). For an output row and a tap
+    (t_d, t_h) that keeps it inside the input, ``part[t_d, t_h] += A @ dY_row`` with
+    ``A[t_w*C + c, o] = xp[row, o*sw + t_w, c]`` at element ``o*sw*C + t_w*C + c`` of the
+    input row: rows of A one element apart, columns ``sw*C`` apart (``kw*C`` contiguous
+    weights per pixel: a 1-D stem's 7 taps x 3 channels)."""
+    C, K = geo[2], geo[3]
+    id_, ih = geo[4], geo[5]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    wp = xp.shape[3]
+    it = work.itemsize
+    px, py, pc = xp.ctypes.data, dy.ctypes.data, part.ctypes.data
+    M = kw * C
+    r = t0 // ow
+    while r * ow < t1:
+        o0 = max(t0 - r * ow, 0)
+        o1 = min(t1 - r * ow, ow)
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        b = py + ((r * ow + o0) * K) * it
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                a = px + ((((n * id_ + i_d) * ih + i_h) * wp + o0 * sw) * C) * it
+                c = pc + ((t_d * kh + t_h) * M * K) * it
+                gemm(a, 1, sw * C, b, K, 1, c, K, _NO_MAP, M, K, o1 - o0, 1, kc, nc, work)
+        r += 1
 
 
 @intrinsic
