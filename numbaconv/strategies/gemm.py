@@ -72,8 +72,11 @@ def _runs(boff):
 
 #: Backward data with at most this many rows per stride phase multiplies tap by tap on W's
 #: own rows instead of a transposed copy of W (1-D k5 512x512 over 32 pixels: copy 1.68 ms
-#: + GEMM vs 1.09 ms per tap with dX's columns split, standalone, 2 threads).
-PER_TAP_MAX_ROWS = 256
+#: + GEMM vs 1.09 ms per tap with dX's columns split, standalone, 2 threads). Raised from
+#: 256 on Zen 4 (2 threads, float32, three alternating suite runs each, ms): ResNet-50
+#: res5b_branch2b (392 rows) 11.9-12.6 -> 11.4-12.2, res5a_branch2b 12.0-12.8 ->
+#: 11.5-11.6, 1-D conv1d:8 (300 rows) 3.04-3.37 -> 2.77-2.92.
+PER_TAP_MAX_ROWS = 512
 
 
 def _max_phase_taps(p):
