@@ -245,6 +245,20 @@ _to4, _to1 = _transpose(4, True), _transpose(1, True)
 _to4h, _to1h = _transpose(4, True, HALF_BYTES), _transpose(1, True, HALF_BYTES)
 
 
+@helper
+def _to_lanes(four, full, src, ss, dst, ds, work):
+    """:func:`_transpose` to lanes of 4 channels (``four``) or 1, on full or half vectors."""
+    if four:
+        if full:
+            _to4(src, ss, dst, ds, work)
+        else:
+            _to4h(src, ss, dst, ds, work)
+    elif full:
+        _to1(src, ss, dst, ds, work)
+    else:
+        _to1h(src, ss, dst, ds, work)
+
+
 @kernel
 def to_group_minor(src, dst, g, pl):
     """``src [mb, d, h, w, g*C]`` -> ``dst [nvg, mb, d, h, wp, C, VL]``: group ``gi`` in
@@ -282,18 +296,11 @@ def to_group_minor(src, dst, g, pl):
                             d1[o + c * cst + l] = s1[base + l * C + c]
                     continue
                 c = 0
-                while c + 4 <= C:
-                    if full:
-                        _to4(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
-                    else:
-                        _to4h(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
-                    c += 4
                 while c < C:
-                    if full:
-                        _to1(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
-                    else:
-                        _to1h(ps + (base + c) * it, C, pd + (o + c * cst) * it, cst, src)
-                    c += 1
+                    four = c + 4 <= C
+                    _to_lanes(four, full, ps + (base + c) * it, C, pd + (o + c * cst) * it,
+                              cst, src)
+                    c += 4 if four else 1
 
 
 @kernel(parallel=False)
@@ -331,6 +338,35 @@ _tile_w1h = _micro(1, 1, False, HALF_BYTES)
 
 
 @helper
+def _gather_tile(whole, full, a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, work):
+    """A ``TILE_D`` tile (``whole``) or a 1 x 1 one, stored channels-last, on full or half
+    vectors."""
+    if whole:
+        if full:
+            _tile_d(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+        else:
+            _tile_dh(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+    elif full:
+        _tile_dd(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+    else:
+        _tile_ddh(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+
+
+@helper
+def _sum_tile(whole, full, a, b, c, segs, ns, ars, acs, bcs, crs, work):
+    """A ``TILE_W`` tile (``whole``) or a 1 x 1 one, added to C, on full or half vectors."""
+    if whole:
+        if full:
+            _tile_w(a, b, c, segs, ns, ars, acs, bcs, crs, 0, 0, 1, work)
+        else:
+            _tile_wh(a, b, c, segs, ns, ars, acs, bcs, crs, 0, 0, 1, work)
+    elif full:
+        _tile_w1(a, b, c, segs, ns, ars, acs, bcs, crs, 0, 0, 1, work)
+    else:
+        _tile_w1h(a, b, c, segs, ns, ars, acs, bcs, crs, 0, 0, 1, work)
+
+
+@helper
 def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, work):
     """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
     groups, in ``TILE_D`` tiles stored channels-last; the last tile of a row or of the
@@ -347,23 +383,17 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, w
             k = 0
             while k < nout:
                 kk = min(k, nout - NV)
-                if full:
-                    _tile_d(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
-                            segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
-                else:
-                    _tile_dh(a + jj * ars * it, b + kk * vl * it, c + (jj * crs + kk) * it,
-                             segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                _gather_tile(True, full, a + jj * ars * it, b + kk * vl * it,
+                             c + (jj * crs + kk) * it, segs, ns, ars, acs, bcs, crs, ccs, nl,
+                             work)
                 k += NV
             j += P
     else:
         for jj in range(npix):
             for k in range(nout):
-                if full:
-                    _tile_dd(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
-                             segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
-                else:
-                    _tile_ddh(a + jj * ars * it, b + k * vl * it, c + (jj * crs + k) * it,
-                              segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+                _gather_tile(False, full, a + jj * ars * it, b + k * vl * it,
+                             c + (jj * crs + k) * it, segs, ns, ars, acs, bcs, crs, ccs, nl,
+                             work)
 
 
 @kernel
@@ -544,30 +574,16 @@ def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
                             c = pc + (gv * cs + ((t_d * kh + t_h) * kw + t_w) * tap) * it
                             for c0 in range(0, cf, P):
                                 for k0 in range(0, kf, NV):
-                                    if full:
-                                        _tile_w(a + c0 * vl * it, b + k0 * vl * it,
-                                                c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
-                                                sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
-                                                work)
-                                    else:
-                                        _tile_wh(a + c0 * vl * it, b + k0 * vl * it,
-                                                 c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
-                                                 sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
-                                                 work)
+                                    _sum_tile(True, full, a + c0 * vl * it, b + k0 * vl * it,
+                                              c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                              sw * icg * vl, ocg * vl, ocg * vl, work)
                             for c0 in range(icg):
                                 for k0 in range(ocg):
                                     if c0 < cf and k0 < kf:
                                         continue
-                                    if full:
-                                        _tile_w1(a + c0 * vl * it, b + k0 * vl * it,
-                                                 c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
-                                                 sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
-                                                 work)
-                                    else:
-                                        _tile_w1h(a + c0 * vl * it, b + k0 * vl * it,
-                                                  c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
-                                                  sw * icg * vl, ocg * vl, ocg * vl, 0, 0, 1,
-                                                  work)
+                                    _sum_tile(False, full, a + c0 * vl * it, b + k0 * vl * it,
+                                              c + (c0 * ocg + k0) * vl * it, sp, ns, vl,
+                                              sw * icg * vl, ocg * vl, ocg * vl, work)
 
 
 @kernel(parallel=False)

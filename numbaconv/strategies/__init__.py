@@ -56,5 +56,13 @@ def geo(p):
     return g
 
 
+def w_padding(p):
+    """``(left, width)`` of the input zero-padded along w for gathers along it: pixel ``i``
+    at ``left + i``, every tap of every output pixel inside."""
+    iw, kw, ow, sw, dw, pw = p.isz[2], p.ksz[2], p.osz[2], p.stride[2], p.dilation[2], \
+        p.pad_begin[2]
+    return pw, max(iw + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
+
+
 def itemsize(p):
     return np.dtype(p.compute_dtype).itemsize

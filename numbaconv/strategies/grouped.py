@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import canonical_shapes, geo, itemsize
+from . import canonical_shapes, geo, itemsize, w_padding
 from .direct import Direct
 
 #: Below this many groups the group-minor vector is too short to pay for the transposes.
@@ -56,14 +56,6 @@ def _vectors(p):
                 < k.group_vectors(p.g, item) * k.lanes(item)):
             vbytes = half
     return k.group_vectors(p.g, item, vbytes), k.lanes(item, vbytes)
-
-
-def _x_pad(p):
-    """``(left, width)`` of the zero-padded input of the forward and backward-weights
-    gathers: pixel ``i`` at ``left + i``, every tap of every output pixel inside."""
-    iw, kw, ow, sw, dw, pw = p.isz[2], p.ksz[2], p.osz[2], p.stride[2], p.dilation[2], \
-        p.pad_begin[2]
-    return pw, max(iw + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
 
 
 def _bwd_d_phases(p):
@@ -158,7 +150,7 @@ class GroupedDirect(Direct):
         gp = math.prod(_vectors(p))
         taps = math.prod(p.ksz)
         mb, (id_, ih, _), (od, oh, ow) = p.mb, p.isz, p.osz
-        x_gm = mb * id_ * ih * _x_pad(p)[1] * p.icg * gp
+        x_gm = mb * id_ * ih * w_padding(p)[1] * p.icg * gp
         if p.direction == "fwd":
             n = x_gm + taps * p.icg * p.ocg * gp
         elif p.direction == "bwd_d":
@@ -174,7 +166,7 @@ class GroupedDirect(Direct):
         ct, g, vec = np.dtype(p.compute_dtype), p.g, _vectors(p)
         gv = geo(p)
         if p.direction == "fwd":
-            left, width = _x_pad(p)
+            left, width = w_padding(p)
             xp = _to_group_minor(ops["x"], g, vec, left, width)
             y = np.empty(ys, ct)
             k.fwd_gm(xp, _fwd_filter(ops["w"], p, vec), y, gv, np.int64(left))
@@ -186,7 +178,7 @@ class GroupedDirect(Direct):
             dx = np.empty(xs, ct)
             k.bwd_d_gm(dyp, wq, dx, gv, qtab, runs)
             return dx
-        left, width = _x_pad(p)
+        left, width = w_padding(p)
         xp = _to_group_minor(ops["x"], g, vec, left, width)
         dyg = _to_group_minor(ops["dy"], g, vec)
         chunks = int(tiles["chunks"])

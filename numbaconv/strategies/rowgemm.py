@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from . import Strategy, canonical_shapes, geo, itemsize
+from . import Strategy, canonical_shapes, geo, itemsize, w_padding
 from .gemm import MIN_N, STRATEGY as GEMM, UK_KC, _workers
 from .. import config
 
@@ -42,13 +42,6 @@ R_WIDE = ("{n} weights per tap row x {k} output channels (> %d or > %d): im2col 
 R_NARROW = "{k} output channels (< %d): too few GEMM columns" % MIN_N
 R_IDENTITY = "1x1 at stride 1 without pads: the GEMM strategy packs nothing either"
 R_BLAS = "GEMM_ENGINE is 'blas' (the rows variant runs on the Numba engine)"
-
-
-def _x_pad(p):
-    """``(left, width)`` of the input padded along w: pixel ``i`` at ``left + i``, every tap
-    of every output pixel inside."""
-    iw, kw, ow, sw, pw = p.isz[2], p.ksz[2], p.osz[2], p.stride[2], p.pad_begin[2]
-    return pw, max(iw + pw, (ow - 1) * sw + kw)
 
 
 class RowGemm(Strategy):
@@ -83,7 +76,7 @@ class RowGemm(Strategy):
         from ..kernels.cpu import ukernel as uk
         item = itemsize(p)
         nw = tiles["workers"]
-        left, width = _x_pad(p)
+        left, width = w_padding(p)
         xp = 0 if (left, width) == (0, p.isz[2]) else p.mb * math.prod(p.isz[:2]) * width * p.ic
         part = nw * math.prod(p.ksz) * p.ic * p.oc
         return (xp + part + nw * uk.workspace(tiles["kc"], item, tiles["nc"])) * item
@@ -93,7 +86,7 @@ class RowGemm(Strategy):
         ct = np.dtype(p.compute_dtype)
         x = np.ascontiguousarray(ops["x"], ct)
         dy = np.ascontiguousarray(ops["dy"], ct)
-        left, width = _x_pad(p)
+        left, width = w_padding(p)
         if (left, width) == (0, p.isz[2]):
             xp = x
         else:
