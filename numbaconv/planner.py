@@ -27,10 +27,11 @@ def _strategies():
         from .strategies.gemm import STRATEGY as GEMM
         from .strategies.col2im import STRATEGY as COL2IM
         from .strategies.rowgemm import STRATEGY as ROWGEMM
+        from .strategies.igemm import STRATEGY as IGEMM
         from .strategies.depthwise import STRATEGY as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
-        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, GEMM, COL2IM, DEPTHWISE, DIRECT]
+        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, IGEMM, GEMM, COL2IM, DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

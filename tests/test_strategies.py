@@ -182,8 +182,12 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
     short reduction (few output channels) or a packed W^T that fits half of L2; with
     AVX-512 also for tall backward-weights reductions; BLAS elsewhere."""
     from numbaconv.kernels.cpu import ukernel
+    from numbaconv.strategies import igemm
     monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
     monkeypatch.setattr(config, "GEMM_ENGINE", "auto")
+    # the GEMM strategy's own engine choice: its implicit variant (ahead of it for the
+    # longer 1x1 reductions below) stands aside
+    monkeypatch.setattr(igemm.ImplicitGemm, "accepts", lambda self, p: "set aside")
     x = np.zeros((8, 56, 56, 64), np.float32)
     dy = np.zeros((8, 56, 56, 64), np.float32)
     w = np.zeros((1, 1, 64, 64), np.float32)

@@ -1,0 +1,321 @@
+"""Implicit-GEMM backward data: register tiles of ``dX`` summed over the taps straight from
+a zero-padded ``dY``, with no im2col matrix and no pass over ``dX`` per tap.
+
+Backward data at stride ``s`` splits into stride phases ``q`` (dX positions ``q + s*j``);
+in a phase, tap ``t`` with an exact offset ``b_t = (q + pad - t*dil) / s`` gives
+
+    dX[q + s*j, c] += sum_k dY[j + b_t, k] * W[t, c, k]
+
+(see :mod:`numbaconv.strategies.gemm`). With ``dY`` padded by zeros so that every
+``j + b_t`` of every phase lies inside (``dyp``), the ``k``-vector a phase pixel ``j``
+needs for tap ``t`` starts ``seg[t]`` elements after pixel ``j``'s own place in ``dyp``:
+one constant offset per tap. So an ``MR x NR`` tile of ``dX`` (``MR`` consecutive phase
+pixels, across rows and images as they come; ``NR`` channels) is one register tile of a
+GEMM whose reduction runs over segments (taps) of ``K`` contiguous elements each:
+
+    acc[i, :] = sum_t sum_k dyp[arow[i] + seg[t] + k] * Bp[t, k, :]
+
+with ``Bp`` the filter packed per phase into ``[panels, taps, K, NR]`` (the ``NR``
+channels of a panel contiguous, zero past ``C``). The micro-kernel (:func:`_micro`) is the
+one of :mod:`numbaconv.kernels.cpu.ukernel` (``MR x NV`` vectors of accumulators, one
+broadcast and ``NV`` loads per step: BLIS's and oneDNN's brgemm's scheme) with each row's
+``A`` address given explicitly and the reduction walking a list of segments, so a tile
+spans row and image boundaries freely and is stored once per chunk of taps.
+
+Blocking (BLIS's loop order with an ``mc`` row block): a parallel loop over blocks of row
+tiles; in a block, for each panel of ``NR`` channels, for each chunk of taps whose packed
+filter (``chunk * K * NR``) stays in L2, every tile of the block. The block's ``dX`` tiles
+stay in L1/L2 across the chunks (stored with ``beta`` 1 after the first), and the filter
+chunk is read from L2 by every tile.
+
+This module is self-contained (see :mod:`numbaconv.kernels`): its micro-kernel is its own
+copy, so that Numba's per-file cache never keeps a stale caller.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from numbaconv._jit import helper, kernel
+
+from numbaconv.kernels.cpu.ukernel import VECTOR_BYTES  # noqa: E402  (a host constant)
+
+#: Rows of a register tile and the most vectors across it (as ukernel's: ``MR*NV``
+#: accumulators, ``NV`` loaded vectors and a broadcast within 32 registers with AVX-512).
+MR = 6
+NV = 4 if VECTOR_BYTES == 64 else 2
+
+
+def lanes(itemsize):
+    return VECTOR_BYTES // itemsize
+
+
+def panel(itemsize):
+    """Channels of a full register tile (``NR``)."""
+    return NV * lanes(itemsize)
+
+
+def _micro(nv):
+    """``C[crows[i] + :nv*VL] (+)= sum_s sum_k A[arows[i] + segs[s] + k] * B[s*kl + k, :]``
+    for the ``MR`` rows ``i`` (element offsets from ``a``, ``c``; ``arows``, ``segs`` and
+    ``crows``: addresses of int64 arrays), ``nseg`` segments of ``kl`` elements each, ``B``
+    packed with rows ``ldb`` elements apart. Accumulates into C when ``beta`` != 0; with no
+    segments it stores zeros (or leaves C as it is)."""
+
+    @intrinsic
+    def micro(typingctx, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
+        sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp,
+                         types.intp, types.intp, types.intp, types.intp, types.intp, work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            a, arows, segs, nseg, kl, b, ldb, c, crows, beta, _ = args
+            f = context.get_value_type(dtype)
+            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            vty = ir.VectorType(f, vl)
+            fp, vp = f.as_pointer(), vty.as_pointer()
+            i64 = ir.IntType(64)
+            i64p = i64.as_pointer()
+            name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+            fma = cgutils.get_or_insert_function(builder.module,
+                                                 ir.FunctionType(vty, [vty] * 3), name)
+            pa = builder.inttoptr(a, fp)
+            pb = builder.inttoptr(b, fp)
+            pc = builder.inttoptr(c, fp)
+            parows = builder.inttoptr(arows, i64p)
+            psegs = builder.inttoptr(segs, i64p)
+            zero = ir.Constant(vty, None)
+            undef = ir.Constant(vty, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(ir.IntType(32), vl), None)
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                   for _ in range(MR)]
+            arow = [builder.load(builder.gep(parows, [ir.Constant(i64, i)]))
+                    for i in range(MR)]
+            with cgutils.for_range(builder, nseg) as sloop:
+                s = sloop.index
+                seg = builder.load(builder.gep(psegs, [s]))
+                base = [builder.add(arow[i], seg) for i in range(MR)]
+                b0 = builder.mul(builder.mul(s, kl), ldb)
+                with cgutils.for_range(builder, kl) as loop:
+                    k = loop.index
+                    bk = builder.add(b0, builder.mul(k, ldb))
+                    bv = [builder.load(builder.bitcast(
+                        builder.gep(pb, [builder.add(bk, ir.Constant(i64, v * vl))]), vp),
+                        align=1) for v in range(nv)]
+                    for i in range(MR):
+                        x = builder.load(builder.gep(pa, [builder.add(base[i], k)]))
+                        x = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
+                        x = builder.shuffle_vector(x, undef, splat)
+                        for v in range(nv):
+                            builder.store(
+                                builder.call(fma, [x, bv[v], builder.load(acc[i][v])]),
+                                acc[i][v])
+            add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+            for i in range(MR):
+                crow = builder.load(builder.gep(builder.inttoptr(crows, i64p),
+                                                [ir.Constant(i64, i)]))
+                for v in range(nv):
+                    p = builder.bitcast(
+                        builder.gep(pc, [builder.add(crow, ir.Constant(i64, v * vl))]), vp)
+                    val = builder.load(acc[i][v])
+                    with builder.if_then(add):
+                        builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
+                    with builder.if_then(builder.not_(add)):
+                        builder.store(val, p, align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
+
+
+@helper
+def _call(nv, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
+    if nv == 4:
+        _micro4(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+    elif nv == 3:
+        _micro3(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+    elif nv == 2:
+        _micro2(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+    else:
+        _micro1(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+
+
+#: Side of the square blocks :func:`pack_filter` transposes through a local tile.
+TB = 16
+
+
+@helper
+def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
+    """``od[dbase + k*nr + l] = ws[(tap*C + p*nr + l)*K + k]`` (0 past ``C``): one tap of
+    panel ``p``, transposed in ``TB x TB`` blocks through ``tmp`` (rows read and written
+    contiguously; unsigned offsets, see :mod:`numbaconv.kernels.cpu.winograd`)."""
+    sbase = np.uint64(tap * C * K)
+    db = np.uint64(dbase)
+    for c0 in range(0, nr, TB):
+        for k0 in range(0, K, TB):
+            if p * nr + c0 + TB <= C and k0 + TB <= K:
+                for i in range(TB):
+                    so = sbase + np.uint64((p * nr + c0 + i) * K + k0)
+                    for j in range(TB):
+                        tmp[j, i] = ws[so + np.uint64(j)]
+                for j in range(TB):
+                    do = db + np.uint64((k0 + j) * nr + c0)
+                    for i in range(TB):
+                        od[do + np.uint64(i)] = tmp[j, i]
+            else:  # a block past C or K: element by element, zeros past C
+                for j in range(k0, min(K, k0 + TB)):
+                    for i in range(TB):
+                        c = p * nr + c0 + i
+                        v = ws[sbase + np.uint64(c * K + j)] if c < C else 0
+                        od[db + np.uint64(j * nr + c0 + i)] = v
+
+
+@kernel
+def pack_filter(w, taps, out):
+    """``out[p, t, k, l] = w[taps[t], p*NR + l, k]`` (0 for channels past ``C``): the
+    filter ``w [T, C, K]`` as one phase's ``[panels, len(taps), K, NR]`` B panels (9 taps
+    of 512 x 512 float32 in 1.0 ms on 2 threads, against 1.4-1.7 ms element by element)."""
+    C, K = w.shape[1], w.shape[2]
+    npan, nt, nr = out.shape[0], out.shape[1], out.shape[3]
+    ws = w.reshape(w.size)
+    od = out.reshape(out.size)
+    for pt in prange(npan * nt):
+        p = pt // nt
+        t = pt % nt
+        tmp = np.empty((TB, TB), w.dtype)
+        _pack(ws, C, K, taps[t], p, nr, od, (p * nt + t) * K * nr, tmp)
+
+
+@helper
+def _tile_offsets(pg, t0, t1, offs, rel, width):
+    """``offs[ti, 0, i]`` / ``offs[ti, 1, i]``: the element offsets in ``dyp`` / ``dx`` of
+    row ``i`` of row tile ``t0 + ti`` (see :func:`bwd_d_phase` for ``pg``). Rows past the
+    last pixel read row 0's ``A`` and write row ``i`` of a scratch block ``width``
+    elements wide, ``rel`` elements after ``dx``."""
+    mb, Jd, Jh, Jw = pg[0], pg[1], pg[2], pg[3]
+    Dp, Hp, Wp, K = pg[4], pg[5], pg[6], pg[7]
+    Ld, Lh, Lw = pg[8], pg[9], pg[10]
+    IH, IW, C = pg[12], pg[13], pg[14]
+    ID = pg[11]
+    qd, qh, qw = pg[15], pg[16], pg[17]
+    sd, sh, sw = pg[18], pg[19], pg[20]
+    P = mb * Jd * Jh * Jw
+    for ti in range(t1 - t0):
+        r0 = (t0 + ti) * MR
+        for i in range(MR):
+            r = r0 + i
+            if r < P:
+                jw = r % Jw
+                u = r // Jw
+                jh = u % Jh
+                u = u // Jh
+                jd = u % Jd
+                n = u // Jd
+                offs[ti, 0, i] = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * K
+                offs[ti, 1, i] = (((n * ID + qd + sd * jd) * IH + qh + sh * jh) * IW
+                                  + qw + sw * jw) * C
+            else:
+                offs[ti, 0, i] = offs[ti, 0, 0]
+                offs[ti, 1, i] = rel + i * width
+
+
+@helper
+def _rel(scratch, pc, it):
+    """``scratch``'s address as a signed element offset from the address ``pc`` (the
+    addresses are unsigned: their difference must not wrap)."""
+    return (np.int64(scratch.ctypes.data) - np.int64(pc)) // it
+
+
+@helper
+def _tiles(nv, pa, offs, psegs, ns, K, bmat, boff, nr, cp, beta, work):
+    """Every row tile of ``offs`` (``[tiles, 2, MR]``: A and C row offsets) against ``ns``
+    segments (taps) from ``psegs`` and the B panel rows at element ``boff`` of ``bmat``
+    (with no segments: zeros). The arrays themselves are passed, not their addresses, so
+    that they stay alive (Numba frees an array after its last use as an array)."""
+    po = offs.ctypes.data
+    b = bmat.ctypes.data + boff * bmat.itemsize
+    for ti in range(offs.shape[0]):
+        _call(nv, pa, po + ti * 2 * MR * 8, psegs, ns, K, b, nr, cp,
+              po + (ti * 2 + 1) * MR * 8, beta, work)
+
+
+@kernel
+def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work):
+    """One stride phase of backward data: ``dx[q + s*j, :] = sum_t dyp[j + b_t, :] @
+    Bp[t]`` for every phase pixel ``j`` (see the module docstring), in parallel over
+    blocks of row tiles, with the filter packed beforehand (:func:`pack_filter`).
+
+    ``pg`` (int64): ``mb, Jd, Jh, Jw`` (the phase grid), ``Dp, Hp, Wp, K`` (``dyp``'s
+    spatial dims and channels), ``Ld, Lh, Lw`` (``dyp``'s leading pads), ``ID, IH, IW, C``
+    (``dx``), ``qd, qh, qw``, ``sd, sh, sw``. ``segs[t]``: tap ``t``'s element offset in
+    ``dyp`` (``((b_d*Hp + b_h)*Wp + b_w)*K``). ``bp [panels, taps, K, NR]``: the packed
+    filter. ``chunk``: taps per micro-kernel call. Row tiles of ``MR`` pixels are split
+    into ``nblocks`` equal blocks, one per parallel iteration; ``work``: per-block scratch
+    rows ``[nblocks, MR * C_panels]`` for the rows past the last pixel."""
+    K, C = pg[7], pg[14]
+    P = pg[0] * pg[1] * pg[2] * pg[3]
+    ntiles = (P + MR - 1) // MR
+    npan, ntaps, nr = bp.shape[0], bp.shape[1], bp.shape[3]
+    it = dx.itemsize
+    vl = nr // NV
+    tpb = (ntiles + nblocks - 1) // nblocks
+    pa, pc = dyp.ctypes.data, dx.ctypes.data
+    psegs = segs.ctypes.data
+    for blk in prange(nblocks):
+        t0 = blk * tpb
+        t1 = min(ntiles, t0 + tpb)
+        if t0 >= t1:
+            continue
+        nt = t1 - t0
+        offs = np.empty((nt, 2, MR), np.int64)   # per tile: A rows, C rows
+        rel = _rel(work[blk], pc, it)           # scratch rows as offsets from dx
+        _tile_offsets(pg, t0, t1, offs, rel, npan * nr)
+        for p in range(npan):
+            nv = (min(nr, C - p * nr) + vl - 1) // vl
+            cp = pc + p * nr * it
+            if ntaps == 0:
+                _tiles(nv, pa, offs, psegs, 0, K, bp, 0, nr, cp, 0, work)
+            for c0 in range(0, ntaps, chunk):
+                ns = min(chunk, ntaps - c0)
+                _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, bp, ((p * ntaps + c0) * K) * nr,
+                       nr, cp, 1 if c0 else 0, work)
+
+
+@kernel
+def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
+    """:func:`bwd_d_phase` in parallel over the ``NR``-channel panels instead of row blocks,
+    each iteration packing its own panel's filter chunk by chunk (``w [T, C, K]``,
+    ``taps``: the phase's tap indices) into a local buffer that stays in L2 while every row
+    tile of the phase meets it: the filter is read once and never written back, for
+    phases with few pixels and a large filter. ``work``: scratch rows ``[1, MR * C_panels]``
+    for the rows past the last pixel (each panel writes its own columns)."""
+    K, C = pg[7], pg[14]
+    P = pg[0] * pg[1] * pg[2] * pg[3]
+    ntiles = (P + MR - 1) // MR
+    npan = (C + nr - 1) // nr
+    ntaps = taps.shape[0]
+    it = dx.itemsize
+    vl = nr // NV
+    pa, pc = dyp.ctypes.data, dx.ctypes.data
+    psegs = segs.ctypes.data
+    offs = np.empty((ntiles, 2, MR), np.int64)
+    _tile_offsets(pg, 0, ntiles, offs, _rel(work, pc, it), npan * nr)
+    ws = w.reshape(w.size)
+    for p in prange(npan):
+        nv = (min(nr, C - p * nr) + vl - 1) // vl
+        cp = pc + p * nr * it
+        buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
+        tmp = np.empty((TB, TB), dx.dtype)
+        if ntaps == 0:
+            _tiles(nv, pa, offs, psegs, 0, K, buf, 0, nr, cp, 0, work)
+        for c0 in range(0, ntaps, chunk):
+            ns = min(chunk, ntaps - c0)
+            for t in range(ns):
+                _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+            _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp, 1 if c0 else 0,
+                   work)

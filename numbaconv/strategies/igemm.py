@@ -1,0 +1,161 @@
+"""GEMM strategy, implicit variant: backward data as register tiles of ``dX`` summed over
+the taps straight from a zero-padded ``dY`` (no im2col, one store of ``dX`` per chunk of
+taps).
+
+The GEMM strategy computes each stride phase of backward data as ``col_q(dY) @ W_q^T``:
+it packs the im2col matrix ``col_q(dY)`` (``taps x K`` columns per phase pixel) slab by
+slab, then multiplies in BLAS or the Numba GEMM engine. Here the packing is gone: with
+``dY`` padded by zeros so that every tap of every phase pixel lands inside, tap ``t``'s
+``K``-vector for a pixel is a constant offset from the pixel's own, so one register tile of
+``MR`` pixels x ``NR`` channels sums every tap in registers (see
+:mod:`numbaconv.kernels.cpu.igemm`). The only copies are the padded ``dY`` (an eighth to a
+quarter of ``dX`` at stride 2) and the filter packed per phase into the micro-kernel's
+panels.
+"""
+import math
+
+import numpy as np
+
+from . import Strategy, itemsize
+from .gemm import MIN_N, STRATEGY as GEMM, UK_MAX_SHORT_K, _phases
+from .. import config
+
+#: Packed filter bytes per micro-kernel call (``taps * K * NR``): a chunk of taps stays in
+#: L2 while every row tile of a block meets it.
+CHUNK_BYTES = 256 * 1024
+#: Row tiles (``MR`` pixels each) per parallel block: the block's ``dX`` tiles stay in
+#: cache across the chunks of taps.
+BLOCK_TILES = 16
+
+R_DIRECTION = "the implicit variant is backward data only"
+R_GROUPS = "{g} groups (one group only)"
+R_NARROW = "{c} input channels (< %d): too few GEMM columns" % MIN_N
+R_LANES = "{c} input channels: not a whole number of {vl}-lane vectors"
+R_SHORT = ("1x1 at stride 1 without pads over {k} output channels (<= %d): the GEMM "
+           "strategy's claimed row blocks store dX once per tile too, with no copies" %
+           UK_MAX_SHORT_K)
+R_BLAS = "GEMM_ENGINE is 'blas' (the implicit variant runs on the Numba engine)"
+
+
+def _pads(p, phases):
+    """Per axis ``(lead, extent)`` of the padded ``dY``: every phase pixel ``j`` and tap
+    offset ``b`` reads ``dyp[j + b + lead]``, inside ``[0, extent)``."""
+    out = []
+    for a in range(3):
+        used = [(grid[a], [off[a] for _, off in taps]) for _, grid, taps in phases
+                if taps and grid[a] > 0]
+        lead = max([0] + [-min(bs) for _, bs in used])
+        top = max([p.osz[a]] + [j + max(bs) for j, bs in used])
+        out.append((lead, lead + top))
+    return out
+
+
+def _blocks(pixels, block_tiles, threads):
+    """Parallel blocks for a phase of ``pixels``: about ``block_tiles`` row tiles each, a
+    whole number per thread where there are enough tiles."""
+    from ..kernels.cpu import igemm
+    ntiles = -(-pixels // igemm.MR)
+    n = -(-ntiles // max(1, int(block_tiles)))
+    n = -(-n // threads) * threads
+    return max(1, min(n, ntiles))
+
+
+def _by_panels(ntaps, K, npan, nr, item, threads, above):
+    """Whether a phase runs in parallel over channel panels, each packing its own filter
+    chunks (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_phase_panels`), rather than over row
+    blocks after one packing pass: when the phase's packed filter is larger than
+    ``above`` bytes (half of L2: the row blocks would each read it from memory) and the
+    panels share out evenly over the threads."""
+    return npan % threads == 0 and ntaps * K * npan * nr * item > above
+
+
+class ImplicitGemm(Strategy):
+    name = "gemm"
+    variant = "implicit"
+    directions = ("bwd_d",)
+
+    def accepts(self, p):
+        from ..kernels.cpu import igemm
+        if p.direction != "bwd_d":
+            return R_DIRECTION
+        if p.g != 1:
+            return R_GROUPS.format(g=p.g)
+        if p.ic < MIN_N:
+            return R_NARROW.format(c=p.ic)
+        vl = igemm.lanes(itemsize(p))
+        if p.ic % vl:
+            return R_LANES.format(c=p.ic, vl=vl)
+        if GEMM._identity(p) and p.oc <= UK_MAX_SHORT_K:
+            return R_SHORT.format(k=p.oc)
+        if config.GEMM_ENGINE == "blas":
+            return R_BLAS
+        return None
+
+    def tiles(self, p, machine):
+        from ..kernels.cpu import igemm
+        from ..planner import _threads
+        nr = igemm.panel(itemsize(p))
+        chunk = max(1, CHUNK_BYTES // (p.oc * nr * itemsize(p)))
+        return {"chunk": int(chunk), "block_tiles": BLOCK_TILES,
+                "panels_above": int(machine.l2_bytes // 2), "threads": _threads()}
+
+    def workspace_bytes(self, p, tiles):
+        from ..kernels.cpu import igemm
+        item = itemsize(p)
+        nr = igemm.panel(item)
+        phases = _phases(p)
+        pads = _pads(p, phases)
+        dyp = p.mb * math.prod(e for _, e in pads) * p.oc
+        npan = -(-p.ic // nr)
+        packed = max(len(t) for _, _, t in phases) * p.oc * npan * nr
+        threads = max(1, int(tiles.get("threads", 1)))
+        blocks = max(_blocks(p.mb * math.prod(g), tiles["block_tiles"], threads)
+                     for _, g, _ in phases)
+        scratch = blocks * igemm.MR * npan * nr
+        return (dyp + packed + scratch) * item
+
+    def run(self, p, tiles, ops):
+        from ..kernels.cpu import igemm
+        ct = np.dtype(p.compute_dtype)
+        C, K = p.ic, p.oc
+        nr = igemm.panel(ct.itemsize)
+        npan = -(-C // nr)
+        phases = _phases(p)
+        pads = _pads(p, phases)
+        (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
+        dy = ops["dy"]
+        if (Ld, Lh, Lw) == (0, 0, 0) and (Dp, Hp, Wp) == tuple(p.osz) and dy.dtype == ct:
+            dyp = np.ascontiguousarray(dy)
+        else:
+            dyp = np.zeros((p.mb, Dp, Hp, Wp, K), ct)
+            dyp[:, Ld:Ld + p.osz[0], Lh:Lh + p.osz[1], Lw:Lw + p.osz[2]] = dy
+        w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), C, K)
+        dx = np.empty((p.mb, *p.isz, C), ct)
+        threads = max(1, int(tiles.get("threads", 1)))
+        chunk = np.int64(tiles["chunk"])
+        bt = max(1, int(tiles["block_tiles"]))
+        for q, grid, taps in phases:
+            P = p.mb * math.prod(grid)
+            if P == 0:
+                continue
+            nblocks = _blocks(P, bt, threads)
+            idx = np.array([t for t, _ in taps], np.int64)
+            segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * K for _, b in taps]
+                            + [0], np.int64)
+            pg = np.array([p.mb, *grid, Dp, Hp, Wp, K, Ld, Lh, Lw, *p.isz, C, *q,
+                           *p.stride], np.int64)
+            if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
+                          int(tiles["panels_above"])):
+                work = np.empty((1, igemm.MR * npan * nr), ct)
+                igemm.bwd_d_phase_panels(dyp, w, idx, dx, segs, pg, chunk, np.int64(nr),
+                                         work)
+                continue
+            bp = np.empty((npan, len(taps), K, nr), ct)
+            if len(taps):
+                igemm.pack_filter(w, idx, bp)
+            work = np.empty((nblocks, igemm.MR * npan * nr), ct)
+            igemm.bwd_d_phase(dyp, bp, dx, segs, pg, chunk, np.int64(nblocks), work)
+        return dx
+
+
+STRATEGY = ImplicitGemm()

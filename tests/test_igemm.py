@@ -1,0 +1,159 @@
+"""The implicit variant of the GEMM strategy (backward data as register tiles of dX summed
+over the taps straight from a zero-padded dY, :mod:`numbaconv.kernels.cpu.igemm`) against
+the float64 NumPy reference, in both parallel schemes: 1-D, 2-D and 3-D, strides (stride
+phases with one to four taps, and phases no tap reaches), dilations, pads on either side
+wider than the kernel, row tiles across rows and images with a last partial tile,
+channel panels of partial width, fewer tiles than threads, float16/32/64, one thread; the
+filter packing alone; and the planner's choice of it."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv.kernels.cpu import igemm
+from numbaconv.strategies import igemm as strategy
+from reference import conv_bwd_data_ref, conv_fwd_ref, normalized_error, tolerance
+
+# (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
+CASES = [
+    # 3x3 stride 1: one phase of 9 taps, tiles across rows and images
+    (2, 16, 8, (9, 11), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # 3x3 stride 2: four phases of 1, 2, 2 and 4 taps; 32 channels (a half panel)
+    (2, 32, 24, (10, 9), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+    # 1-D, 5 taps, 64 input channels (one full panel), 3 images of 13 pixels
+    (3, 64, 40, (13,), (5,), (1,), (1,), (2,), (2,)),
+    # 3-D, strides and dilations mixed per axis, asymmetric pads
+    (1, 48, 16, (7, 6, 5), (3, 2, 3), (2, 1, 2), (1, 2, 1), (1, 0, 2), (2, 1, 1)),
+    # 1x1 at stride 2 over a long reduction: one live phase, the others all zero (dY in
+    # place)
+    (2, 16, 160, (8, 8), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+    # 2x2 at stride 3: a phase that no tap reaches
+    (2, 16, 16, (9, 9), (2, 2), (3, 3), (1, 1), (0, 0), (0, 0)),
+    # dilation 2, pads wider than the kernel's reach on one side, 80 channels (a panel
+    # and a quarter), 5 pixels in all per row
+    (1, 80, 72, (5, 5), (3, 3), (1, 1), (2, 2), (3, 1), (0, 2)),
+    # fewer row tiles than threads: 4 pixels
+    (1, 16, 32, (2, 2), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+]
+IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
+       f"s{'x'.join(map(str, c[5]))}" for c in CASES]
+
+
+def _run(case, dtype, seed=0):
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    w0, dy0 = w.copy(), dy.copy()
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    plan = nc.plan("convolution_backprop_data", dy, w, isz, **attrs)
+    assert (plan.strategy, plan.variant) == ("gemm", "implicit"), plan
+    got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+    assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+    assert np.array_equal(w, w0) and np.array_equal(dy, dy0)  # inputs untouched
+    return normalized_error(got, conv_bwd_data_ref, dy, w, isz, **geom)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_implicit_variant_matches_reference(case, dtype):
+    assert _run(case, dtype) <= tolerance(dtype)
+
+
+@pytest.mark.parametrize("by_panels", [True, False])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_implicit_variant_parallel_modes(case, by_panels, monkeypatch):
+    """Both parallel schemes on every case: over channel panels, each packing its own
+    filter chunks, and over row blocks after one packing pass (the planner picks by the
+    packed filter's size against L2; the test cases are small)."""
+    monkeypatch.setattr(strategy, "_by_panels", lambda *a: by_panels)
+    assert _run(case, "float32", seed=5) <= tolerance("float32")
+
+
+def test_panels_rule():
+    """Panels for a packed phase filter above the threshold that shares out evenly."""
+    assert strategy._by_panels(9, 512, 8, 64, 4, 2, 512 * 1024)
+    assert not strategy._by_panels(9, 512, 1, 64, 4, 2, 512 * 1024)   # one panel, 2 threads
+    assert not strategy._by_panels(1, 128, 2, 64, 4, 2, 512 * 1024)   # 64 KiB: in L2
+
+
+def test_implicit_variant_float16():
+    assert _run(CASES[1], "float16") <= tolerance("float16")
+
+
+def test_implicit_variant_one_thread():
+    nt = nc.get_num_threads()
+    try:
+        nc.set_num_threads(1)
+        assert _run(CASES[3], "float32", seed=3) <= tolerance("float32")
+    finally:
+        nc.set_num_threads(nt)
+
+
+@pytest.mark.parametrize("C,K", [(64, 40), (80, 17), (16, 33)])
+def test_pack_filter(C, K):
+    """The packed panels hold w[t, c, k] at [panel, t, k, lane], zeros past C."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((5, C, K)).astype(np.float32)
+    taps = np.array([3, 0, 4], np.int64)
+    nr = igemm.panel(4)
+    npan = -(-C // nr)
+    out = np.full((npan, len(taps), K, nr), np.nan, np.float32)
+    igemm.pack_filter(w, taps, out)
+    want = np.zeros((len(taps), npan * nr, K), np.float32)
+    want[:, :C] = w[taps]
+    want = want.reshape(len(taps), npan, nr, K).transpose(1, 0, 3, 2)
+    assert np.array_equal(out, want)
+
+
+def test_implicit_variant_choice():
+    """Dense backward data takes the implicit variant; groups, channel counts that are not
+    whole vectors, short 1x1 reductions, the other directions and the BLAS engine do
+    not."""
+    def plan(ic, oc, k=(3,), groups=1, strides=1, op="convolution_backprop_data"):
+        x = np.zeros((2, 30, ic), np.float32)
+        o = (30 - k[0]) // strides + 1
+        dy = np.zeros((2, o, oc), np.float32)
+        attrs = dict(strides=strides, pads_begin=0, pads_end=0, groups=groups)
+        if op == "convolution_backprop_filters":
+            return nc.plan(op, x, k, dy, **attrs)
+        w = np.zeros((*k, ic // groups, oc), np.float32)
+        return nc.plan(op, dy, w, (30,), **attrs)
+
+    assert plan(64, 64).variant == "implicit"
+    assert plan(64, 256, k=(1,)).variant == "implicit"          # a long 1x1 reduction
+    short = plan(64, 64, k=(1,))
+    assert short.variant != "implicit" and "1x1 at stride 1" in str(short)
+    assert plan(64, 64, groups=2).variant != "implicit"
+    odd = plan(20, 64)
+    assert odd.variant != "implicit" and "lane" in str(odd)
+    assert plan(64, 64, op="convolution_backprop_filters").variant != "implicit"
+
+
+def test_implicit_variant_declines_the_blas_engine(monkeypatch):
+    from numbaconv import config
+    monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
+    dy, w = np.zeros((2, 28, 64), np.float32), np.zeros((3, 64, 64), np.float32)
+    plan = nc.plan("convolution_backprop_data", dy, w, (30,), strides=1, pads_begin=0,
+                   pads_end=0)
+    assert plan.variant != "implicit" and "GEMM_ENGINE" in str(plan)
+
+
+def test_padded_extent_covers_every_tap():
+    """Every phase pixel's every tap reads inside the padded dY (the kernel does no bounds
+    checks)."""
+    from numbaconv.strategies.gemm import _phases
+    dy = np.zeros((1, 4, 5, 3, 8), np.float32)
+    w = np.zeros((3, 2, 3, 16, 8), np.float32)
+    plan = nc.plan("convolution_backprop_data", dy, w, (7, 6, 5), strides=(2, 1, 2),
+                   dilations=(1, 2, 1), pads_begin=(1, 0, 2), pads_end=(2, 1, 1))
+    p = plan.problem
+    phases = _phases(p)
+    pads = strategy._pads(p, phases)
+    for _, grid, taps in phases:
+        for _, off in taps:
+            for a in range(3):
+                lead, extent = pads[a]
+                if grid[a]:
+                    assert 0 <= lead + off[a] and grid[a] - 1 + off[a] + lead < extent
