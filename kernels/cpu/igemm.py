@@ -200,8 +200,7 @@ def _tile_offsets(pg, t0, t1, offs, rel, width):
     mb, Jd, Jh, Jw = pg[0], pg[1], pg[2], pg[3]
     Dp, Hp, Wp, K = pg[4], pg[5], pg[6], pg[7]
     Ld, Lh, Lw = pg[8], pg[9], pg[10]
-    IH, IW, C = pg[12], pg[13], pg[14]
-    ID = pg[11]
+    ID, IH, IW, C = pg[11], pg[12], pg[13], pg[14]
     qd, qh, qw = pg[15], pg[16], pg[17]
     sd, sh, sw = pg[18], pg[19], pg[20]
     P = mb * Jd * Jh * Jw
@@ -278,9 +277,7 @@ def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work):
         for p in range(npan):
             nv = (min(nr, C - p * nr) + vl - 1) // vl
             cp = pc + p * nr * it
-            if ntaps == 0:
-                _tiles(nv, pa, offs, psegs, 0, K, bp, 0, nr, cp, 0, work)
-            for c0 in range(0, ntaps, chunk):
+            for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
                 ns = min(chunk, ntaps - c0)
                 _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, bp, ((p * ntaps + c0) * K) * nr,
                        nr, cp, 1 if c0 else 0, work)
@@ -311,9 +308,7 @@ def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
         cp = pc + p * nr * it
         buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
         tmp = np.empty((TB, TB), dx.dtype)
-        if ntaps == 0:
-            _tiles(nv, pa, offs, psegs, 0, K, buf, 0, nr, cp, 0, work)
-        for c0 in range(0, ntaps, chunk):
+        for c0 in range(0, max(ntaps, 1), chunk):      # no taps: one pass storing zeros
             ns = min(chunk, ntaps - c0)
             for t in range(ns):
                 _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)

@@ -138,7 +138,6 @@ class ImplicitGemm(Strategy):
             P = p.mb * math.prod(grid)
             if P == 0:
                 continue
-            nblocks = _blocks(P, bt, threads)
             idx = np.array([t for t, _ in taps], np.int64)
             segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * K for _, b in taps]
                             + [0], np.int64)
@@ -153,6 +152,7 @@ class ImplicitGemm(Strategy):
             bp = np.empty((npan, len(taps), K, nr), ct)
             if len(taps):
                 igemm.pack_filter(w, idx, bp)
+            nblocks = _blocks(P, bt, threads)
             work = np.empty((nblocks, igemm.MR * npan * nr), ct)
             igemm.bwd_d_phase(dyp, bp, dx, segs, pg, chunk, np.int64(nblocks), work)
         return dx
