@@ -155,6 +155,30 @@ def test_gemm_numba_1x1_backward_data_claims_rows(dtype, monkeypatch):
     assert err <= R.TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_gemm_numba_1x1_weight_gradient_splits_the_reduction(dtype, threads, monkeypatch):
+    """1x1 backward weights at stride 1 on the Numba engine: X^T @ dY with the pixels split
+    into one share per thread, the partials summed into dW (14 MFLOP: above the serial
+    threshold)."""
+    import numba
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
+    case = (1, 72, 100, (23, 21), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    before = nc.get_num_threads()
+    nc.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        x = np.zeros((2, *isz, ic), np.float32)
+        plan = nc.plan("convolution_backprop_filters", x, k, np.zeros((2, *isz, oc), np.float32),
+                       strides=st, dilations=dl, pads_begin=pb, pads_end=pe, strategy="gemm")
+        assert plan.tiles.get("split") == "k", plan
+        assert plan.tiles["workers"] == nc.get_num_threads()
+        err = _run("bwd_w", case, dtype, "gemm", np.random.default_rng(7))
+    finally:
+        nc.set_num_threads(before)
+    assert err <= R.TOLERANCE[dtype]
+
+
 @pytest.mark.parametrize("engine", ["blas", "numba"])
 def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
     """A reduction over few pixels into a larger dW: columns packed once, dW's rows split
@@ -180,7 +204,8 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
 def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
     """"auto", as measured per host: on both the Numba engine for 1x1 backward data with a
     short reduction (few output channels) or a packed W^T that fits half of L2; with
-    AVX-512 also for tall backward-weights reductions; BLAS elsewhere."""
+    AVX-512 also for tall backward-weights reductions and for every 1x1 stride-1 weight
+    gradient (split-K in one parallel region); BLAS elsewhere."""
     from numbaconv.kernels.cpu import ukernel
     from numbaconv.strategies import igemm
     monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
@@ -193,7 +218,9 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
     w = np.zeros((1, 1, 64, 64), np.float32)
     kw = dict(strides=1, pads_begin=0, pads_end=0, strategy="gemm")
     tall = nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw)
-    short = nc.plan("convolution_backprop_filters", x[:, :7, :7], (1, 1), dy[:, :7, :7], **kw)
+    short = nc.plan("convolution_backprop_filters", x[:, :7, :7], (3, 3), dy[:, :5, :5], **kw)
+    short1 = nc.plan("convolution_backprop_filters", x[:, :7, :7], (1, 1), dy[:, :7, :7],
+                     **kw)
     data = nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw)
     dy_wide = np.zeros((8, 28, 28, 256), np.float32)
     # a longer reduction whose packed W^T fits half of L2 (the workers claim rows of it),
@@ -202,11 +229,12 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
                    (28, 28), **kw)
     huge = nc.plan("convolution_backprop_data", dy_wide, np.zeros((1, 1, 4096, 256), np.float32),
                    (28, 28), **kw)
-    engines = [p.tiles["engine"] for p in (tall, short, data, wide, huge)]
+    engines = [p.tiles["engine"] for p in (tall, short, short1, data, wide, huge)]
     if vector_bytes == 64:
-        assert engines == ["numba", "blas", "numba", "numba", "blas"]
+        assert engines == ["numba", "blas", "numba", "numba", "numba", "blas"]
+        assert tall.tiles.get("split") == short1.tiles.get("split") == "k"
     else:
-        assert engines == ["blas", "blas", "numba", "numba", "blas"]
+        assert engines == ["blas", "blas", "blas", "numba", "numba", "blas"]
     assert wide.tiles.get("claim") and not huge.tiles.get("claim")
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"

@@ -109,6 +109,24 @@ def test_matmul_claimed_threads_share_the_rows(M, K, N, dtype):
     assert M <= counter[0] < M + 3 * 12  # claims of 12 rows: each thread overshoots once
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K,M,N,shares", [(1, 1, 1, 2), (2, 5, 70, 3), (37, 5, 70, 2),
+                                          (600, 64, 64, 2), (301, 13, 129, 1)])
+def test_gemm_split_k_sums_the_shares(K, M, N, shares, dtype):
+    """``C = X^T @ dY`` with the reduction split into shares (more shares than rows leaves
+    some empty): share 0 written into C (pre-filled with NaN: never read), the others into
+    partials added to it."""
+    rng = np.random.default_rng(K + M + N)
+    X = rng.standard_normal((K, M)).astype(dtype)
+    dY = rng.standard_normal((K, N)).astype(dtype)
+    C = np.full((M, N), np.nan, dtype)
+    parts = np.full((shares - 1, M, N), np.nan, dtype)
+    kc, nc = 64, uk.panel(C.itemsize)
+    work = np.empty((shares, uk.workspace(kc, C.itemsize, nc)), dtype)
+    uk.gemm_split_k(X.ctypes.data, 1, M, dY.ctypes.data, N, 1, C, parts, K, kc, nc, work)
+    _close(C, _ref(X.T, dY), dtype)
+
+
 def test_matmul_claimed_argument_checks():
     A = np.ones((4, 3), np.float32)
     Bp = uk.pack_panels(np.ones((3, 5), np.float32))
