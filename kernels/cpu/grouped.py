@@ -335,7 +335,7 @@ def pack_filter(w, out, pos, taps, g, transposed, vl):
     is group ``gv*vl + l`` (zero past the last group). In parallel over (vector, tap), by
     register transposes of ``VL`` groups x 4 channels (a serial element-by-element pass took
     0.35 ms for ResNeXt-3D conv_3d:6's 27 x 16 x 32 x 16 filter, a quarter of its kernel;
-    this one 0.03 ms)."""
+    this one 0.04 ms)."""
     kd, kh, kw, icg = w.shape[0], w.shape[1], w.shape[2], w.shape[3]
     row = w.shape[4]
     ocg = row // g

@@ -229,8 +229,7 @@ class Gemm(Strategy):
     def _packed_channels(self, p):
         return p.ocg if p.direction == "bwd_d" else p.icg
 
-    def _identity(self, p):
-        return _identity(p)
+    _identity = staticmethod(_identity)
 
     def tiles(self, p, machine):
         """Slab rows and workers; with the Numba engine also its reduction block ``kc``
@@ -393,8 +392,8 @@ class Gemm(Strategy):
         x2 = np.ascontiguousarray(ops["x"]).reshape(-1, p.ic)
         dy2 = np.ascontiguousarray(ops["dy"]).reshape(-1, p.oc)
         dw = np.empty(canonical_shapes(p)[2], ct)
-        parts = np.empty((max(nw, 1) - 1, p.ic, p.oc), ct)
-        work = np.empty((max(nw, 1), uk.workspace(kc, ct.itemsize, nc)), ct)
+        parts = np.empty((nw - 1, p.ic, p.oc), ct)
+        work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
         uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
                         dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work)
         return dw
