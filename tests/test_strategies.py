@@ -366,9 +366,9 @@ def test_gemm_backward_data_single_tap_phase_split_over_the_batch(engine, monkey
 
 def test_grouped_vector_width(monkeypatch):
     """The grouped variant's vectors across groups: half a 512-bit register where that
-    holds the groups in fewer lanes (8 groups in float32, 4 in float64), and for every
-    float64 gather (forward, backward data), else the full width; hosts with narrower
-    registers always take the full width."""
+    holds the groups in fewer lanes (8 groups in float32, 4 in float64), else the full
+    width, in every direction and float type; hosts with narrower registers always take
+    the full width."""
     from numbaconv.kernels.cpu import grouped as k
     from numbaconv.strategies import grouped
 
@@ -386,9 +386,10 @@ def test_grouped_vector_width(monkeypatch):
     assert vectors(40, "float32") == (5, 8)     # 40, not 48
     assert vectors(48, "float32") == (3, 16)
     assert vectors(4, "float64") == (1, 4)
-    assert vectors(8, "float64") == (2, 4)
-    assert vectors(8, "float64", "fwd") == (2, 4)
+    assert vectors(8, "float64") == (1, 8)
+    assert vectors(8, "float64", "fwd") == (1, 8)
     assert vectors(8, "float64", "bwd_w") == (1, 8)
+    assert vectors(12, "float64") == (3, 4)     # 12 lanes, not 16
     assert vectors(4, "float64", "bwd_w") == (1, 4)
     monkeypatch.setattr(k, "VECTOR_BYTES", 32)
     monkeypatch.setattr(k, "HALF_BYTES", 16)

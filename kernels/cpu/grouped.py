@@ -12,7 +12,12 @@ kernels' trick; depthwise is ``C/g = K/g = 1``).
 One micro-kernel (:func:`_micro`, explicit SIMD in LLVM IR as in ``ukernel.py``, but
 self-contained here: Numba's cache checks only a function's own file) does the work: a
 tile of ``P x NV`` vector accumulators held in registers over a whole reduction given as a
-list of segments (runs of kernel taps, or rows of pixels), stored once. The drivers are:
+list of segments (runs of kernel taps, or rows of pixels), stored once. It is an LLVM
+function of its own, never inlined: inlined into the row loops of the float64 gathers,
+LLVM's register allocator kept only 22 of the 32 vector registers in the reduction loop
+and spilled the accumulators on every step (ResNeXt-3D conv_3d:4 backward data in float64
+on full vectors, 2 threads: 20.5 ms inlined, 7.7 ms as a function; float32 unchanged).
+The drivers are:
 
 * forward and backward data (oneDNN's derivation: backward data is a forward convolution
   of ``dy`` with the flipped, transposed filter; at stride ``s`` one per stride phase, a
@@ -74,6 +79,91 @@ def group_vectors(g, itemsize, vbytes=VECTOR_BYTES):
     return -(-g // lanes(itemsize, vbytes))
 
 
+def _micro_body(builder, context, dtype, args, P, NV, to_last, vbytes):
+    """The body of :func:`_micro`'s function (``args`` its LLVM arguments)."""
+    a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, pw = args
+    f = context.get_value_type(dtype)
+    vl = vbytes // context.get_abi_sizeof(f)
+    vty = ir.VectorType(f, vl)
+    fp, vp = f.as_pointer(), vty.as_pointer()
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+    fma = cgutils.get_or_insert_function(builder.module,
+                                         ir.FunctionType(vty, [vty] * 3), name)
+    pa = builder.inttoptr(a, fp)
+    pb = builder.inttoptr(b, fp)
+    pc = builder.inttoptr(c, fp)
+    ps = builder.inttoptr(segs, i64.as_pointer())
+    zero = ir.Constant(vty, None)
+    acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NV)]
+           for _ in range(P)]
+    aro = [builder.mul(ars, ir.Constant(i64, p)) for p in range(P)]
+    with cgutils.for_range(builder, nseg) as sloop:
+        s3 = builder.mul(sloop.index, ir.Constant(i64, 3))
+        ao = builder.load(builder.gep(ps, [s3]))
+        bo = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 1))]))
+        kl = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 2))]))
+        sa = builder.gep(pa, [ao])
+        sb = builder.gep(pb, [bo])
+        with cgutils.for_range(builder, kl) as jloop:
+            j = jloop.index
+            ja = builder.gep(sa, [builder.mul(j, acs)])
+            jb = builder.bitcast(builder.gep(sb, [builder.mul(j, bcs)]), vp)
+            av = [builder.load(builder.bitcast(builder.gep(ja, [aro[p]]), vp),
+                               align=1) for p in range(P)]
+            bv = [builder.load(builder.gep(jb, [ir.Constant(i64, v)]), align=1)
+                  for v in range(NV)]
+            for p in range(P):
+                for v in range(NV):
+                    builder.store(builder.call(fma, [av[p], bv[v],
+                                                     builder.load(acc[p][v])]),
+                                  acc[p][v])
+    if to_last:
+        for p in range(P):
+            cp = builder.gep(pc, [builder.mul(crs, ir.Constant(i64, p))])
+            vals = [builder.load(acc[p][v]) for v in range(NV)]
+            width = vl
+            while len(vals) > 1:  # concatenate: one [NV*VL] vector, channel-major
+                if len(vals) % 2:
+                    vals.append(ir.Constant(vals[0].type, None))
+                mask = ir.Constant(ir.VectorType(i32, 2 * width),
+                                   list(range(2 * width)))
+                vals = [builder.shuffle_vector(vals[k], vals[k + 1], mask)
+                        for k in range(0, len(vals), 2)]
+                width *= 2
+            big = vals[0]
+            undef = ir.Constant(big.type, ir.Undefined)
+            for lane in range(vl):
+                # lanes past the last group go to the scratch ``work`` instead
+                q = builder.select(
+                    builder.icmp_signed(">", nl, ir.Constant(i64, lane)),
+                    builder.gep(cp, [builder.mul(ccs, ir.Constant(i64, lane))]), pw)
+                if NV == 1:
+                    builder.store(builder.extract_element(big, ir.Constant(i32, lane)),
+                                  q)
+                else:
+                    mask = ir.Constant(ir.VectorType(i32, NV),
+                                       [v * vl + lane for v in range(NV)])
+                    out = builder.shuffle_vector(big, undef, mask)
+                    builder.store(out, builder.bitcast(q, out.type.as_pointer()),
+                                  align=1)
+        return
+    add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+    for p in range(P):
+        cp = builder.bitcast(builder.gep(pc, [builder.mul(crs, ir.Constant(i64, p))]),
+                             vp)
+        for v in range(NV):
+            q = builder.gep(cp, [ir.Constant(i64, v)])
+            val = builder.load(acc[p][v])
+            with builder.if_else(add) as (then, otherwise):
+                with then:
+                    builder.store(builder.fadd(val, builder.load(q, align=1)), q,
+                                  align=1)
+                with otherwise:
+                    builder.store(val, q, align=1)
+    return
+
+
 def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
     """``C[p, v] (+)= sum_s sum_j A[s, j, p] * B[s, j, v]``, element-wise over the lanes: a
     ``P x NV`` tile of vectors kept in registers over a whole reduction (LLVM allocas that
@@ -90,7 +180,8 @@ def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
     its way out, to channels-last: lane ``l < nl`` of ``C[p, v]`` is stored at ``c + p*crs +
     l*ccs + v`` (the NV channels of one group are contiguous; the other lanes are stored
     to ``work``, which must hold NV elements). No segment gives zeros. The float type comes
-    from ``work``'s dtype."""
+    from ``work``'s dtype. The body is :func:`_micro_body`, emitted once per module as a
+    ``noinline`` function (see the module's docstring)."""
 
     @intrinsic
     def micro(typingctx, a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, work):
@@ -98,89 +189,20 @@ def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
         dtype = work.dtype
 
         def codegen(context, builder, signature, args):
-            a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, warr = args
             f = context.get_value_type(dtype)
-            vl = vbytes // context.get_abi_sizeof(f)
-            vty = ir.VectorType(f, vl)
-            fp, vp = f.as_pointer(), vty.as_pointer()
-            i64, i32 = ir.IntType(64), ir.IntType(32)
-            name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
-            fma = cgutils.get_or_insert_function(builder.module,
-                                                 ir.FunctionType(vty, [vty] * 3), name)
-            pa = builder.inttoptr(a, fp)
-            pb = builder.inttoptr(b, fp)
-            pc = builder.inttoptr(c, fp)
-            ps = builder.inttoptr(segs, i64.as_pointer())
-            if to_last:  # the scratch of stores past the last group: work's data
-                pw = builder.bitcast(
-                    context.make_array(work)(context, builder, warr).data, fp)
-            zero = ir.Constant(vty, None)
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NV)]
-                   for _ in range(P)]
-            aro = [builder.mul(ars, ir.Constant(i64, p)) for p in range(P)]
-            with cgutils.for_range(builder, nseg) as sloop:
-                s3 = builder.mul(sloop.index, ir.Constant(i64, 3))
-                ao = builder.load(builder.gep(ps, [s3]))
-                bo = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 1))]))
-                kl = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 2))]))
-                sa = builder.gep(pa, [ao])
-                sb = builder.gep(pb, [bo])
-                with cgutils.for_range(builder, kl) as jloop:
-                    j = jloop.index
-                    ja = builder.gep(sa, [builder.mul(j, acs)])
-                    jb = builder.bitcast(builder.gep(sb, [builder.mul(j, bcs)]), vp)
-                    av = [builder.load(builder.bitcast(builder.gep(ja, [aro[p]]), vp),
-                                       align=1) for p in range(P)]
-                    bv = [builder.load(builder.gep(jb, [ir.Constant(i64, v)]), align=1)
-                          for v in range(NV)]
-                    for p in range(P):
-                        for v in range(NV):
-                            builder.store(builder.call(fma, [av[p], bv[v],
-                                                             builder.load(acc[p][v])]),
-                                          acc[p][v])
-            if to_last:
-                for p in range(P):
-                    cp = builder.gep(pc, [builder.mul(crs, ir.Constant(i64, p))])
-                    vals = [builder.load(acc[p][v]) for v in range(NV)]
-                    width = vl
-                    while len(vals) > 1:  # concatenate: one [NV*VL] vector, channel-major
-                        if len(vals) % 2:
-                            vals.append(ir.Constant(vals[0].type, None))
-                        mask = ir.Constant(ir.VectorType(i32, 2 * width),
-                                           list(range(2 * width)))
-                        vals = [builder.shuffle_vector(vals[k], vals[k + 1], mask)
-                                for k in range(0, len(vals), 2)]
-                        width *= 2
-                    big = vals[0]
-                    undef = ir.Constant(big.type, ir.Undefined)
-                    for lane in range(vl):
-                        # lanes past the last group go to the scratch ``work`` instead
-                        q = builder.select(
-                            builder.icmp_signed(">", nl, ir.Constant(i64, lane)),
-                            builder.gep(cp, [builder.mul(ccs, ir.Constant(i64, lane))]), pw)
-                        if NV == 1:
-                            builder.store(builder.extract_element(big, ir.Constant(i32, lane)),
-                                          q)
-                        else:
-                            mask = ir.Constant(ir.VectorType(i32, NV),
-                                               [v * vl + lane for v in range(NV)])
-                            out = builder.shuffle_vector(big, undef, mask)
-                            builder.store(out, builder.bitcast(q, out.type.as_pointer()),
-                                          align=1)
-                return context.get_dummy_value()
-            add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
-            for p in range(P):
-                cp = builder.bitcast(builder.gep(pc, [builder.mul(crs, ir.Constant(i64, p))]),
-                                     vp)
-                for v in range(NV):
-                    q = builder.gep(cp, [ir.Constant(i64, v)])
-                    val = builder.load(acc[p][v])
-                    with builder.if_else(add) as (then, otherwise):
-                        with then:
-                            builder.store(builder.fadd(val, builder.load(q, align=1)), q,
-                                          align=1)
-                        with otherwise:
-                            builder.store(val, q, align=1)
+            fp, i64 = f.as_pointer(), ir.IntType(64)
+            # the scratch of stores past the last group: work's data
+            pw = builder.bitcast(context.make_array(work)(context, builder, args[-1]).data, fp)
+            fnty = ir.FunctionType(ir.VoidType(), [i64] * 12 + [fp])
+            name = "numbaconv_grouped_micro_%d_%d_%d_%d_%s" % (P, NV, to_last, vbytes, dtype)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+            if fn.is_declaration:
+                fn.linkage = "internal"
+                fn.attributes.add("noinline")
+                inner = ir.IRBuilder(fn.append_basic_block("entry"))
+                _micro_body(inner, context, dtype, list(fn.args), P, NV, to_last, vbytes)
+                inner.ret_void()
+            builder.call(fn, list(args[:-1]) + [pw])
             return context.get_dummy_value()
 
         return sig, codegen

@@ -48,20 +48,16 @@ def _vectors(p):
     strategy (4.3-4.5 ms there), 2.9-3.0 ms. 16 groups stay on full vectors (two half
     vectors measured slower: conv_3d:4 backward data 3.2-3.6 -> 4.0-4.2 ms).
 
-    float64 gathers (forward, backward data) always take half vectors: on full 512-bit
-    vectors of doubles LLVM spills the 6 x 4 tile's accumulators inside the reduction loop
-    (the float32 tile on the same registers does not), and half vectors ran twice as fast
-    (ResNeXt-3D kernels, 2 threads: conv_3d:8 43.7 -> 19.5 ms, conv_3d:4 26.6 -> 12.4,
-    conv_3d:6 9.0 -> 4.4; float32 7.7, 3.2, 1.4). The weight gradient's tile keeps full
-    vectors (conv_3d:8 19.3 ms full, 23.5 half)."""
+    float64 takes the same widths. (Until the micro-kernel became a function of its own,
+    LLVM spilled the float64 gather tile's accumulators on full 512-bit vectors once it was
+    inlined into the row loops, and float64 gathers ran on half vectors; see
+    ``kernels/cpu/grouped.py``.)"""
     k = _kernels()
     item = itemsize(p)
     vbytes = k.VECTOR_BYTES
     if vbytes == 64:
         half = k.HALF_BYTES
-        if item == 8 and p.direction != "bwd_w":
-            vbytes = half
-        elif (k.group_vectors(p.g, item, half) * k.lanes(item, half)
+        if (k.group_vectors(p.g, item, half) * k.lanes(item, half)
                 < k.group_vectors(p.g, item) * k.lanes(item)):
             vbytes = half
     return k.group_vectors(p.g, item, vbytes), k.lanes(item, vbytes)
