@@ -120,6 +120,53 @@ def test_float16_runs_the_float32_kernels():
     assert normalized_error(got, conv_bwd_filter_ref, x, dy, case[2], **ref_attrs) <= 4e-3
 
 
+ROW_CASES = ["3x3_s1_p1_odd", "3x3_s2_long_rows", "3x3_s2_tf_same_odd", "3x3_big_pad",
+             "3x3_no_pad"]
+
+
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("name", ROW_CASES)
+def test_float16_row_kernels_convert_in_their_loads(name, data_format):
+    """The row kernels take float16 data as bits and widen (round) it in their loads
+    (stores): the result is bit for bit float32's on the widened operands, rounded once;
+    the user's arrays are left alone."""
+    case = CASES[name]
+    x, w, dy, attrs = _operands(case, "float16", seed=3)
+    isz, ks = case[1], case[2]
+    if data_format == "NCX":
+        x, dy = np.moveaxis(x, -1, 1).copy(), np.moveaxis(dy, -1, 1).copy()
+    attrs["data_format"] = data_format
+    saved = [a.copy() for a in (x, w, dy)]
+    plan = nc.plan("convolution_backprop_data", dy, w, isz, **attrs)
+    assert plan.tiles["kernel"] == "rows_3x3"
+    got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+    want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32), isz,
+                                        **attrs).astype(np.float16)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    got = nc.convolution_backprop_filters(x, ks, dy, **attrs)
+    want = nc.convolution_backprop_filters(x.astype(np.float32), ks, dy.astype(np.float32),
+                                           **attrs).astype(np.float16)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    for a, b in zip((x, w, dy), saved):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_float16_operands_the_row_kernels_take():
+    from numbaconv.strategies.depthwise import STRATEGY
+    case = CASES["3x3_s1_p1_odd"]
+    x, w, dy, attrs = _operands(case, "float16")
+    plan = nc.plan("convolution_backprop_data", dy, w, case[1], **attrs)
+    assert STRATEGY.half_operands(plan.problem, plan.tiles) == {"dy", "result"}
+    plan = nc.plan("convolution_backprop_filters", x, case[2], dy, **attrs)
+    assert STRATEGY.half_operands(plan.problem, plan.tiles) == {"x", "dy"}
+    case = CASES["5x2_mixed"]
+    x, w, dy, attrs = _operands(case, "float16")
+    plan = nc.plan("convolution_backprop_data", dy, w, case[1], **attrs)
+    assert STRATEGY.half_operands(plan.problem, plan.tiles) == frozenset()
+
+
 def test_kernel_choice():
     """3x3 at column stride 1 or 2 with column dilation 1: the row kernels; 3x3 at stride 1
     with column dilation: the nine-term kernel for backward data from UNROLLED_MIN_BYTES

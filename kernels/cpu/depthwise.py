@@ -368,8 +368,12 @@ def _block_loader(builder, load, base_ptr, base, C, mask, ty):
 
 
 def _masked_io(builder, vty, dtype, vl):
-    """``load(ptr, mask)`` and ``store(value, ptr, mask)`` of ``vty`` (no mask: plain)."""
-    suffix = "v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+    """``load(ptr, mask)`` and ``store(value, ptr, mask)`` of ``vty`` (no mask: plain);
+    ``vty`` a vector of float, double or i16 (float16 bits)."""
+    elem = vty.element
+    name = ("f32" if isinstance(elem, ir.FloatType) else
+            "f64" if isinstance(elem, ir.DoubleType) else "i%d" % elem.width)
+    suffix = "v%d%s" % (vl, name)
     mty = ir.VectorType(ir.IntType(1), vl)
     vp = vty.as_pointer()
     mload = cgutils.get_or_insert_function(
@@ -393,6 +397,58 @@ def _masked_io(builder, vty, dtype, vl):
             builder.call(mstore, [value, ptr, one, mask])
 
     return load, store
+
+
+def _half_io(builder, vl):
+    """``load(ptr, mask)`` -> ``<vl x float>`` from float16 bits at ``ptr`` (a ``<vl x i16>``
+    pointer) and ``store(value, ptr, mask)`` rounding a ``<vl x float>`` to them: the
+    float16 conversion fused into a kernel's loads and stores (``fpext``/``fptrunc``, which
+    F16C turns into ``vcvtph2ps``/``vcvtps2ph``, round to nearest even, as NumPy's casts)."""
+    ity = ir.VectorType(ir.IntType(16), vl)
+    hty = ir.VectorType(ir.HalfType(), vl)
+    fty = ir.VectorType(ir.FloatType(), vl)
+    raw_load, raw_store = _masked_io(builder, ity, None, vl)
+
+    def load(ptr, mask):
+        return builder.fpext(builder.bitcast(raw_load(ptr, mask), hty), fty)
+
+    def store(value, ptr, mask):
+        raw_store(builder.bitcast(builder.fptrunc(value, hty), ity), ptr, mask)
+
+    return load, store
+
+
+class Operand:
+    """One operand of an IR kernel at the integer address ``addr``: ``load(off, mask)``
+    and ``store(value, off, mask)`` of the compute vector ``vty`` at element ``off``, the
+    storage either ``vty``'s own element type or, when ``half``, float16 bits widened on
+    load and rounded on store (see :func:`_half_io`)."""
+
+    def __init__(self, builder, addr, vty, vl, half=False):
+        self.builder = builder
+        if half:
+            elem = ir.IntType(16)
+            self.sty = ir.VectorType(elem, vl)
+            self._load, self._store = _half_io(builder, vl)
+        else:
+            elem = vty.element
+            self.sty = vty
+            self._load, self._store = _masked_io(builder, vty, None, vl)
+        self.ptr = builder.inttoptr(addr, elem.as_pointer())
+
+    def load(self, off, mask):
+        return self._load(_at(self.builder, self.ptr, off, self.sty), mask)
+
+    def store(self, value, off, mask):
+        self._store(value, _at(self.builder, self.ptr, off, self.sty), mask)
+
+
+def compute_type(dtype):
+    """``(compute dtype, half)`` of a kernel whose data arrays have element type
+    ``dtype``: uint16 arrays are float16 bits computed in float32."""
+    if dtype == types.uint16:
+        return types.float32, True
+    return dtype, False
 
 
 def _dspan(NT):

@@ -35,7 +35,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
-from numbaconv.kernels.cpu.depthwise import (_at, _fma_fn, _ir_types, _masked_io, _table,
+from numbaconv.kernels.cpu.depthwise import (Operand, _fma_fn, _ir_types, _table, compute_type,
                                              lane_mask, reduce_chunks)
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
@@ -60,13 +60,14 @@ def _channel_vectors(builder, C, vl, body):
         body(cfull, lane_mask(builder, rem, vl))
 
 
-def _prologue(context, builder, dtype, addrs):
-    """A row kernel's vector type and lanes, its float pointers (from the integer
-    addresses ``addrs``), and its FMA and (masked) load and store."""
+def _prologue(context, builder, work, addrs, halves):
+    """A row kernel's vector type and lanes, its operands (:class:`Operand` at the integer
+    addresses ``addrs``; float16 bits where ``halves`` says so and the data array ``work``
+    holds them) and its FMA."""
+    dtype, half = compute_type(work.dtype)
     f, vty, vl = _ir_types(context, dtype)
-    ptrs = tuple(builder.inttoptr(a, f.as_pointer()) for a in addrs)
-    load, store = _masked_io(builder, vty, dtype, vl)
-    return vty, vl, ptrs, _fma_fn(builder, vty, dtype, vl), load, store
+    ops = tuple(Operand(builder, a, vty, vl, half and h) for a, h in zip(addrs, halves))
+    return vty, vl, ops, _fma_fn(builder, vty, dtype, vl)
 
 
 def _drow(NR, S):
@@ -91,12 +92,12 @@ def _drow(NR, S):
     @intrinsic
     def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, work):
         sig = types.void(*([types.intp] * 11), work)
-        dtype = work.dtype
 
         def codegen(context, builder, signature, args):
             inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, _ = args
-            vty, vl, (pin, pwt, pout), fma, load, store = _prologue(
-                context, builder, dtype, (inp, wp, outp))
+            # float16 data: dY and dX as half bits, the filter in float32
+            vty, vl, (pin, pwt, pout), fma = _prologue(
+                context, builder, work, (inp, wp, outp), (True, False, True))
             rows, wrow = _table(builder, trows, NR), _table(builder, twrow, NR)
             zero = ir.Constant(vty, None)
             acc = cgutils.alloca_once(builder, vty)
@@ -104,9 +105,9 @@ def _drow(NR, S):
             aend = builder.add(a0lo, builder.mul(nblk, _const(S * PB)))
 
             def filt(c, mask):
-                return [[load(_at(builder, pwt, builder.add(builder.add(wrow[r], c),
-                                                            builder.mul(C, _const(t))), vty),
-                              mask) for t in range(3)] for r in range(NR)]
+                return [[pwt.load(builder.add(builder.add(wrow[r], c),
+                                              builder.mul(C, _const(t))), mask)
+                         for t in range(3)] for r in range(NR)]
 
             def checked(a, c, mask, wv):
                 rowc = [builder.add(rows[r], c) for r in range(NR)]
@@ -122,11 +123,10 @@ def _drow(NR, S):
                         mc = builder.mul(m, C)
                         v = builder.load(acc)
                         for r in range(NR):
-                            d = load(_at(builder, pin, builder.add(rowc[r], mc), vty), mask)
+                            d = pin.load(builder.add(rowc[r], mc), mask)
                             v = builder.call(fma, [d, wv[r][t], v])
                         builder.store(v, acc)
-                store(builder.load(acc),
-                      _at(builder, pout, builder.add(builder.mul(a, C), c), vty), mask)
+                pout.store(builder.load(acc), builder.add(builder.mul(a, C), c), mask)
 
             def block(b, c, mask, wv):
                 m0 = builder.add(m0lo, builder.mul(b, _const(PB)))
@@ -135,16 +135,14 @@ def _drow(NR, S):
                 for r in range(NR):
                     rb = builder.add(builder.add(rows[r], c), builder.mul(m0, C))
                     for i in range(lo, PB):
-                        d = load(_at(builder, pin, builder.add(rb, builder.mul(C, _const(i))),
-                                     vty), mask)
+                        d = pin.load(builder.add(rb, builder.mul(C, _const(i))), mask)
                         for t in range(3):
                             k = S * i + t
                             if 0 <= k < S * PB:
                                 sums[k] = builder.call(fma, [d, wv[r][t], sums[k]])
                 ob = builder.add(builder.mul(a0, C), c)
                 for k in range(S * PB):
-                    store(sums[k], _at(builder, pout, builder.add(ob, builder.mul(C, _const(k))),
-                                       vty), mask)
+                    pout.store(sums[k], builder.add(ob, builder.mul(C, _const(k))), mask)
 
             left = builder.select(builder.icmp_signed("<", a0lo, npix), a0lo, npix)
             if S == 1:
@@ -185,12 +183,12 @@ def _wrow(NR, S):
     @intrinsic
     def row(typingctx, xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, work):
         sig = types.void(*([types.intp] * 11), work)
-        dtype = work.dtype
 
         def codegen(context, builder, signature, args):
             xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, _ = args
-            vty, vl, (px, pdy, ppart), fma, load, store = _prologue(
-                context, builder, dtype, (xp, dyp, pp))
+            # float16 data: X and dY as half bits, the partial dW in float32
+            vty, vl, (px, pdy, ppart), fma = _prologue(
+                context, builder, work, (xp, dyp, pp), (True, True, False))
             rows, prow = _table(builder, trows, NR), _table(builder, tprow, NR)
             zero = ir.Constant(vty, None)
             # the nine sums as allocas in the entry block: mem2reg keeps them in registers
@@ -203,13 +201,13 @@ def _wrow(NR, S):
                 rowc = [builder.add(rows[r], c) for r in range(NR)]
 
                 def checked(j):
-                    g = load(_at(builder, pdy, builder.add(builder.mul(j, C), c), vty), mask)
+                    g = pdy.load(builder.add(builder.mul(j, C), c), mask)
                     for b in range(3):
                         col = builder.add(builder.add(builder.mul(j, _const(S)), off), _const(b))
                         with builder.if_then(builder.icmp_unsigned("<", col, win)):
                             e = builder.mul(col, C)
                             for r in range(NR):
-                                v = load(_at(builder, px, builder.add(rowc[r], e), vty), mask)
+                                v = px.load(builder.add(rowc[r], e), mask)
                                 builder.store(builder.call(fma, [v, g, builder.load(acc[r][b])]),
                                               acc[r][b])
 
@@ -219,15 +217,14 @@ def _wrow(NR, S):
                 with cgutils.for_range(builder, nblk) as lp:
                     j0 = builder.add(jlo, builder.mul(lp.index, _const(PB)))
                     gb = builder.add(builder.mul(j0, C), c)
-                    g = [load(_at(builder, pdy, builder.add(gb, builder.mul(C, _const(p))), vty),
-                              mask) for p in range(PB)]
+                    g = [pdy.load(builder.add(gb, builder.mul(C, _const(p))), mask)
+                         for p in range(PB)]
                     base = builder.mul(builder.add(builder.mul(j0, _const(S)), off), C)
                     for r in range(NR):
                         a = [builder.load(acc[r][b]) for b in range(3)]
                         rb = builder.add(rowc[r], base)
                         for q in range((PB - 1) * S + 3):
-                            v = load(_at(builder, px, builder.add(rb, builder.mul(C, _const(q))),
-                                         vty), mask)
+                            v = px.load(builder.add(rb, builder.mul(C, _const(q))), mask)
                             for b in range(3):
                                 if (q - b) % S == 0 and 0 <= (q - b) // S < PB:
                                     a[b] = builder.call(fma, [v, g[(q - b) // S], a[b]])
@@ -238,9 +235,9 @@ def _wrow(NR, S):
                     checked(j)
                 for r in range(NR):
                     for b in range(3):
-                        q = _at(builder, ppart, builder.add(builder.add(prow[r], c),
-                                                            builder.mul(C, _const(b))), vty)
-                        store(builder.fadd(load(q, mask), builder.load(acc[r][b])), q, mask)
+                        q = builder.add(builder.add(prow[r], c), builder.mul(C, _const(b)))
+                        ppart.store(builder.fadd(ppart.load(q, mask), builder.load(acc[r][b])),
+                                    q, mask)
 
             _channel_vectors(builder, C, vl, body)
             return context.get_dummy_value()

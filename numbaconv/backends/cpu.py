@@ -2,7 +2,9 @@
 
 Canonical layouts are those of :mod:`numbaconv.kernels` (channels last, 3-D, XIO filters,
 compute dtype contiguous), so each kernel compiles once per compute dtype. float16 operands
-are widened to float32 here and the result is rounded to float16 once at the end.
+are widened to float32 here and the result is rounded to float16 once at the end, except
+those a strategy converts inside its kernels (``half_operands``): they go in and come out
+as float16 bits (``uint16`` arrays).
 
 Thread safety: Numba's ``workqueue`` threading layer aborts the process when two Python
 threads enter parallel code at once. Until the layer is known (after the first launch) and
@@ -72,18 +74,23 @@ def _as_compute(a, p, parallel=False):
     return np.ascontiguousarray(a, dtype=p.compute_dtype)
 
 
-def _data_to_canonical(a, p, channels, sizes, parallel=False):
+def _as_half_bits(a):
+    """``a`` C-contiguous in float16, as its ``uint16`` bits (no copy where it already is)."""
+    return np.ascontiguousarray(a, dtype=np.float16).view(np.uint16)
+
+
+def _data_to_canonical(a, p, channels, sizes, parallel=False, half=False):
     if p.data_format == "NCX":
         a = np.moveaxis(a, 1, -1)
     a = a.reshape((p.mb, *sizes, channels))
-    return _as_compute(a, p, parallel)
+    return _as_half_bits(a) if half else _as_compute(a, p, parallel)
 
 
-def _filter_to_canonical(w, p, parallel=False):
+def _filter_to_canonical(w, p, parallel=False, half=False):
     if p.filter_format == "OIX":
         w = np.moveaxis(w, (0, 1), (-1, -2))  # [K, C/g, *X] -> [*X, C/g, K]
     w = w.reshape((*p.ksz, p.icg, p.oc))
-    return _as_compute(w, p, parallel)
+    return _as_half_bits(w) if half else _as_compute(w, p, parallel)
 
 
 def _to_user(r, p):
@@ -118,17 +125,18 @@ def check_out(out, p):
         raise ValueError("out: the array is read-only")
 
 
-def canonical_operands(p, operands, parallel=False):
+def canonical_operands(p, operands, parallel=False, half=frozenset()):
     """The operands in canonical layout and compute dtype; ``parallel``: convert float16
     on every thread (right next to Numba's parallel kernels, not BLAS calls: see
-    :mod:`numbaconv.kernels.cpu.convert`)."""
+    :mod:`numbaconv.kernels.cpu.convert`); those named in ``half`` stay float16, as
+    ``uint16`` bits."""
     ops = {}
     if "x" in operands:
-        ops["x"] = _data_to_canonical(operands["x"], p, p.ic, p.isz, parallel)
+        ops["x"] = _data_to_canonical(operands["x"], p, p.ic, p.isz, parallel, "x" in half)
     if "dy" in operands:
-        ops["dy"] = _data_to_canonical(operands["dy"], p, p.oc, p.osz, parallel)
+        ops["dy"] = _data_to_canonical(operands["dy"], p, p.oc, p.osz, parallel, "dy" in half)
     if "w" in operands:
-        ops["w"] = _filter_to_canonical(operands["w"], p, parallel)
+        ops["w"] = _filter_to_canonical(operands["w"], p, parallel, "w" in half)
     return ops
 
 
@@ -151,11 +159,12 @@ def _launch(strategy, p, tiles, ops, threads):
 
 class _Prepared:
     """What :func:`execute` derives from a plan alone, derived once per plan: its strategy
-    object, whether the float16 conversions run on every thread, the user's dtype, and
-    that it fits in memory (checked again when ``config.MAX_MEMORY_FRACTION`` changes).
-    Together 20-30 us of Python per call."""
+    object, whether the float16 conversions run on every thread, which operands its
+    kernels take as float16 bits, the user's dtype, and that it fits in memory (checked
+    again when ``config.MAX_MEMORY_FRACTION`` changes). Together 20-30 us of Python per
+    call."""
 
-    __slots__ = ("plan", "strategy", "parallel", "half", "dtype", "fraction")
+    __slots__ = ("plan", "strategy", "parallel", "half", "half_io", "dtype", "fraction")
 
     def __init__(self, plan):
         from ..planner import implementation
@@ -169,6 +178,10 @@ class _Prepared:
         # the direct strategies are Numba parallel loop nests; the others call BLAS
         self.parallel = plan.strategy == "direct" and plan.threads > 1
         self.half = self.dtype == np.float16
+        # kernels convert in place only where the host has F16C (as the convert kernels)
+        self.half_io = (self.strategy.half_operands(p, plan.tiles)
+                        if self.half and self.strategy is not None
+                        and _half_kernels() is not None else frozenset())
 
 
 #: id(plan) -> _Prepared (which holds the plan, so that an id is not reused while cached)
@@ -199,9 +212,11 @@ def execute(plan, operands, out=None):
         if parallel and prep.half:
             import numba
             numba.set_num_threads(plan.threads)  # the conversion's threads too
-        ops = canonical_operands(p, operands, parallel)
+        ops = canonical_operands(p, operands, parallel, prep.half_io)
         r = _launch(prep.strategy, p, plan.tiles, ops, plan.threads)
-        if prep.half and _half_kernels() is not None:
+        if "result" in prep.half_io:
+            r = r.view(np.float16)
+        elif prep.half and _half_kernels() is not None:
             # rounded once, before any layout change
             r = _half_kernels().to_float16(r, parallel)
         result = _to_user(r, p)

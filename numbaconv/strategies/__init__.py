@@ -7,7 +7,11 @@ A strategy is a small object with:
 * ``tiles(problem, machine) -> dict`` and ``workspace_bytes(problem, tiles) -> int``;
 * ``run(problem, tiles, ops) -> result`` on canonical contiguous arrays (see
   :mod:`numbaconv.kernels`), importing its kernel module lazily so that importing numbaconv
-  compiles nothing.
+  compiles nothing;
+* ``half_operands(problem, tiles) -> frozenset``: for float16 problems, the operands it
+  takes as float16 bits (``uint16`` arrays in canonical layout; its kernels widen them as
+  they load) and ``"result"`` when it returns float16 bits; the backend converts only the
+  others (whole-array passes that cost as much as a bandwidth-bound kernel).
 
 The planner keeps, per direction, a best-first list ending in ``direct``, which accepts
 every problem.
@@ -33,6 +37,11 @@ class Strategy:
 
     def run(self, problem, tiles, ops):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def half_operands(self, problem, tiles):
+        """What :meth:`run` takes (and returns) as float16 bits for a float16 problem; it
+        must still run on float32 operands (as the tuner passes them)."""
+        return frozenset()
 
 
 def label(s):

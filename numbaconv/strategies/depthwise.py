@@ -73,6 +73,13 @@ class DepthwiseDirect(Direct):
             t["kernel"] = "spans" if p.oc == p.ic else "general"
         return t
 
+    def half_operands(self, p, tiles):
+        """The row kernels load float16 data and store a float16 dX themselves (the
+        filter, the partial dW and the result dW stay float32: 9 x C elements)."""
+        if tiles.get("kernel") != "rows_3x3":
+            return frozenset()
+        return frozenset(("dy", "result") if p.direction == "bwd_d" else ("x", "dy"))
+
     def run(self, p, tiles, ops):
         from ..kernels.cpu import depthwise as k
         from ..kernels.cpu.direct import reduce_partials
@@ -91,7 +98,8 @@ class DepthwiseDirect(Direct):
         if p.direction == "bwd_d":
             if tiles["kernel"] == "rows_3x3":
                 from ..kernels.cpu import depthwise_rows as kr
-                dx = np.empty(xs, ct)
+                # float16 bits in, float16 bits out (see half_operands)
+                dx = np.empty(xs, ops["dy"].dtype if ops["dy"].dtype == np.uint16 else ct)
                 kr.bwd_d_depthwise_3x3_rows(ops["dy"], ops["w"], dx, g, tiles["chunks"])
             elif tiles["kernel"] == "spans":
                 dx = np.empty(xs, ct)
