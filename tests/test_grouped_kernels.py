@@ -90,6 +90,37 @@ def test_grouped_three_groups(monkeypatch):
         assert _run(direction, case, "float64") <= tolerance("float64")
 
 
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[7]], ids=[IDS[0], IDS[4], IDS[7]])
+def test_grouped_float16_converts_in_the_kernels(case, direction):
+    """float16 data is widened as it is copied to group-minor, and forward and backward
+    data round their tiles as they store them: bit for bit float32's result on the
+    widened operands, rounded once (full and half vectors, a partial vector of groups,
+    channels not a multiple of 4); the user's arrays are left alone."""
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, *isz, ic)).astype(np.float16)
+    w = rng.standard_normal((*k, ic // g, oc)).astype(np.float16)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
+                 strategy="direct")
+    dy = rng.standard_normal(nc.convolution(x, w, **attrs).shape).astype(np.float16)
+    call = {"fwd": ("convolution", lambda x, w, dy: (x, w)),
+            "bwd_d": ("convolution_backprop_data", lambda x, w, dy: (dy, w, isz)),
+            "bwd_w": ("convolution_backprop_filters", lambda x, w, dy: (x, k, dy))}
+    name, args = call[direction]
+    plan = nc.plan(name, *args(x, w, dy), **attrs)
+    assert plan.variant == "grouped"
+    assert grouped.STRATEGY.half_operands(plan.problem, plan.tiles)
+    saved = [a.copy() for a in (x, w, dy)]
+    got = getattr(nc, name)(*args(x, w, dy), **attrs)
+    f32 = [a.astype(np.float32) for a in (x, w, dy)]
+    want = getattr(nc, name)(*args(*f32), **attrs).astype(np.float16)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    for a, b in zip((x, w, dy), saved):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_grouped_float16_and_noncontiguous():
     """float16 is computed in float32 by the caller; a non-contiguous input still works."""
     case = CASES[1]

@@ -79,8 +79,9 @@ def group_vectors(g, itemsize, vbytes=VECTOR_BYTES):
     return -(-g // lanes(itemsize, vbytes))
 
 
-def _micro_body(builder, context, dtype, args, P, NV, to_last, vbytes):
-    """The body of :func:`_micro`'s function (``args`` its LLVM arguments)."""
+def _micro_body(builder, context, dtype, args, P, NV, to_last, vbytes, half=False):
+    """The body of :func:`_micro`'s function (``args`` its LLVM arguments); ``half``: C
+    (and the scratch) hold float16 bits, the tile rounded on its way out (``to_last``)."""
     a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, pw = args
     f = context.get_value_type(dtype)
     vl = vbytes // context.get_abi_sizeof(f)
@@ -92,7 +93,9 @@ def _micro_body(builder, context, dtype, args, P, NV, to_last, vbytes):
                                          ir.FunctionType(vty, [vty] * 3), name)
     pa = builder.inttoptr(a, fp)
     pb = builder.inttoptr(b, fp)
-    pc = builder.inttoptr(c, fp)
+    pc = builder.inttoptr(c, ir.IntType(16).as_pointer() if half else fp)
+    if half:
+        pw = builder.bitcast(pw, pc.type)
     ps = builder.inttoptr(segs, i64.as_pointer())
     zero = ir.Constant(vty, None)
     acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NV)]
@@ -132,6 +135,10 @@ def _micro_body(builder, context, dtype, args, P, NV, to_last, vbytes):
                         for k in range(0, len(vals), 2)]
                 width *= 2
             big = vals[0]
+            if half:  # round once, as float16 bits (vcvtps2ph)
+                n = NV * vl
+                big = builder.bitcast(builder.fptrunc(big, ir.VectorType(ir.HalfType(), n)),
+                                      ir.VectorType(ir.IntType(16), n))
             undef = ir.Constant(big.type, ir.Undefined)
             for lane in range(vl):
                 # lanes past the last group go to the scratch ``work`` instead
@@ -180,13 +187,15 @@ def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
     its way out, to channels-last: lane ``l < nl`` of ``C[p, v]`` is stored at ``c + p*crs +
     l*ccs + v`` (the NV channels of one group are contiguous; the other lanes are stored
     to ``work``, which must hold NV elements). No segment gives zeros. The float type comes
-    from ``work``'s dtype. The body is :func:`_micro_body`, emitted once per module as a
-    ``noinline`` function (see the module's docstring)."""
+    from ``work``'s dtype, C's too: a ``work`` of uint16 means float32 operands and, with
+    ``to_last``, a C of float16 bits. The body is :func:`_micro_body`, emitted once per
+    module as a ``noinline`` function (see the module's docstring)."""
 
     @intrinsic
     def micro(typingctx, a, b, c, segs, nseg, ars, acs, bcs, crs, ccs, nl, beta, work):
         sig = types.void(*([types.intp] * 12), work)
-        dtype = work.dtype
+        dtype, half = _half_bits(work.dtype)
+        assert to_last or not half
 
         def codegen(context, builder, signature, args):
             f = context.get_value_type(dtype)
@@ -194,13 +203,15 @@ def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
             # the scratch of stores past the last group: work's data
             pw = builder.bitcast(context.make_array(work)(context, builder, args[-1]).data, fp)
             fnty = ir.FunctionType(ir.VoidType(), [i64] * 12 + [fp])
-            name = "numbaconv_grouped_micro_%d_%d_%d_%d_%s" % (P, NV, to_last, vbytes, dtype)
+            name = "numbaconv_grouped_micro_%d_%d_%d_%d_%s%s" % (P, NV, to_last, vbytes, dtype,
+                                                                 "_half" if half else "")
             fn = cgutils.get_or_insert_function(builder.module, fnty, name)
             if fn.is_declaration:
                 fn.linkage = "internal"
                 fn.attributes.add("noinline")
                 inner = ir.IRBuilder(fn.append_basic_block("entry"))
-                _micro_body(inner, context, dtype, list(fn.args), P, NV, to_last, vbytes)
+                _micro_body(inner, context, dtype, list(fn.args), P, NV, to_last, vbytes,
+                            half)
                 inner.ret_void()
             builder.call(fn, list(args[:-1]) + [pw])
             return context.get_dummy_value()
@@ -210,16 +221,54 @@ def _micro(P, NV, to_last, vbytes=VECTOR_BYTES):
     return micro
 
 
+def _half_bits(dtype):
+    """``(float dtype, half)``: arrays of uint16 are float16 bits, computed in float32."""
+    return (types.float32, True) if dtype == types.uint16 else (dtype, False)
+
+
+def _source_loader(builder, ptr, half):
+    """``load(p, n)``: ``n`` floats (a scalar when ``n`` is 0) at the source pointer ``p``,
+    widened from float16 bits when ``half`` (``fpext``: ``vcvtph2ps`` with F16C)."""
+    def load(p, n):
+        if not half:
+            ty = p.type.pointee if n == 0 else ir.VectorType(p.type.pointee, n)
+            return builder.load(p if n == 0 else builder.bitcast(p, ty.as_pointer()),
+                                align=1)
+        hty = ir.HalfType() if n == 0 else ir.VectorType(ir.HalfType(), n)
+        ity = ir.IntType(16) if n == 0 else ir.VectorType(ir.IntType(16), n)
+        fty = ir.FloatType() if n == 0 else ir.VectorType(ir.FloatType(), n)
+        bits = builder.load(builder.bitcast(p, ity.as_pointer()), align=1)
+        return builder.fpext(builder.bitcast(bits, hty), fty)
+
+    return load
+
+
+@intrinsic
+def _widen(typingctx, v):
+    """A source element as a float: float16 bits (uint16) widened to float32, else as is."""
+    if v == types.uint16:
+        def codegen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+        return types.float32(v), codegen
+
+    def same(context, builder, signature, args):
+        return args[0]
+
+    return v(v), same
+
+
 def _transpose(cc, to_lanes, vbytes=VECTOR_BYTES):
     """A register transpose between channels-last and group-minor for one pixel and one
     vector of groups: with ``to_lanes``, ``VL`` rows of ``cc`` channels (row ``i`` at ``src +
     i*ss``) become ``cc`` vectors of ``VL`` lanes (vector ``j`` at ``dst + j*ds``); else the
-    reverse. Addresses and strides in bytes and elements, ``VL`` from ``work``'s dtype."""
+    reverse. Addresses and strides in bytes and elements, ``VL`` from ``work``'s dtype (the
+    source's): a source of float16 bits (uint16) is widened on the way into float32."""
 
     @intrinsic
     def tr(typingctx, src, ss, dst, ds, work):
         sig = types.void(types.intp, types.intp, types.intp, types.intp, work)
-        dtype = work.dtype
+        dtype, half = _half_bits(work.dtype)
 
         def codegen(context, builder, signature, args):
             src, ss, dst, ds, _ = args
@@ -227,22 +276,21 @@ def _transpose(cc, to_lanes, vbytes=VECTOR_BYTES):
             vl = vbytes // context.get_abi_sizeof(f)
             nin, win = (vl, cc) if to_lanes else (cc, vl)
             i64, i32 = ir.IntType(64), ir.IntType(32)
-            ps = builder.inttoptr(src, f.as_pointer())
+            ps = builder.inttoptr(src, (ir.IntType(16) if half else f).as_pointer())
             pd = builder.inttoptr(dst, f.as_pointer())
+            load = _source_loader(builder, ps, half)
 
             def at(p, stride, i):
                 return builder.gep(p, [builder.mul(stride, ir.Constant(i64, i))])
 
             if win == 1:
-                vals = [builder.load(at(ps, ss, i)) for i in range(nin)]
+                vals = [load(at(ps, ss, i), 0) for i in range(nin)]
                 vec = ir.Constant(ir.VectorType(f, nin), ir.Undefined)
                 for i, v in enumerate(vals):
                     vec = builder.insert_element(vec, v, ir.Constant(i32, i))
                 builder.store(vec, builder.bitcast(pd, vec.type.as_pointer()), align=1)
                 return context.get_dummy_value()
-            vin = ir.VectorType(f, win)
-            vecs = [builder.load(builder.bitcast(at(ps, ss, i), vin.as_pointer()), align=1)
-                    for i in range(nin)]
+            vecs = [load(at(ps, ss, i), win) for i in range(nin)]
             if nin == 1:
                 for j in range(win):
                     builder.store(builder.extract_element(vecs[0], ir.Constant(i32, j)),
@@ -309,7 +357,8 @@ def _to_channels(four, full, src, ss, dst, ds, work):
 def to_group_minor(src, dst, g, pl):
     """``src [mb, d, h, w, g*C]`` -> ``dst [nvg, mb, d, h, wp, C, VL]``: group ``gi`` in
     lane ``gi % VL`` of vector ``gi // VL``, pixel ``i`` at ``pl + i``, zeros in the padding
-    pixels and lanes."""
+    pixels and lanes. A ``src`` of float16 bits (uint16) is widened into a float32 ``dst``
+    on the way (no pass of its own)."""
     mb, d, h, w = src.shape[0], src.shape[1], src.shape[2], src.shape[3]
     nvg, vl = dst.shape[0], dst.shape[6]
     wp, C = dst.shape[4], dst.shape[5]
@@ -318,7 +367,7 @@ def to_group_minor(src, dst, g, pl):
     d1 = dst.reshape(-1)
     rows = mb * d * h
     chunk = rows * wp * C * vl
-    it = src.itemsize
+    its, it = src.itemsize, dst.itemsize
     full = vl * it == VECTOR_BYTES
     ps, pd = src.ctypes.data, dst.ctypes.data
     for r in prange(rows):
@@ -339,12 +388,12 @@ def to_group_minor(src, dst, g, pl):
                 if n < vl:  # the last, partial vector of groups
                     for l in range(n):
                         for c in range(C):
-                            d1[o + c * cst + l] = s1[base + l * C + c]
+                            d1[o + c * cst + l] = _widen(s1[base + l * C + c])
                     continue
                 c = 0
                 while c < C:
                     four = c + 4 <= C
-                    _to_lanes(four, full, ps + (base + c) * it, C, pd + (o + c * cst) * it,
+                    _to_lanes(four, full, ps + (base + c) * its, C, pd + (o + c * cst) * it,
                               cst, src)
                     c += 4 if four else 1
 
@@ -440,16 +489,17 @@ def _sum_tile(whole, full, a, b, c, segs, ns, ars, acs, bcs, crs, work):
 
 
 @helper
-def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, work):
+def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, it, work):
     """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
     groups, in ``TILE_D`` or ``TILE_D5`` tiles (whichever computes fewer pixels; the last
     tile of a row or of the channels overlaps the one before it, recomputing a few pixels:
     tiles are stored, not added) stored channels-last. B's channel vectors are contiguous
     (``vl`` apart: the full or the half vector width). ResNeXt-3D conv_3d:6 (14-pixel rows,
     2 threads, float32): 1.51 -> 1.35 ms with 5-pixel tiles; conv_3d:12 (two 14-pixel
-    phases) 2.18 -> 1.99 ms."""
+    phases) 2.18 -> 1.99 ms. ``it``: the bytes of A's and B's elements; C's are
+    ``work``'s (float16 bits where ``work`` is uint16)."""
     NV = TILE_D[1]
-    it = work.itemsize
+    itc = work.itemsize
     full = vl * it == VECTOR_BYTES
     P, P5 = TILE_D[0], TILE_D5[0]
     rows = 2
@@ -463,7 +513,7 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, w
             while k < nout:
                 kk = min(k, nout - NV)
                 _gather_tile(rows, full, a + jj * ars * it, b + kk * vl * it,
-                             c + (jj * crs + kk) * it, segs, ns, ars, acs, bcs, crs, ccs, nl,
+                             c + (jj * crs + kk) * itc, segs, ns, ars, acs, bcs, crs, ccs, nl,
                              work)
                 k += NV
             j += P
@@ -471,7 +521,7 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, w
         for jj in range(npix):
             for k in range(nout):
                 _gather_tile(0, full, a + jj * ars * it, b + k * vl * it,
-                             c + (jj * crs + k) * it, segs, ns, ars, acs, bcs, crs, ccs, nl,
+                             c + (jj * crs + k) * itc, segs, ns, ars, acs, bcs, crs, ccs, nl,
                              work)
 
 
@@ -497,7 +547,7 @@ def _fwd_row(xp, wf, y, geo, pl, segs, r):
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
     nvg, wp, vl = xp.shape[0], xp.shape[4], xp.shape[6]
-    it = y.itemsize
+    it, itc = xp.itemsize, y.itemsize  # y may hold float16 bits
     xs, ws = xp[0].size, wf[0].size
     oc = g * ocg
     work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
@@ -522,9 +572,9 @@ def _fwd_row(xp, wf, y, geo, pl, segs, r):
                 ns += 1
     crow = ((n * od + o_d) * oh + o_h) * ow * oc
     for gv in range(nvg):
-        _row_tiles(pa + gv * xs * it, pb + gv * ws * it, pc + (crow + gv * vl * ocg) * it,
+        _row_tiles(pa + gv * xs * it, pb + gv * ws * it, pc + (crow + gv * vl * ocg) * itc,
                    segs.ctypes.data, ns, ow, ocg, min(vl, g - gv * vl), sw * icg * vl, vl,
-                   ocg * vl, oc, ocg, vl, work)
+                   ocg * vl, oc, ocg, vl, it, work)
 
 
 @kernel
@@ -551,7 +601,7 @@ def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
     dd, dh = geo[16], geo[17]
     pd, ph = geo[19], geo[20]
     nvg, wp, vl = dyp.shape[0], dyp.shape[4], dyp.shape[6]
-    it = dx.itemsize
+    it, itc = dyp.itemsize, dx.itemsize  # dx may hold float16 bits
     ys, ws = dyp[0].size, wq[0].size
     ic = g * icg
     tap = ocg * icg * vl
@@ -583,9 +633,10 @@ def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
                     ns += 1
         crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
         for gv in range(nvg):
-            _row_tiles(pa + gv * ys * it, pb + gv * ws * it, pc + (crow + gv * vl * icg) * it,
-                       segs.ctypes.data, ns, npix, icg, min(vl, g - gv * vl), ocg * vl, vl,
-                       icg * vl, sw * ic, icg, vl, work)
+            _row_tiles(pa + gv * ys * it, pb + gv * ws * it,
+                       pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix, icg,
+                       min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg, vl, it,
+                       work)
 
 
 @kernel

@@ -82,9 +82,11 @@ def _bwd_d_phases(p):
 
 
 def _to_group_minor(a, g, vec, left=0, width=None):
-    """``[mb, d, h, w, g*C]`` -> zero-padded ``[nvg, mb, d, h, width, C, VL]``."""
+    """``[mb, d, h, w, g*C]`` -> zero-padded ``[nvg, mb, d, h, width, C, VL]`` (float16
+    bits, uint16, widened to float32 on the way)."""
     width = a.shape[3] if width is None else width
-    out = np.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), a.dtype)
+    dtype = np.float32 if a.dtype == np.uint16 else a.dtype
+    out = np.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype)
     _kernels().to_group_minor(np.ascontiguousarray(a), out, np.int64(g), np.int64(left))
     return out
 
@@ -165,6 +167,13 @@ class GroupedDirect(Direct):
                  + tiles.get("chunks", 1) * taps * p.icg * p.ocg * gp)
         return n * itemsize(p)
 
+    def half_operands(self, p, tiles):
+        """The copies to group-minor widen float16 data as they transpose it; forward and
+        backward data round their tiles to float16 as they store them. The filter and
+        the weight gradient (small, reduced from float32 partials) stay float32."""
+        return frozenset({"fwd": ("x", "result"), "bwd_d": ("dy", "result"),
+                          "bwd_w": ("x", "dy")}[p.direction])
+
     def run(self, p, tiles, ops):
         k = _kernels()
         xs, ys, ws = canonical_shapes(p)
@@ -173,14 +182,14 @@ class GroupedDirect(Direct):
         if p.direction == "fwd":
             left, width = w_padding(p)
             xp = _to_group_minor(ops["x"], g, vec, left, width)
-            y = np.empty(ys, ct)
+            y = np.empty(ys, np.uint16 if ops["x"].dtype == np.uint16 else ct)
             k.fwd_gm(xp, _fwd_filter(ops["w"], p, vec), y, gv, np.int64(left))
             return y
         if p.direction == "bwd_d":
             phases, left, width = _bwd_d_phases(p)
             dyp = _to_group_minor(ops["dy"], g, vec, left, width)
             wq, qtab, runs = _bwd_d_filter(ops["w"], p, vec, phases, left)
-            dx = np.empty(xs, ct)
+            dx = np.empty(xs, np.uint16 if ops["dy"].dtype == np.uint16 else ct)
             k.bwd_d_gm(dyp, wq, dx, gv, qtab, runs)
             return dx
         left, width = w_padding(p)
