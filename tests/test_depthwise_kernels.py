@@ -167,6 +167,27 @@ def test_float16_operands_the_row_kernels_take():
     assert STRATEGY.half_operands(plan.problem, plan.tiles) == frozenset()
 
 
+def test_row_kernels_prefetch_only_operands_beyond_l3():
+    """The prefetch tile: on where the operands the row kernels read (dY; X and dY) take
+    at least a third of L3, off below, counted at 2 bytes an element for float16."""
+    import dataclasses
+
+    from numbaconv.machine import machine
+    from numbaconv.strategies import depthwise
+
+    case = (64, (40, 40), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 1)
+    for op, reads in (("convolution_backprop_data", 1), ("convolution_backprop_filters", 2)):
+        for dtype, item in (("float32", 4), ("float16", 2)):
+            x, w, dy, attrs = _operands(case, dtype)
+            args = (dy, w, (40, 40)) if op == "convolution_backprop_data" else (x, (3, 3), dy)
+            plan = nc.plan(op, *args, **attrs)
+            assert plan.tiles["kernel"] == "rows_3x3" and "prefetch" in plan.tiles
+            nbytes = reads * 2 * 40 * 40 * 64 * item
+            for l3, want in ((3 * nbytes, True), (3 * nbytes + 3, False)):
+                m = dataclasses.replace(machine(), l3_bytes=l3)
+                assert depthwise._prefetch(plan.problem, m) == want, (op, dtype, l3)
+
+
 def test_kernel_choice():
     """3x3 at column stride 1 or 2 with column dilation 1: the row kernels; 3x3 at stride 1
     with column dilation: the nine-term kernel for backward data from UNROLLED_MIN_BYTES
@@ -226,8 +247,10 @@ def test_3x3_stride1_backward_data_kernels(geometry, dtype):
     kernels = [("nine-term", lambda dx: k.bwd_d_depthwise_3x3(dy.reshape(ys), w.reshape(ws),
                                                                 dx, geo(p)))]
     if dl[1] == 1:
-        kernels += [(f"rows, {n} chunks", lambda dx, n=n: kr.bwd_d_depthwise_3x3_rows(
-            dy.reshape(ys), w.reshape(ws), dx, geo(p), n)) for n in (1, 2, 7)]
+        kernels += [(f"rows, {n} chunks, prefetch {pf}",
+                     lambda dx, n=n, pf=pf: kr.bwd_d_depthwise_3x3_rows(
+                         dy.reshape(ys), w.reshape(ws), dx, geo(p), n, pf))
+                    for n, pf in ((1, False), (2, True), (7, False), (7, True))]
     for name, fn in kernels:
         dx = np.full(xs, np.nan, dtype)
         fn(dx)
@@ -301,13 +324,13 @@ def test_rows_backward_weights_kernel(geometry, dtype):
     p = plan.problem
     xs, ys, ws = canonical_shapes(p)
     want = conv_bwd_filter_ref(x, dy, (3, 3), st, dl, pb, pe, c)
-    for chunks in (1, 2, 3, 64):
+    for chunks, pf in ((1, False), (2, True), (3, False), (3, True), (64, True)):
         part = np.full((chunks, *ws), np.nan, dtype)
         dw = np.full(ws, np.nan, dtype)
-        kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), part, dw, geo(p))
+        kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), part, dw, geo(p), pf)
         np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=tolerance(dtype),
                                    atol=tolerance(dtype) * np.abs(want).max(),
-                                   err_msg=f"{chunks} chunks")
+                                   err_msg=f"{chunks} chunks, prefetch {pf}")
 
 
 @pytest.mark.parametrize("name", ["3x3_s1_long_rows", "3x3_s2_long_rows", "3x3_s1_p1_odd"])
@@ -360,10 +383,10 @@ def test_rows_backward_data_kernel(geometry, dtype):
     p = plan.problem
     xs, ys, ws = canonical_shapes(p)
     want = conv_bwd_data_ref(dy, w, isz, st, dl, pb, pe, c).reshape(xs)
-    for chunks in (1, 3):
+    for chunks, pf in ((1, False), (3, True), (3, False)):
         dx = np.full(xs, np.nan, dtype)
-        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks)
+        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks, pf)
         assert not np.isnan(dx).any(), f"{chunks} chunks"
         np.testing.assert_allclose(dx, want, rtol=tolerance(dtype),
                                    atol=tolerance(dtype) * np.abs(want).max(),
-                                   err_msg=f"{chunks} chunks")
+                                   err_msg=f"{chunks} chunks, prefetch {pf}")

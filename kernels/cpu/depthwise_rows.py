@@ -253,6 +253,27 @@ _wrow1s1, _wrow2s1, _wrow3s1 = (_wrow(n, 1) for n in (1, 2, 3))
 _wrow1s2, _wrow2s2, _wrow3s2 = (_wrow(n, 2) for n in (1, 2, 3))
 
 
+@intrinsic
+def _prefetch(typingctx, addr, nbytes):
+    """Prefetch ``nbytes`` from the address ``addr`` into L2 (``prefetcht1``, line by line)."""
+    sig = types.void(types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a, nb = args
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        nl = builder.sdiv(builder.add(nb, _const(63)), _const(64))
+        with cgutils.for_range(builder, nl) as lp:
+            ptr = builder.inttoptr(builder.add(a, builder.mul(lp.index, _const(64))), i8p)
+            builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 2),
+                              ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @helper
 def interior(npix, win, off, S):
     """``(jlo, jhi)``: the pixels ``j < npix`` whose three input columns ``j*S + off + b``
@@ -277,7 +298,7 @@ def blocks(npix, win, pw, S):
 
 
 @helper
-def _bwd_d_rows(dy, w, dx, geo, r0, r1):
+def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch):
     """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
@@ -307,6 +328,17 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
                     twrow[nr] = t_h * 3 * C
                     nr += 1
         dxp = dxb + r * iw * C * it
+        if prefetch and r + 1 < r1:
+            # the next dX row's dY rows, into L2 while this row computes
+            q = r + 1
+            nq = q // (id_ * ih)
+            q_d = (q // ih) % id_ + pd
+            if q_d % sd == 0 and q_d // sd < od:
+                for t_h in range(3):
+                    e = q % ih + ph - t_h * dh
+                    if e >= 0 and e % sh == 0 and e // sh < oh:
+                        _prefetch(dyb + ((nq * od + q_d // sd) * oh + e // sh) * ow * C * it,
+                                  ow * C * it)
         if nr == 0:
             dxf[r * iw * C:(r + 1) * iw * C] = 0
         elif sw == 1:
@@ -326,19 +358,22 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
 
 
 @kernel
-def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks):
+def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
-    threads take ``nchunks`` contiguous ranges of dX rows."""
+    threads take ``nchunks`` contiguous ranges of dX rows. ``prefetch``: prefetch the next
+    row's dY rows into L2 while a row computes (see :func:`_prefetch`)."""
     rows = geo[0] * geo[4] * geo[5]
     for chunk in prange(nchunks):
-        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks)
+        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks,
+                    prefetch)
 
 
 @helper
-def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
-    """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here)."""
+def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch):
+    """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here); with
+    ``prefetch``, each next row's operands are prefetched."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -369,6 +404,18 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
                 tprow[nr] = (ch * 9 + t_h * 3) * C
                 nr += 1
         dyp = dyb + r * ow * C * it
+        if prefetch and r + 1 < r1:
+            # the next row's dY and input rows, into L2 while this row computes
+            _prefetch(dyp + ow * C * it, ow * C * it)
+            q = r + 1
+            nq = q // (od * oh)
+            q_d = (q // oh) % od * sd - pd
+            if 0 <= q_d < id_:
+                for t_h in range(3):
+                    i_h = (q % oh) * sh - ph + t_h * dh
+                    if 0 <= i_h < ih:
+                        _prefetch(xb + ((nq * id_ + q_d) * ih + i_h) * iw * C * it,
+                                  iw * C * it)
         if sw == 1:
             if nr == 3:
                 _wrow3s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
@@ -386,13 +433,15 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
 
 
 @kernel
-def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo):
+def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch):
     """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
     depth 1, column stride 1 or 2, column dilation 1 (any row stride, row dilation and
     padding). part (scratch, ``[nchunks, 1, 3, 3, 1, C]``): chunk j's sum over its
-    contiguous range of dY rows, zeroed and reduced here."""
+    contiguous range of dY rows, zeroed and reduced here. ``prefetch``: prefetch each next
+    row's operands into L2 while a row computes (see :func:`_prefetch`)."""
     rows = geo[0] * geo[10] * geo[11]
     nchunks = part.shape[0]
     for ch in prange(nchunks):
-        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
+        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks,
+                    prefetch)
     reduce_chunks(part, dwt)
