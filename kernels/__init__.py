@@ -10,6 +10,11 @@ Canonical layouts (every rank is 3-D: 2-D has depth 1, 1-D depth and height 1):
 * ``w`` / ``dw``: ``[kd, kh, kw, ic/g, oc]`` (XIO); output channel ``gi*ocg + k`` belongs to
   group ``gi``, and reads input channels ``gi*icg .. gi*icg + icg - 1``.
 
+Data arrays are in the compute dtype (float32 or float64), except where a kernel converts
+float16 itself (the depthwise row kernels, the grouped copies to group-minor and the
+grouped gather tiles' stores): there float16 data comes as its bits, ``uint16`` arrays of
+the same layout, computed in float32.
+
 The geometry vector ``geo`` (see :func:`numbaconv.kernels.geometry`) packs
 ``mb g icg ocg id ih iw kd kh kw od oh ow sd sh sw dd dh dw pd ph pw``; index arithmetic is
 int64 throughout.
