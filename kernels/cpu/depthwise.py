@@ -367,7 +367,7 @@ def _block_loader(builder, load, base_ptr, base, C, mask, ty):
     return get
 
 
-def _masked_io(builder, vty, dtype, vl):
+def _masked_io(builder, vty, vl):
     """``load(ptr, mask)`` and ``store(value, ptr, mask)`` of ``vty`` (no mask: plain);
     ``vty`` a vector of float, double or i16 (float16 bits)."""
     elem = vty.element
@@ -407,7 +407,7 @@ def _half_io(builder, vl):
     ity = ir.VectorType(ir.IntType(16), vl)
     hty = ir.VectorType(ir.HalfType(), vl)
     fty = ir.VectorType(ir.FloatType(), vl)
-    raw_load, raw_store = _masked_io(builder, ity, None, vl)
+    raw_load, raw_store = _masked_io(builder, ity, vl)
 
     def load(ptr, mask):
         return builder.fpext(builder.bitcast(raw_load(ptr, mask), hty), fty)
@@ -433,7 +433,7 @@ class Operand:
         else:
             elem = vty.element
             self.sty = vty
-            self._load, self._store = _masked_io(builder, vty, None, vl)
+            self._load, self._store = _masked_io(builder, vty, vl)
         self.ptr = builder.inttoptr(addr, elem.as_pointer())
 
     def load(self, off, mask):
@@ -475,7 +475,7 @@ def _dspan(NT):
             add0 = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
 
             fma = _fma_fn(builder, vty, dtype, vl)
-            load, store = _masked_io(builder, vty, dtype, vl)
+            load, store = _masked_io(builder, vty, vl)
             ty = vty
 
             # column taps of one stride phase one dY pixel apart (dilation 1, the usual
@@ -560,7 +560,7 @@ def _wspan(NT):
             # accumulators as allocas in the entry block: mem2reg makes them registers
             acc = [cgutils.alloca_once(builder, vty) for _ in range(NT)]
             fma = _fma_fn(builder, vty, dtype, vl)
-            load, store = _masked_io(builder, vty, dtype, vl)
+            load, store = _masked_io(builder, vty, vl)
             ty = vty
 
             # column taps one pixel apart (dilation 1) at stride 1 or 2: pixel p's tap k

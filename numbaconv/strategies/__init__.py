@@ -73,5 +73,11 @@ def w_padding(p):
     return pw, max(iw + pw, (ow - 1) * sw + (kw - 1) * dw + 1)
 
 
+def result_dtype(operand, compute):
+    """The dtype of a result computed from ``operand``: ``uint16`` (float16 bits, see
+    ``half_operands``) where the operand came as float16 bits, else ``compute``."""
+    return np.uint16 if operand.dtype == np.uint16 else compute
+
+
 def itemsize(p):
     return np.dtype(p.compute_dtype).itemsize

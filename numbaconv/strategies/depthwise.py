@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from . import canonical_shapes, geo, itemsize
+from . import canonical_shapes, geo, itemsize, result_dtype
 from .direct import Direct
 
 R_NOT_DEPTHWISE = "not depthwise (groups {g} != channels {ic})"
@@ -123,7 +123,7 @@ class DepthwiseDirect(Direct):
             if tiles["kernel"] == "rows_3x3":
                 from ..kernels.cpu import depthwise_rows as kr
                 # float16 bits in, float16 bits out (see half_operands)
-                dx = np.empty(xs, ops["dy"].dtype if ops["dy"].dtype == np.uint16 else ct)
+                dx = np.empty(xs, result_dtype(ops["dy"], ct))
                 kr.bwd_d_depthwise_3x3_rows(ops["dy"], ops["w"], dx, g, tiles["chunks"],
                                             bool(tiles.get("prefetch")))
             elif tiles["kernel"] == "spans":

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from . import canonical_shapes, geo, itemsize, w_padding
+from . import canonical_shapes, geo, itemsize, result_dtype, w_padding
 from .direct import Direct
 
 #: Below this many groups the group-minor vector is too short to pay for the transposes.
@@ -182,14 +182,14 @@ class GroupedDirect(Direct):
         if p.direction == "fwd":
             left, width = w_padding(p)
             xp = _to_group_minor(ops["x"], g, vec, left, width)
-            y = np.empty(ys, np.uint16 if ops["x"].dtype == np.uint16 else ct)
+            y = np.empty(ys, result_dtype(ops["x"], ct))
             k.fwd_gm(xp, _fwd_filter(ops["w"], p, vec), y, gv, np.int64(left))
             return y
         if p.direction == "bwd_d":
             phases, left, width = _bwd_d_phases(p)
             dyp = _to_group_minor(ops["dy"], g, vec, left, width)
             wq, qtab, runs = _bwd_d_filter(ops["w"], p, vec, phases, left)
-            dx = np.empty(xs, np.uint16 if ops["dy"].dtype == np.uint16 else ct)
+            dx = np.empty(xs, result_dtype(ops["dy"], ct))
             k.bwd_d_gm(dyp, wq, dx, gv, qtab, runs)
             return dx
         left, width = w_padding(p)
