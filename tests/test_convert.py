@@ -73,3 +73,25 @@ def test_float16_calls_match_the_numpy_cast_path(data_format, strategy, monkeypa
                           (1, 1), (1, 1), (1, 1), 1)
     got = fast_d if nxc else np.moveaxis(fast_d, 1, -1)
     assert np.abs(got.astype(np.float64) - ref).max() <= 1e-2 * np.abs(ref).max()
+
+
+def test_conversions_run_in_parallel_only_next_to_numba_parallel_regions():
+    """The backend's float16 passes run on every thread for strategies that compute in
+    Numba parallel regions alone (direct loop nests, the implicit GEMM), serially next to
+    BLAS calls and Python worker threads (whose spinning threads they fought)."""
+    if nc.get_num_threads() < 2:
+        pytest.skip("one thread: every conversion is serial")
+    from numbaconv.planner import implementation
+    dy = np.zeros((2, 14, 14, 64), np.float16)
+    w = np.zeros((3, 3, 64, 64), np.float16)
+    kw = dict(strides=1, pads_begin=1, pads_end=1)
+    seen = {}
+    for strategy in ("direct", "gemm", "winograd"):
+        plan = nc.plan("convolution_backprop_data", dy, w, (14, 14), strategy=strategy, **kw)
+        prep = cpu._prepared(plan)
+        want = implementation(plan).numba_parallel(plan.problem, plan.tiles)
+        assert prep.parallel == want
+        seen[strategy, plan.variant] = prep.parallel
+    assert seen["direct", ""] is True
+    assert seen["winograd", ""] is False
+    assert seen.get(("gemm", "implicit"), True) is True

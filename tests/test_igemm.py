@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import numbaconv as nc
+from numbaconv import planner
 from numbaconv.kernels.cpu import igemm
 from numbaconv.strategies import igemm as strategy
 from reference import conv_bwd_data_ref, conv_fwd_ref, normalized_error, tolerance
@@ -80,6 +81,38 @@ def test_panels_rule():
 
 def test_implicit_variant_float16():
     assert _run(CASES[1], "float16") <= tolerance("float16")
+
+
+@pytest.mark.parametrize("by_panels", [True, False])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_implicit_variant_float16_converts_in_the_kernels(case, by_panels, monkeypatch):
+    """float16 dY is widened as it is padded and dX rounded from float32 scratch in both
+    parallel schemes: bit for bit float32's result on the widened operands, rounded once
+    (zero phases, partial panels, a last partial row tile); the user's arrays are left
+    alone."""
+    monkeypatch.setattr(strategy, "_by_panels", lambda *a: by_panels)
+    planner.clear_plan_cache()
+    try:
+        mb, ic, oc, isz, k, st, dl, pb, pe = case
+        rng = np.random.default_rng(11)
+        w = rng.standard_normal((*k, ic, oc)).astype(np.float16)
+        osz = conv_fwd_ref(np.zeros((1, *isz, ic)), np.zeros(w.shape), stride=st,
+                           dilation=dl, pads_begin=pb, pads_end=pe).shape[1:-1]
+        dy = rng.standard_normal((mb, *osz, oc)).astype(np.float16)
+        attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+        plan = nc.plan("convolution_backprop_data", dy, w, isz, **attrs)
+        assert plan.variant == "implicit"
+        assert strategy.STRATEGY.half_operands(plan.problem, plan.tiles) == {"dy", "result"}
+        saved = dy.copy(), w.copy()
+        got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+        want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32),
+                                            isz, **attrs).astype(np.float16)
+        assert got.dtype == np.float16 and got.shape == want.shape
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+        np.testing.assert_array_equal(dy, saved[0])
+        np.testing.assert_array_equal(w, saved[1])
+    finally:
+        planner.clear_plan_cache()
 
 
 def test_implicit_variant_one_thread():

@@ -28,6 +28,11 @@ filter (``chunk * K * NR``) stays in L2, every tile of the block. The block's ``
 stay in L1/L2 across the chunks (stored with ``beta`` 1 after the first), and the filter
 chunk is read from L2 by every tile.
 
+float16 (computed in float32, SPEC): :func:`pad_dy` widens ``dY`` from its float16 bits
+as it pads it, and :func:`bwd_d_phase_half` / :func:`bwd_d_phase_panels_half` compute
+each thread's block (or panel) in float32 scratch that stays in L2 and round it into a
+float16 ``dX`` once it is done, so no float32 ``dX`` is written out and read back.
+
 This module is self-contained (see :mod:`numbaconv.kernels`): its micro-kernel is its own
 copy, so that Numba's per-file cache never keeps a stale caller.
 """
@@ -143,6 +148,33 @@ def _call(nv, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
         _micro2(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
     else:
         _micro1(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+
+
+@intrinsic
+def _widen(typingctx, v):
+    """A source element as a float: float16 bits (uint16) widened to float32 (``fpext``:
+    ``vcvtph2ps`` with F16C, which LLVM vectorises in a loop), else as it is."""
+    if v == types.uint16:
+        def codegen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+        return types.float32(v), codegen
+
+    def same(context, builder, signature, args):
+        return args[0]
+
+    return v(v), same
+
+
+@intrinsic
+def _narrow(typingctx, v):
+    """A float32 rounded to float16 (nearest even, as NumPy's cast), as its uint16 bits."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
 
 
 #: Side of the square blocks :func:`pack_filter` transposes through a local tile.
@@ -314,3 +346,124 @@ def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
                 _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
             _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp, 1 if c0 else 0,
                    work)
+
+
+@kernel
+def pad_dy(dy, dyp, lead):
+    """``dyp[n, Ld + d, Lh + h, Lw + w, :] = dy[n, d, h, w, :]`` in parallel over the rows
+    of ``dy`` (``lead``: int64 ``Ld, Lh, Lw``); ``dy`` of float16 bits (uint16) is widened
+    into the float32 ``dyp`` on the way, so that float16 costs no pass of its own. The
+    rest of ``dyp`` (its padding) is left as it is."""
+    mb, D, H, W, K = dy.shape
+    Dp, Hp, Wp = dyp.shape[1], dyp.shape[2], dyp.shape[3]
+    Ld, Lh, Lw = lead[0], lead[1], lead[2]
+    s1 = dy.reshape(dy.size)
+    d1 = dyp.reshape(dyp.size)
+    L = np.uint64(W * K)
+    for r in prange(mb * D * H):
+        h = r % H
+        u = r // H
+        d = u % D
+        n = u // D
+        so = np.uint64(r) * L
+        do = np.uint64((((n * Dp + d + Ld) * Hp + h + Lh) * Wp + Lw) * K)
+        for i in range(L):
+            d1[do + i] = _widen(s1[so + i])
+
+
+@kernel
+def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
+    """:func:`bwd_d_phase` with ``dX`` as float16 bits (``dxh``, uint16): each thread's
+    blocks of row tiles are computed in float32 into its own scratch (``work[th]``: ``MR``
+    rows per tile of a block, ``C_panels`` floats each, reused block after block so that
+    it stays in L2) and rounded into ``dxh`` once, row by row, when the block is done:
+    no float32 ``dX`` to write out and read back. Blocks of at most ``work.shape[1] //
+    (MR * C_panels)`` tiles, the blocks of ``nth`` contiguous shares in parallel."""
+    K, C = pg[7], pg[14]
+    P = pg[0] * pg[1] * pg[2] * pg[3]
+    ntiles = (P + MR - 1) // MR
+    npan, ntaps, nr = bp.shape[0], bp.shape[1], bp.shape[3]
+    ldw = npan * nr
+    vl = nr // NV
+    it = work.itemsize
+    btiles = max(1, work.shape[1] // (MR * ldw))
+    nblocks = (ntiles + btiles - 1) // btiles
+    bpt = (nblocks + nth - 1) // nth
+    pa = dyp.ctypes.data
+    psegs = segs.ctypes.data
+    d1 = dxh.reshape(dxh.size)
+    for th in prange(nth):
+        ws = work[th]
+        pw = ws.ctypes.data
+        offs = np.empty((btiles, 2, MR), np.int64)  # per tile: A rows, scratch rows
+        dofs = np.empty((btiles, MR), np.int64)     # per tile: dX rows
+        for blk in range(th * bpt, min(nblocks, (th + 1) * bpt)):
+            t0 = blk * btiles
+            t1 = min(ntiles, t0 + btiles)
+            nt = t1 - t0
+            _tile_offsets(pg, t0, t1, offs, 0, 0)
+            for ti in range(nt):
+                for i in range(MR):
+                    dofs[ti, i] = offs[ti, 1, i]
+                    offs[ti, 1, i] = (ti * MR + i) * ldw
+            for p in range(npan):
+                nv = (min(nr, C - p * nr) + vl - 1) // vl
+                cp = pw + p * nr * it
+                for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
+                    ns = min(chunk, ntaps - c0)
+                    _tiles(nv, pa, offs[:nt], psegs + c0 * 8, ns, K, bp,
+                           ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else 0, ws)
+            for ti in range(nt):
+                for i in range(MR):
+                    if (t0 + ti) * MR + i < P:
+                        so = np.uint64((ti * MR + i) * ldw)
+                        do = np.uint64(dofs[ti, i])
+                        for c in range(C):
+                            d1[do + np.uint64(c)] = _narrow(ws[so + np.uint64(c)])
+
+
+@kernel
+def bwd_d_phase_panels_half(dyp, w, taps, dxh, segs, pg, chunk, nr, work):
+    """:func:`bwd_d_phase_panels` with ``dX`` as float16 bits (``dxh``, uint16): each
+    panel's ``NR`` columns of every row are computed in float32 into its thread's scratch
+    (``work[th]``, ``[row tiles * MR, NR]``, reused panel after panel) and rounded into
+    ``dxh`` once the panel's last chunk of taps is done."""
+    K, C = pg[7], pg[14]
+    P = pg[0] * pg[1] * pg[2] * pg[3]
+    ntiles = (P + MR - 1) // MR
+    npan = (C + nr - 1) // nr
+    ntaps = taps.shape[0]
+    nth = work.shape[0]
+    vl = nr // NV
+    it = work.itemsize
+    pa = dyp.ctypes.data
+    psegs = segs.ctypes.data
+    offs = np.empty((ntiles, 2, MR), np.int64)
+    _tile_offsets(pg, 0, ntiles, offs, 0, 0)
+    dofs = np.empty((ntiles, MR), np.int64)
+    for ti in range(ntiles):
+        for i in range(MR):
+            dofs[ti, i] = offs[ti, 1, i]
+            offs[ti, 1, i] = (ti * MR + i) * nr     # scratch rows, NR floats apart
+    ws = w.reshape(w.size)
+    d1 = dxh.reshape(dxh.size)
+    ppt = (npan + nth - 1) // nth
+    for th in prange(nth):
+        sc = work[th]
+        buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, work.dtype)
+        tmp = np.empty((TB, TB), work.dtype)
+        for p in range(th * ppt, min(npan, (th + 1) * ppt)):
+            wdt = min(nr, C - p * nr)
+            nv = (wdt + vl - 1) // vl
+            for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
+                ns = min(chunk, ntaps - c0)
+                for t in range(ns):
+                    _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+                _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, sc.ctypes.data,
+                       1 if c0 else 0, sc)
+            cbase = np.uint64(p * nr)
+            for r in range(P):
+                so = np.uint64(r * nr)
+                do = np.uint64(dofs[r // MR, r % MR]) + cbase
+                for c in range(wdt):
+                    d1[do + np.uint64(c)] = _narrow(sc[so + np.uint64(c)])

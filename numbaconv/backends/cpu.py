@@ -175,8 +175,9 @@ class _Prepared:
         self.fraction = config.MAX_MEMORY_FRACTION
         self.dtype = np.dtype(p.dtype)
         self.strategy = None if p.empty else implementation(plan)
-        # the direct strategies are Numba parallel loop nests; the others call BLAS
-        self.parallel = plan.strategy == "direct" and plan.threads > 1
+        # conversions on every thread only next to Numba parallel regions alone
+        self.parallel = (self.strategy is not None and plan.threads > 1
+                         and self.strategy.numba_parallel(p, plan.tiles))
         self.half = self.dtype == np.float16
         # kernels convert in place only where the host has F16C (as the convert kernels)
         self.half_io = (self.strategy.half_operands(p, plan.tiles)
@@ -214,7 +215,7 @@ def execute(plan, operands, out=None):
             numba.set_num_threads(plan.threads)  # the conversion's threads too
         ops = canonical_operands(p, operands, parallel, prep.half_io)
         r = _launch(prep.strategy, p, plan.tiles, ops, plan.threads)
-        if "result" in prep.half_io:
+        if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
             r = r.view(np.float16)
         elif prep.half and _half_kernels() is not None:
             # rounded once, before any layout change

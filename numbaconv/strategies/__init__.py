@@ -11,7 +11,10 @@ A strategy is a small object with:
 * ``half_operands(problem, tiles) -> frozenset``: for float16 problems, the operands it
   takes as float16 bits (``uint16`` arrays in canonical layout; its kernels widen them as
   they load) and ``"result"`` when it returns float16 bits; the backend converts only the
-  others (whole-array passes that cost as much as a bandwidth-bound kernel).
+  others (whole-array passes that cost as much as a bandwidth-bound kernel);
+* ``numba_parallel(problem, tiles) -> bool``: whether it computes in Numba parallel
+  regions alone (no BLAS call, no Python worker threads), so that those conversion passes
+  may run on every thread too (see :mod:`numbaconv.kernels.cpu.convert`).
 
 The planner keeps, per direction, a best-first list ending in ``direct``, which accepts
 every problem.
@@ -42,6 +45,14 @@ class Strategy:
         """What :meth:`run` takes (and returns) as float16 bits for a float16 problem; it
         must still run on float32 operands (as the tuner passes them)."""
         return frozenset()
+
+    def numba_parallel(self, problem, tiles):
+        """Whether :meth:`run` computes in Numba parallel regions alone. The backend's
+        float16 conversions then run on every thread; otherwise serially, since the
+        threads of a parallel conversion (OpenMP's) busy-wait on the cores for a while
+        after it, as OpenBLAS's do after a GEMM, and fought the BLAS calls and Python
+        worker threads that came next."""
+        return False
 
 
 def label(s):

@@ -57,5 +57,8 @@ class Direct(Strategy):
         k.reduce_partials(part.reshape(chunks, -1), dw.reshape(-1))
         return dw
 
+    def numba_parallel(self, problem, tiles):
+        return True
+
 
 DIRECT = Direct()

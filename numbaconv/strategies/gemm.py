@@ -231,6 +231,10 @@ class Gemm(Strategy):
 
     _identity = staticmethod(_identity)
 
+    def numba_parallel(self, p, tiles):
+        # only the split reduction is one Numba parallel region; the rest are worker tasks
+        return tiles.get("engine") == "numba" and tiles.get("split") == "k"
+
     def tiles(self, p, machine):
         """Slab rows and workers; with the Numba engine also its reduction block ``kc``
         and column block ``nc`` (a ``kc x nc`` block of B fills half of one core's L2)."""

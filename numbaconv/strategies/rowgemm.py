@@ -102,5 +102,8 @@ class RowGemm(Strategy):
             dw += parts[i]
         return dw.reshape(canonical_shapes(p)[2])
 
+    def numba_parallel(self, p, tiles):
+        return True
+
 
 STRATEGY = RowGemm()
