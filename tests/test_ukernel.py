@@ -193,3 +193,30 @@ def test_micro_kernel_uses_full_vectors_and_fma(tmp_path):
     assert out.returncode == 0, out.stderr
     # every micro-kernel (1..NV vectors across, MR rows) unrolls MR*nv FMAs per step
     assert int(out.stdout.split()[-1]) >= uk.MR * uk.NV
+
+
+@pytest.mark.parametrize("mb,hw,ic,oc", [(2, 7, 64, 64), (1, 5, 96, 40), (3, 9, 512, 1040),
+                                         (2, 30, 16, 24), (1, 1, 8, 8)])
+def test_split_k_weight_gradient_float16_widens_in_the_kernel(mb, hw, ic, oc):
+    """The split-K 1x1 weight gradient takes float16 X and dY as bits and widens one
+    reduction block at a time: bit for bit float32's result on the widened operands,
+    rounded once (several blocks and a partial one, a share with one pixel, B rows wide
+    enough to be packed); the user's arrays are left alone."""
+    import numbaconv as nc
+    from numbaconv.strategies import gemm
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((mb, hw, hw, ic)).astype(np.float16)
+    dy = rng.standard_normal((mb, hw, hw, oc)).astype(np.float16)
+    kw = dict(strides=1, pads_begin=0, pads_end=0, strategy="gemm")
+    plan = nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw)
+    if plan.tiles.get("split") != "k":
+        pytest.skip("the split-K weight gradient is the Numba engine's (AVX-512 hosts)")
+    assert gemm.STRATEGY.half_operands(plan.problem, plan.tiles) == {"x", "dy"}
+    saved = x.copy(), dy.copy()
+    got = nc.convolution_backprop_filters(x, (1, 1), dy, **kw)
+    want = nc.convolution_backprop_filters(x.astype(np.float32), (1, 1),
+                                           dy.astype(np.float32), **kw).astype(np.float16)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(x, saved[0])
+    np.testing.assert_array_equal(dy, saved[1])

@@ -326,6 +326,14 @@ def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
                     work[j])
 
 
+@helper
+def _add_parts(c, parts, i):
+    """``c[i] += parts[j, i]`` for every partial ``j`` (a split-K product's rows)."""
+    for j in range(parts.shape[0]):
+        for n in range(c.shape[1]):
+            c[i, n] += parts[j, i, n]
+
+
 @kernel
 def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work):
     """``C = A @ B`` with the reduction split into ``len(parts) + 1`` equal shares computed
@@ -348,9 +356,60 @@ def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work):
             gemm(a + k0 * csa * it, rsa, csa, b + k0 * rsb * it, rsb, csb,
                  dst.ctypes.data, N, _NO_MAP, M, N, k1 - k0, 0, kc, nc, work[j])
     for i in prange(M):
-        for j in range(nch - 1):
-            for n in range(N):
-                c[i, n] += parts[j, i, n]
+        _add_parts(c, parts, i)
+
+
+@intrinsic
+def _widen(typingctx, v):
+    """float16 bits (uint16) widened to float32 (``fpext``: ``vcvtph2ps`` with F16C, which
+    LLVM vectorises in a loop)."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+@helper
+def _widen_rows(src, s0, dst, n):
+    """``dst[:n] = float32(src[s0 : s0 + n])`` for ``src`` float16 bits (unsigned offsets:
+    no wraparound checks in the way of the vectoriser)."""
+    b = np.uint64(s0)
+    for i in range(np.uint64(n)):
+        dst[i] = _widen(src[b + i])
+
+
+@kernel
+def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
+    """:func:`gemm_split_k` for ``dW = X^T @ dY`` with ``x [P, M]`` and ``dy [P, N]`` as
+    float16 bits (uint16): each share widens its pixels one reduction block of ``kc`` at a
+    time into its own float32 stage (``stage[j]``: ``kc * (M + N)`` floats, reused, so
+    that it stays in cache) and multiplies from there, so float16 costs no pass over X and
+    dY of its own. The blocks are :func:`gemm_split_k`'s, so the sums are bit for bit
+    float32's. ``c [M, N]``, ``parts``, ``work`` as :func:`gemm_split_k`'s."""
+    M, N = c.shape
+    P = x.shape[0]
+    nch = parts.shape[0] + 1
+    x1 = x.reshape(x.size)
+    y1 = dy.reshape(dy.size)
+    for j in prange(nch):
+        k0 = P * j // nch
+        k1 = P * (j + 1) // nch
+        dst = c if j == 0 else parts[j - 1]
+        if k1 == k0:
+            dst[:, :] = 0
+            continue
+        sx = stage[j, : kc * M]
+        sy = stage[j, kc * M:]
+        for r0 in range(k0, k1, kc):
+            n = min(kc, k1 - r0)
+            _widen_rows(x1, r0 * M, sx, n * M)
+            _widen_rows(y1, r0 * N, sy, n * N)
+            gemm(sx.ctypes.data, 1, M, sy.ctypes.data, N, 1, dst.ctypes.data, N, _NO_MAP,
+                 M, N, n, 0 if r0 == k0 else 1, kc, nc, work[j])
+    for i in prange(M):
+        _add_parts(c, parts, i)
 
 
 @helper

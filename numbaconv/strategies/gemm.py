@@ -235,6 +235,13 @@ class Gemm(Strategy):
         # only the split reduction is one Numba parallel region; the rest are worker tasks
         return tiles.get("engine") == "numba" and tiles.get("split") == "k"
 
+    def half_operands(self, p, tiles):
+        """The split-K weight gradient widens X and dY one reduction block of pixels at a
+        time (``ukernel.gemm_split_k_half``)."""
+        if tiles.get("split") == "k":
+            return frozenset({"x", "dy"})
+        return frozenset()
+
     def tiles(self, p, machine):
         """Slab rows and workers; with the Numba engine also its reduction block ``kc``
         and column block ``nc`` (a ``kc x nc`` block of B fills half of one core's L2)."""
@@ -321,6 +328,8 @@ class Gemm(Strategy):
             from ..kernels.cpu import ukernel as uk
             ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
         if tiles.get("split") == "k":  # a partial dW per thread but the first
+            if np.dtype(p.dtype) == np.float16:  # and a float32 stage of kc pixels each
+                ws += nw * tiles["kc"] * (p.ic + p.oc) * item
             return ws + (nw - 1) * p.ic * p.oc * item
         if tiles.get("split") == "dw":  # every group's columns packed once; no partials
             return ws + (p.g - 1) * r * ntaps * p.icg * item
@@ -398,6 +407,11 @@ class Gemm(Strategy):
         dw = np.empty(canonical_shapes(p)[2], ct)
         parts = np.empty((nw - 1, p.ic, p.oc), ct)
         work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
+        if x2.dtype == np.uint16:  # float16 bits: widened one reduction block at a time
+            stage = np.empty((nw, kc * (p.ic + p.oc)), ct)
+            uk.gemm_split_k_half(x2, dy2, dw.reshape(p.ic, p.oc), parts, kc, nc, work,
+                                 stage)
+            return dw
         uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
                         dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work)
         return dw
