@@ -79,8 +79,18 @@ def test_conversions_run_in_parallel_only_next_to_numba_parallel_regions():
     """The backend's float16 passes run on every thread for strategies that compute in
     Numba parallel regions alone (direct loop nests, the implicit GEMM), serially next to
     BLAS calls and Python worker threads (whose spinning threads they fought)."""
-    if nc.get_num_threads() < 2:
+    import numba
+    if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one thread: every conversion is serial")
+    nt = nc.get_num_threads()
+    nc.set_num_threads(2)
+    try:
+        _check_parallel_conversions()
+    finally:
+        nc.set_num_threads(nt)
+
+
+def _check_parallel_conversions():
     from numbaconv.planner import implementation
     dy = np.zeros((2, 14, 14, 64), np.float16)
     w = np.zeros((3, 3, 64, 64), np.float16)
