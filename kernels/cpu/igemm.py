@@ -348,6 +348,25 @@ def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
                    work)
 
 
+@helper
+def _to_scratch(offs, nt, dofs, ld):
+    """Keep the ``dX`` row offsets of the first ``nt`` tiles of ``offs`` in ``dofs`` and
+    point the tiles' C rows at float32 scratch rows ``ld`` elements apart instead."""
+    for ti in range(nt):
+        for i in range(MR):
+            dofs[ti, i] = offs[ti, 1, i]
+            offs[ti, 1, i] = (ti * MR + i) * ld
+
+
+@helper
+def _round_row(src, s0, dst, d0, n):
+    """``dst[d0 : d0 + n] = float16(src[s0 : s0 + n])`` as bits (unsigned offsets: no
+    wraparound checks in the way of the vectoriser)."""
+    a, b = np.uint64(s0), np.uint64(d0)
+    for c in range(np.uint64(n)):
+        dst[b + c] = _narrow(src[a + c])
+
+
 @kernel
 def pad_dy(dy, dyp, lead):
     """``dyp[n, Ld + d, Lh + h, Lw + w, :] = dy[n, d, h, w, :]`` in parallel over the rows
@@ -402,10 +421,7 @@ def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
             t1 = min(ntiles, t0 + btiles)
             nt = t1 - t0
             _tile_offsets(pg, t0, t1, offs, 0, 0)
-            for ti in range(nt):
-                for i in range(MR):
-                    dofs[ti, i] = offs[ti, 1, i]
-                    offs[ti, 1, i] = (ti * MR + i) * ldw
+            _to_scratch(offs, nt, dofs, ldw)
             for p in range(npan):
                 nv = (min(nr, C - p * nr) + vl - 1) // vl
                 cp = pw + p * nr * it
@@ -413,13 +429,8 @@ def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
                     ns = min(chunk, ntaps - c0)
                     _tiles(nv, pa, offs[:nt], psegs + c0 * 8, ns, K, bp,
                            ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else 0, ws)
-            for ti in range(nt):
-                for i in range(MR):
-                    if (t0 + ti) * MR + i < P:
-                        so = np.uint64((ti * MR + i) * ldw)
-                        do = np.uint64(dofs[ti, i])
-                        for c in range(C):
-                            d1[do + np.uint64(c)] = _narrow(ws[so + np.uint64(c)])
+            for r in range(min(nt * MR, P - t0 * MR)):
+                _round_row(ws, r * ldw, d1, dofs[r // MR, r % MR], C)
 
 
 @kernel
@@ -441,10 +452,7 @@ def bwd_d_phase_panels_half(dyp, w, taps, dxh, segs, pg, chunk, nr, work):
     offs = np.empty((ntiles, 2, MR), np.int64)
     _tile_offsets(pg, 0, ntiles, offs, 0, 0)
     dofs = np.empty((ntiles, MR), np.int64)
-    for ti in range(ntiles):
-        for i in range(MR):
-            dofs[ti, i] = offs[ti, 1, i]
-            offs[ti, 1, i] = (ti * MR + i) * nr     # scratch rows, NR floats apart
+    _to_scratch(offs, ntiles, dofs, nr)             # scratch rows, NR floats apart
     ws = w.reshape(w.size)
     d1 = dxh.reshape(dxh.size)
     ppt = (npan + nth - 1) // nth
@@ -461,9 +469,5 @@ def bwd_d_phase_panels_half(dyp, w, taps, dxh, segs, pg, chunk, nr, work):
                     _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
                 _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, sc.ctypes.data,
                        1 if c0 else 0, sc)
-            cbase = np.uint64(p * nr)
             for r in range(P):
-                so = np.uint64(r * nr)
-                do = np.uint64(dofs[r // MR, r % MR]) + cbase
-                for c in range(wdt):
-                    d1[do + np.uint64(c)] = _narrow(sc[so + np.uint64(c)])
+                _round_row(sc, r * nr, d1, dofs[r // MR, r % MR] + p * nr, wdt)

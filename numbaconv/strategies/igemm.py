@@ -139,10 +139,10 @@ class ImplicitGemm(Strategy):
         pads = _pads(p, phases)
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]
-        if (Ld, Lh, Lw) == (0, 0, 0) and (Dp, Hp, Wp) == tuple(p.osz) and dy.dtype == ct:
+        padded = (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
+        if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
         else:  # float16 bits are widened on the way
-            padded = (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
             dyp = (np.zeros if padded else np.empty)((p.mb, Dp, Hp, Wp, K), ct)
             igemm.pad_dy(np.ascontiguousarray(dy), dyp, np.array([Ld, Lh, Lw], np.int64))
         w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), C, K)
