@@ -220,3 +220,117 @@ def test_split_k_weight_gradient_float16_widens_in_the_kernel(mb, hw, ic, oc):
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     np.testing.assert_array_equal(x, saved[0])
     np.testing.assert_array_equal(dy, saved[1])
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (37, 13, 70), (100, 64, 64), (301, 70, 257)])
+def test_matmul_claimed_half_rounds_each_block(M, K, N):
+    """float16 A and C as bits, widened and rounded one claimed block at a time by two
+    threads: bit for bit the float32 product on the widened A, rounded once; the counter
+    run past M; A left alone."""
+    import threading
+    rng = np.random.default_rng(M + K + N)
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    saved = A.copy()
+    B = rng.standard_normal((N, K)).astype(np.float32).T  # W^T: a transposed view
+    Bp = uk.pack_panels(B)
+    want = np.empty((M, N), np.float32)
+    uk.matmul_claimed(A.astype(np.float32), Bp, want, np.zeros(1, np.int64), 12)
+    C = np.full((M, N), np.nan, np.float16)
+    counter = np.zeros(1, np.int64)
+    threads = [threading.Thread(target=uk.matmul_claimed_half, args=(A, Bp, C, counter, 12))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    np.testing.assert_array_equal(C.view(np.uint16), want.astype(np.float16).view(np.uint16))
+    _close(want, _ref(A.astype(np.float32), B), np.float32)
+    np.testing.assert_array_equal(A, saved)
+    assert M <= counter[0] < M + 3 * 12
+
+
+def test_matmul_claimed_half_argument_checks():
+    A = np.ones((4, 3), np.float16)
+    Bp = uk.pack_panels(np.ones((3, 5), np.float32))
+    with pytest.raises(ValueError, match="float16"):
+        uk.matmul_claimed_half(A.astype(np.float32), Bp, np.empty((4, 5), np.float32),
+                               np.zeros(1, np.int64), 6)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        uk.matmul_claimed_half(A, Bp, np.empty((5, 4), np.float16).T, np.zeros(1, np.int64), 6)
+    with pytest.raises(ValueError, match="panels"):
+        uk.matmul_claimed_half(A, uk.pack_panels(np.ones((3, 5))), np.empty((4, 5), np.float16),
+                               np.zeros(1, np.int64), 6)
+    with pytest.raises(ValueError, match="counter"):
+        uk.matmul_claimed_half(A, Bp, np.empty((4, 5), np.float16), np.zeros(1, np.int32), 6)
+    C = np.full((4, 5), np.nan, np.float16)
+    uk.matmul_claimed_half(np.ones((4, 0), np.float16),
+                           uk.pack_panels(np.ones((0, 5), np.float32)), C,
+                           np.zeros(1, np.int64), 6)
+    assert not C.any()
+
+
+@pytest.mark.parametrize("layout", ["NXC", "NCX"])
+def test_claimed_backward_data_float16_converts_in_the_kernel(layout, monkeypatch):
+    """1x1 stride-1 backward data on the Numba engine with workers claiming row blocks:
+    float16 dY goes in as bits and dX comes out as bits, bit for bit float32's result on
+    the widened operands rounded once; the user's arrays are left alone."""
+    import numbaconv as nc
+    from numbaconv import config
+    from numbaconv.strategies import gemm
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
+    rng = np.random.default_rng(4)
+    dy = rng.standard_normal((2, 41, 40, 100)).astype(np.float16)
+    w = rng.standard_normal((1, 1, 72, 100)).astype(np.float16)
+    if layout == "NCX":
+        dy = np.ascontiguousarray(dy.transpose(0, 3, 1, 2))
+    kw = dict(strides=1, pads_begin=0, pads_end=0, data_format=layout, strategy="gemm")
+    plan = nc.plan("convolution_backprop_data", dy, w, (41, 40), **kw)
+    assert plan.tiles.get("claim"), plan
+    assert gemm.STRATEGY.half_operands(plan.problem, plan.tiles) == {"dy"}
+    saved = dy.copy(), w.copy()
+    got = nc.convolution_backprop_data(dy, w, (41, 40), **kw)
+    want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32), (41, 40),
+                                        **kw).astype(np.float16)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(dy, saved[0])
+    np.testing.assert_array_equal(w, saved[1])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("x_shape,k,stride,pad,oc", [
+    ((4, 600, 32), (2,), (1,), (0,), 32),          # WaveNet-like: pieces of kc, a partial
+    ((3, 37, 5), (7,), (2,), (3,), 64),            # a 1-D stem: padded along w, strided
+    ((2, 40, 44, 3), (7, 7), (2, 2), (3, 3), 64),  # a 2-D stem: tap rows along h
+])
+def test_rows_weight_gradient_float16_widens_in_the_kernel(x_shape, k, stride, pad, oc,
+                                                            threads):
+    """The rows variant takes float16 X and dY as bits and widens them ``kc`` output pixels
+    at a time (the GEMM's own reduction blocks): bit for bit float32's result on the
+    widened operands, rounded once; the user's arrays are left alone."""
+    import numba
+    import numbaconv as nc
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(x_shape).astype(np.float16)
+    w = np.zeros((*k, x_shape[-1], oc), np.float16)
+    kw = dict(strides=stride, pads_begin=pad, pads_end=pad)
+    dy = rng.standard_normal(nc.convolution(x, w, **kw).shape).astype(np.float16)
+    before = nc.get_num_threads()
+    nc.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        plan = nc.plan("convolution_backprop_filters", x, k, dy, **kw)
+        if plan.variant != "rows":
+            pytest.skip(f"the rows variant is not planned here ({plan})")
+        if x.size > 1000:  # enough work for every thread's share and stage
+            assert plan.tiles["workers"] == nc.get_num_threads()
+        saved = x.copy(), dy.copy()
+        x32, dy32 = x.astype(np.float32), dy.astype(np.float32)
+        assert nc.plan("convolution_backprop_filters", x32, k, dy32, **kw).variant == "rows"
+        got = nc.convolution_backprop_filters(x, k, dy, **kw)
+        want = nc.convolution_backprop_filters(x32, k, dy32, **kw)
+    finally:
+        nc.set_num_threads(before)
+    assert got.dtype == np.float16 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint16), want.astype(np.float16).view(np.uint16))
+    np.testing.assert_array_equal(x, saved[0])
+    np.testing.assert_array_equal(dy, saved[1])

@@ -263,6 +263,55 @@ def _claim(typingctx, counter, step):
     return sig, codegen
 
 
+@helper
+def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work):
+    """``C[:im_total, :N] = A @ B`` for one claimed block of rows: ``A`` at address ``a``
+    (strides ``rsa``, ``csa``), ``C`` at address ``c`` (rows ``ldc`` apart), ``B`` all of
+    :func:`pack_panels`' panels. ``offs``, ``wa``, ``wc``: :func:`gemm_claimed`'s scratch."""
+    it = work.itemsize
+    vl = VECTOR_BYTES // it
+    nr = NV * vl
+    npan, K = bp.shape[0], bp.shape[1]
+    pwa, pwc, pb0 = wa.ctypes.data, wc.ctypes.data, bp.ctypes.data
+    tile_rows = offs[:MR]
+    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    for i0 in range(0, im_total, MR):
+        im = min(MR, im_total - i0)
+        for i in range(im):
+            tile_rows[i] = (i0 + i) * ldc
+        if im == MR:
+            pa, ra, ca = a + i0 * rsa * it, rsa, csa
+        else:
+            for i in range(MR):
+                for k in range(K):
+                    wa[i * K + k] = _load(a, (i0 + i) * rsa + k * csa, work) if i < im else 0
+            pa, ra, ca = pwa, K, 1
+        for q in range(npan):
+            j = q * nr
+            w = min(nr, N - j)
+            nv = (w + vl - 1) // vl
+            pb = pb0 + q * K * nr * it
+            if im == MR and w == nv * vl:
+                _call(nv, pa, ra, ca, pb, nr, c + j * it, p_rows, K, 0, work)
+            else:
+                _call(nv, pa, ra, ca, pb, nr, pwc, p_wrows, K, 0, work)
+                for i in range(im):
+                    for jj in range(w):
+                        _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
+
+
+@helper
+def _claimed_scratch(K, work):
+    """:func:`gemm_claimed`'s scratch views: tile row offsets (the C tile's, then the
+    scratch tile's), the padded last row tile of A ``[MR, K]`` and the scratch tile of C
+    ``[MR, NR]``."""
+    nr = NV * (VECTOR_BYTES // work.itemsize)
+    offs = np.empty(2 * MR, np.int64)
+    for i in range(MR):
+        offs[MR + i] = i * nr
+    return offs, work[: MR * K], work[MR * K: MR * K + MR * nr]
+
+
 @kernel(parallel=False)
 def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
     """``C[:M, :N] = A @ B`` with all of B packed once by :func:`pack_panels` (``bp``:
@@ -273,45 +322,59 @@ def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
     OpenMP's dynamic schedule, with no task per block in Python). ``work``: scratch of
     :func:`claimed_workspace` elements, one per thread."""
     it = work.itemsize
-    vl = VECTOR_BYTES // it
-    nr = NV * vl
-    npan, K = bp.shape[0], bp.shape[1]
-    offs = np.empty(2 * MR, np.int64)
-    wa = work[: MR * K]                        # padded last row tile of A: [MR, K]
-    wc = work[MR * K: MR * K + MR * nr]        # scratch tile of C: [MR, nr]
-    pwa, pwc, pb0 = wa.ctypes.data, wc.ctypes.data, bp.ctypes.data
-    tile_rows = offs[:MR]
-    for i in range(MR):
-        offs[MR + i] = i * nr
-    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    offs, wa, wc = _claimed_scratch(bp.shape[1], work)
     while True:
         r0 = _claim(counter, chunk)
         if r0 >= M:
             break
         r1 = min(M, r0 + chunk)
-        for i0 in range(r0, r1, MR):
-            im = min(MR, r1 - i0)
-            for i in range(im):
-                tile_rows[i] = (i0 + i) * ldc
-            if im == MR:
-                pa, ra, ca = a + i0 * rsa * it, rsa, csa
-            else:
-                for i in range(MR):
-                    for k in range(K):
-                        wa[i * K + k] = _load(a, (i0 + i) * rsa + k * csa, work) if i < im else 0
-                pa, ra, ca = pwa, K, 1
-            for q in range(npan):
-                j = q * nr
-                w = min(nr, N - j)
-                nv = (w + vl - 1) // vl
-                pb = pb0 + q * K * nr * it
-                if im == MR and w == nv * vl:
-                    _call(nv, pa, ra, ca, pb, nr, c + j * it, p_rows, K, 0, work)
-                else:
-                    _call(nv, pa, ra, ca, pb, nr, pwc, p_wrows, K, 0, work)
-                    for i in range(im):
-                        for jj in range(w):
-                            _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
+        _claimed_block(a + r0 * rsa * it, rsa, csa, bp, c + r0 * ldc * it, ldc, r1 - r0, N,
+                       offs, wa, wc, work)
+
+
+@intrinsic
+def _narrow(typingctx, v):
+    """A float32 rounded to float16 (nearest even, as NumPy's cast), as its uint16 bits."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return sig, codegen
+
+
+@helper
+def _round_rows(src, dst, d0, n):
+    """``dst[d0 : d0 + n] = float16(src[:n])`` as bits (unsigned offsets: no wraparound
+    checks in the way of the vectoriser)."""
+    b = np.uint64(d0)
+    for i in range(np.uint64(n)):
+        dst[b + i] = _narrow(src[i])
+
+
+@kernel(parallel=False)
+def gemm_claimed_half(a, bp, c, counter, chunk, work, stage):
+    """:func:`gemm_claimed` for ``a [M, K]`` and ``c [M, N]`` as float16 bits (uint16,
+    C-contiguous): each claimed block of rows is widened into this thread's float32
+    ``stage`` (``chunk * (K + N)`` floats, reused, so that it stays in cache), multiplied
+    there and rounded into ``c``, so float16 costs no pass over dY or dX of its own. The
+    products are :func:`gemm_claimed`'s, bit for bit, rounded once."""
+    M, K = a.shape
+    N = c.shape[1]
+    a1 = a.reshape(a.size)
+    c1 = c.reshape(c.size)
+    sa = stage[: chunk * K]
+    sc = stage[chunk * K: chunk * (K + N)]
+    offs, wa, wc = _claimed_scratch(K, work)
+    while True:
+        r0 = _claim(counter, chunk)
+        if r0 >= M:
+            break
+        n = min(M, r0 + chunk) - r0
+        _widen_rows(a1, r0 * K, sa, n * K)
+        _claimed_block(sa.ctypes.data, K, 1, bp, sc.ctypes.data, N, n, N, offs, wa, wc,
+                       work)
+        _round_rows(sc, c1, r0 * N, n * N)
 
 
 @kernel
@@ -321,9 +384,45 @@ def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
     :func:`workspace` elements): see :func:`_rows_bwd_w`."""
     nch = parts.shape[0]
     total = geo[0] * geo[10] * geo[11] * geo[12]
+    none = np.empty(0, np.uint16)
+    wp = xp.shape[3]
+    x1 = xp.reshape(xp.size)
     for j in prange(nch):
-        _rows_bwd_w(xp, dy, parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc,
-                    work[j])
+        _rows_bwd_w(x1, none, dy, none, wp, parts[j], geo, total * j // nch,
+                    total * (j + 1) // nch, kc, nc, work[j])
+
+
+#: Elements between the stages of :func:`gemm_rows_bwd_w_half` (an odd number of cache
+#: lines, so that the X and dY stages' rows never fall on the same L1 sets: with the two
+#: stages as separate arrays 32 KiB apart, two threads ran 1.1-1.4x slower by allocation).
+STAGE_GAP = 528
+
+
+@kernel
+def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
+    """:func:`gemm_rows_bwd_w` with ``xp`` and ``dy`` as float16 bits (``xph``, ``dyh``,
+    uint16): each output row's share of ``dy`` is widened ``kc`` pixels at a time into the
+    thread's float32 stage (``kc * K`` floats) before their GEMMs, and each tap row's
+    span of the input into a second one (``((kc-1)*sw + kw) * C`` floats), both reused, so
+    that they stay in cache and float16 costs no pass over X or dY of its own; the
+    products are float32's, bit for bit. ``stage[j]``: thread ``j``'s stages, dY's first,
+    :data:`STAGE_GAP` elements apart (see :func:`rows_stage`)."""
+    nch = parts.shape[0]
+    total = geo[0] * geo[10] * geo[11] * geo[12]
+    wp = xph.shape[3]
+    x1 = xph.reshape(xph.size)
+    y1 = dyh.reshape(dyh.size)
+    ny = kc * geo[3]
+    nx = ((kc - 1) * geo[15] + geo[9]) * geo[2]
+    for j in prange(nch):
+        _rows_bwd_w(stage[j, ny + STAGE_GAP: ny + STAGE_GAP + nx], x1, stage[j, :ny], y1, wp,
+                    parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
+
+
+def rows_stage(geo, kc):
+    """Elements of one thread's stage for :func:`gemm_rows_bwd_w_half` (and a gap after
+    it, so that the threads' stages stay apart too)."""
+    return kc * int(geo[3]) + ((kc - 1) * int(geo[15]) + int(geo[9])) * int(geo[2]) + 2 * STAGE_GAP
 
 
 @helper
@@ -413,7 +512,7 @@ def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
 
 
 @helper
-def _rows_bwd_w(xp, dy, part, geo, t0, t1, kc, nc, work):
+def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
     """``part += dW`` over the output pixels ``t0 .. t1`` (flat over rows of ``ow``
     pixels): backward weights as GEMMs whose A is a strided view of the input, with no
     im2col. ``xp [mb, id, ih, wp, C]`` is ``x`` padded along w only (pixel ``i`` of a row
@@ -422,7 +521,11 @@ def _rows_bwd_w(xp, dy, part, geo, t0, t1, kc, nc, work):
     (t_d, t_h) that keeps it inside the input, ``part[t_d, t_h] += A @ dY_row`` with
     ``A[t_w*C + c, o] = xp[row, o*sw + t_w, c]`` at element ``o*sw*C + t_w*C + c`` of the
     input row: rows of A one element apart, columns ``sw*C`` apart (``kw*C`` contiguous
-    weights per pixel: a 1-D stem's 7 taps x 3 channels)."""
+    weights per pixel: a 1-D stem's 7 taps x 3 channels). ``xp`` and ``dy`` come flat,
+    ``wp`` is ``xp``'s padded width. With float16 bits in ``xh`` and ``dyh`` (not empty),
+    ``xp`` and ``dy`` are float32 stages of ``(kc*sw + kw) * C`` and ``kc * K``
+    elements: each row's share of ``dyh`` is taken ``kc`` pixels at a time and widened
+    there first, and so is each tap row's span of ``xh``."""
     C, K = geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -430,9 +533,9 @@ def _rows_bwd_w(xp, dy, part, geo, t0, t1, kc, nc, work):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh = geo[16], geo[17]
     pd, ph = geo[19], geo[20]
-    wp = xp.shape[3]
     it = work.itemsize
     px, py, pc = xp.ctypes.data, dy.ctypes.data, part.ctypes.data
+    half = dyh.size > 0
     M = kw * C
     r = t0 // ow
     while r * ow < t1:
@@ -441,18 +544,33 @@ def _rows_bwd_w(xp, dy, part, geo, t0, t1, kc, nc, work):
         n = r // (od * oh)
         o_d = (r // oh) % od
         o_h = r % oh
-        b = py + ((r * ow + o0) * K) * it
-        for t_d in range(kd):
-            i_d = o_d * sd - pd + t_d * dd
-            if i_d < 0 or i_d >= id_:
-                continue
-            for t_h in range(kh):
-                i_h = o_h * sh - ph + t_h * dh
-                if i_h < 0 or i_h >= ih:
+        # float16: the row in pieces of kc pixels (the GEMM's own reduction blocks, so
+        # that every partial sum is float32's), each widened into the stages first
+        step = kc if half else o1 - o0
+        for q0 in range(o0, o1, step):
+            q1 = min(o1, q0 + step)
+            if half:
+                _widen_rows(dyh, (r * ow + q0) * K, dy, (q1 - q0) * K)
+                b = py
+            else:
+                b = py + ((r * ow + q0) * K) * it
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
                     continue
-                a = px + ((((n * id_ + i_d) * ih + i_h) * wp + o0 * sw) * C) * it
-                c = pc + ((t_d * kh + t_h) * M * K) * it
-                gemm(a, 1, sw * C, b, K, 1, c, K, _NO_MAP, M, K, o1 - o0, 1, kc, nc, work)
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    s0 = (((n * id_ + i_d) * ih + i_h) * wp + q0 * sw) * C
+                    if half:  # the span of the input row this tap row reads
+                        _widen_rows(xh, s0, xp, ((q1 - q0 - 1) * sw + kw) * C)
+                        a = px
+                    else:
+                        a = px + s0 * it
+                    c = pc + ((t_d * kh + t_h) * M * K) * it
+                    gemm(a, 1, sw * C, b, K, 1, c, K, _NO_MAP, M, K, q1 - q0, 1, kc, nc,
+                         work)
         r += 1
 
 
@@ -634,4 +752,43 @@ def matmul_claimed(A, Bp, C, counter, chunk, work=None):
     chunk = max(MR, -(-int(chunk) // MR) * MR)
     gemm_claimed(A.ctypes.data, A.strides[0] // it, A.strides[1] // it, Bp, C.ctypes.data,
                  C.strides[0] // it, M, N, counter, chunk, work)
+    return C
+
+
+def claimed_stage(chunk, K, N):
+    """Elements of per-thread float32 stage :func:`matmul_claimed_half` needs."""
+    chunk = max(MR, -(-int(chunk) // MR) * MR)
+    return chunk * (K + N)
+
+
+def matmul_claimed_half(A, Bp, C, counter, chunk, work=None, stage=None):
+    """:func:`matmul_claimed` for ``A`` and ``C`` float16 (or their uint16 bits),
+    C-contiguous, computed in float32 (``Bp``: float32 panels): each claimed block of rows
+    is widened into a per-thread stage and rounded into ``C`` once (see
+    :func:`gemm_claimed_half`). Returns ``C``."""
+    M, K = A.shape
+    N = C.shape[1]
+    if (A.dtype not in (np.float16, np.uint16) or C.dtype != A.dtype
+            or not (A.flags.c_contiguous and C.flags.c_contiguous) or not C.flags.writeable
+            or C.shape[0] != M):
+        raise ValueError(f"ukernel.matmul_claimed_half: A {A.shape} {A.dtype} and C "
+                         f"{C.shape} {C.dtype}: float16, C-contiguous, writeable C")
+    if (Bp.ndim != 3 or Bp.dtype != np.float32 or Bp.shape[1] != K
+            or Bp.shape[2] != panel(4) or Bp.shape[0] * Bp.shape[2] < N
+            or not Bp.flags.c_contiguous):
+        raise ValueError(f"ukernel.matmul_claimed_half: B panels {Bp.shape} {Bp.dtype} for "
+                         f"{M}x{K} @ {K}x{N}")
+    if counter.dtype != np.int64 or counter.shape != (1,):
+        raise ValueError("ukernel.matmul_claimed_half: counter must be one int64")
+    if not (M and N):
+        return C
+    if K == 0:
+        C[...] = 0
+        return C
+    chunk = max(MR, -(-int(chunk) // MR) * MR)
+    if work is None or work.size < claimed_workspace(K, 4):
+        work = np.empty(claimed_workspace(K, 4), np.float32)
+    if stage is None or stage.size < chunk * (K + N):
+        stage = np.empty(chunk * (K + N), np.float32)
+    gemm_claimed_half(A.view(np.uint16), Bp, C.view(np.uint16), counter, chunk, work, stage)
     return C

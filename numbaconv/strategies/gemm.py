@@ -237,9 +237,12 @@ class Gemm(Strategy):
 
     def half_operands(self, p, tiles):
         """The split-K weight gradient widens X and dY one reduction block of pixels at a
-        time (``ukernel.gemm_split_k_half``)."""
+        time (``ukernel.gemm_split_k_half``); claimed 1x1 backward data widens each
+        claimed block of dY's rows and rounds its dX rows (``ukernel.gemm_claimed_half``)."""
         if tiles.get("split") == "k":
             return frozenset({"x", "dy"})
+        if tiles.get("claim"):
+            return frozenset({"dy"})
         return frozenset()
 
     def tiles(self, p, machine):
@@ -323,7 +326,10 @@ class Gemm(Strategy):
         ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
         if tiles.get("claim"):  # W^T's panels, and one row tile of scratch per worker
             from ..kernels.cpu import ukernel as uk
-            return (_packed_wt_elems(p) + nw * uk.claimed_workspace(p.oc, item)) * item
+            ws = (_packed_wt_elems(p) + nw * uk.claimed_workspace(p.oc, item)) * item
+            if np.dtype(p.dtype) == np.float16:  # and a float32 stage of claimed rows each
+                ws += nw * uk.claimed_stage(tiles["claim"], p.oc, p.ic) * item
+            return ws
         if numba_engine:
             from ..kernels.cpu import ukernel as uk
             ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
@@ -386,10 +392,17 @@ class Gemm(Strategy):
         from ..kernels.cpu import ukernel as uk
         dy2 = ops["dy"].reshape(-1, p.oc)
         bp = uk.pack_panels(ops["w"].reshape(p.ic, p.oc).T)
-        dx = np.empty(canonical_shapes(p)[0], ct)
-        dx2 = dx.reshape(-1, p.ic)
         counter = np.zeros(1, np.int64)
         work = _Buffers(uk.claimed_workspace(p.oc, ct.itemsize), ct)
+        if dy2.dtype == np.uint16:  # float16 bits: widened and rounded block by block
+            dx = np.empty(canonical_shapes(p)[0], np.uint16)
+            stage = _Buffers(uk.claimed_stage(chunk, p.oc, p.ic), ct)
+            run_tasks([lambda slot: uk.matmul_claimed_half(
+                dy2, bp, dx.reshape(-1, p.ic), counter, chunk, work[slot], stage[slot])]
+                * nw, nw)
+            return dx
+        dx = np.empty(canonical_shapes(p)[0], ct)
+        dx2 = dx.reshape(-1, p.ic)
         run_tasks([lambda slot: uk.matmul_claimed(dy2, bp, dx2, counter, chunk, work[slot])]
                   * nw, nw)
         return dx

@@ -79,24 +79,36 @@ class RowGemm(Strategy):
         left, width = w_padding(p)
         xp = 0 if (left, width) == (0, p.isz[2]) else p.mb * math.prod(p.isz[:2]) * width * p.ic
         part = nw * math.prod(p.ksz) * p.ic * p.oc
-        return (xp + part + nw * uk.workspace(tiles["kc"], item, tiles["nc"])) * item
+        stage = 0
+        if np.dtype(p.dtype) == np.float16:  # xp in float16; a float32 stage per thread
+            xp //= 2
+            stage = nw * uk.rows_stage(geo(p), tiles["kc"])
+        return (xp + part + stage + nw * uk.workspace(tiles["kc"], item, tiles["nc"])) * item
 
     def run(self, p, tiles, ops):
         from ..kernels.cpu import ukernel as uk
         ct = np.dtype(p.compute_dtype)
-        x = np.ascontiguousarray(ops["x"], ct)
-        dy = np.ascontiguousarray(ops["dy"], ct)
+        half = ops["dy"].dtype == np.uint16  # float16 bits: widened in the kernel
+        st = np.uint16 if half else ct
+        x = np.ascontiguousarray(ops["x"], st)
+        dy = np.ascontiguousarray(ops["dy"], st)
         left, width = w_padding(p)
         if (left, width) == (0, p.isz[2]):
             xp = x
-        else:
-            xp = np.zeros((p.mb, *p.isz[:2], width, p.ic), ct)
+        else:  # (float16 +0.0 is all zero bits too)
+            xp = np.zeros((p.mb, *p.isz[:2], width, p.ic), st)
             xp[:, :, :, left:left + p.isz[2]] = x
         nw = max(1, min(int(tiles["workers"]), p.mb * math.prod(p.osz)))
         kc, nc = int(tiles["kc"]), int(tiles["nc"])
         parts = np.zeros((nw, math.prod(p.ksz) * p.ic, p.oc), ct)
         work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
-        uk.gemm_rows_bwd_w(xp, dy, parts, geo(p), np.int64(kc), np.int64(nc), work)
+        if half:  # widened one output row (dY) and one tap row (X) at a time
+            gv = geo(p)
+            stage = np.empty((nw, uk.rows_stage(gv, kc)), ct)
+            uk.gemm_rows_bwd_w_half(xp, dy, parts, gv, np.int64(kc), np.int64(nc), work,
+                                    stage)
+        else:
+            uk.gemm_rows_bwd_w(xp, dy, parts, geo(p), np.int64(kc), np.int64(nc), work)
         dw = parts[0]
         for i in range(1, nw):
             dw += parts[i]
@@ -104,6 +116,11 @@ class RowGemm(Strategy):
 
     def numba_parallel(self, p, tiles):
         return True
+
+    def half_operands(self, p, tiles):
+        """dY is widened one output row at a time and X one tap row's span at a time
+        (``ukernel.gemm_rows_bwd_w_half``)."""
+        return frozenset({"x", "dy"})
 
 
 STRATEGY = RowGemm()
