@@ -123,6 +123,52 @@ def test_gemm_low_precision(dtype, direction, engine, monkeypatch):
         assert err <= R.TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("engine", ["numba", "blas"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd_w"])
+def test_gemm_packed_float16_widens_as_it_packs(direction, engine, monkeypatch):
+    """Packed forward and backward weights take float16 X (and one group's dY) as bits,
+    widened by im2col and slab by slab: within one float16 rounding of float32's result on
+    the widened operands (the slab tasks' partial sums may be added in another order);
+    the user's arrays are left alone."""
+    monkeypatch.setattr(config, "GEMM_ENGINE", engine)
+    rng = np.random.default_rng(8)
+    ran = 0
+    for case in CASES:
+        g, ic, oc, isz, k, st, dl, pb, pe = case
+        x = rng.standard_normal((2, *isz, ic)).astype(np.float16)
+        w = rng.standard_normal((*k, ic // g, oc)).astype(np.float16)
+        attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
+                     strategy="gemm")
+        if G.STRATEGY.accepts(nc.plan("convolution", x, w, **{**attrs, "strategy": None})
+                              .problem) is not None:
+            continue
+        dy = rng.standard_normal(nc.convolution(x, w, **attrs).shape).astype(np.float16)
+        if direction == "fwd":
+            args, fn = (x, w), nc.convolution
+            plan = nc.plan("convolution", x, w, **attrs)
+        else:
+            args, fn = (x, k, dy), nc.convolution_backprop_filters
+            plan = nc.plan("convolution_backprop_filters", x, k, dy, **attrs)
+        if plan.strategy != "gemm" or not plan.tiles.get("packed"):
+            continue
+        half = G.STRATEGY.half_operands(plan.problem, plan.tiles)
+        assert "x" in half
+        split_dw = plan.tiles.get("split") == "dw"
+        assert ("dy" in half) == (direction == "bwd_w" and g == 1 and not split_dw)
+        assert ("result" in half) == (direction == "bwd_w" and g == 1 and split_dw)
+        saved = [a.copy() for a in args if isinstance(a, np.ndarray)]
+        got = fn(*args, **attrs).astype(np.float64)
+        want = fn(*[a.astype(np.float32) if isinstance(a, np.ndarray) else a for a in args],
+                  **attrs)
+        # one float16 rounding, plus float32's summation order near zero
+        ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+        assert np.all(np.abs(got - want) <= ulp + 1e-5 * np.abs(want).max()), case
+        for a, s in zip([a for a in args if isinstance(a, np.ndarray)], saved):
+            np.testing.assert_array_equal(a, s)
+        ran += 1
+    assert ran >= 3
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
 def test_gemm_numba_engine_unpacked_blocks(direction, monkeypatch):
     """1x1 problems on the Numba engine with the planner's own tiles (row slabs, column

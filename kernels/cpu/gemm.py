@@ -11,8 +11,27 @@ One gather covers every im2col the GEMM strategy needs. A GEMM row is a point ``
   is exact (Lavin's and oneDNN's stride-phase decomposition: no scatter-add).
 """
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
+
+
+@intrinsic
+def _widen(typingctx, v):
+    """A source element as a float: float16 bits (uint16) widened to float32 (``fpext``:
+    ``vcvtph2ps`` with F16C, which LLVM vectorises in a loop), else as it is."""
+    if v == types.uint16:
+        def codegen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+        return types.float32(v), codegen
+
+    def same(context, builder, signature, args):
+        return args[0]
+
+    return v(v), same
 
 
 # A GEMM row's grid point is found once per call and then stepped row by row: four integer
@@ -52,7 +71,8 @@ def im2col(src, col, grid, a, boff, runs, c0, r0):
     ``runs[i] = (t0, L)`` splits the taps into runs whose offsets differ only in w, by 1 from
     tap to tap: when a run lies inside the source and takes every channel, its ``L * cn``
     values are contiguous in both ``src`` and ``col`` and are copied as one block (ResNet's
-    7x7 stem over 3 channels: blocks of 21 values instead of 3)."""
+    7x7 stem over 3 channels: blocks of 21 values instead of 3). A ``src`` of float16 bits
+    (uint16) is widened into a float32 ``col`` as it is copied."""
     rows, ntaps, cn = col.shape[0], col.shape[1], col.shape[2]
     jd_n, jh_n, jw_n = grid[0], grid[1], grid[2]
     s_d, s_h, s_w, s_c = src.shape[1], src.shape[2], src.shape[3], src.shape[4]
@@ -75,7 +95,7 @@ def im2col(src, col, grid, a, boff, runs, c0, r0):
                 e = np.uint64((((n * s_d + p_d) * s_h + p_h) * s_w + p_w) * s_c)
                 o = np.uint64((rr * ntaps + t0) * cn)
                 for i in range(np.uint64(L * cn)):
-                    cf[o + i] = sf[e + i]
+                    cf[o + i] = _widen(sf[e + i])
                 continue
             for t in range(t0, t0 + L):
                 pw = p_w + (t - t0)
@@ -83,7 +103,7 @@ def im2col(src, col, grid, a, boff, runs, c0, r0):
                 if dh_in and 0 <= pw < s_w:
                     e = np.uint64((((n * s_d + p_d) * s_h + p_h) * s_w + pw) * s_c + c0)
                     for c in range(np.uint64(cn)):
-                        cf[o + c] = sf[e + c]
+                        cf[o + c] = _widen(sf[e + c])
                 else:
                     for c in range(np.uint64(cn)):
                         cf[o + c] = 0

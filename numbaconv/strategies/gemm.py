@@ -238,12 +238,14 @@ class Gemm(Strategy):
     def half_operands(self, p, tiles):
         """The split-K weight gradient widens X and dY one reduction block of pixels at a
         time (``ukernel.gemm_split_k_half``); claimed 1x1 backward data widens each
-        claimed block of dY's rows and rounds its dX rows (``ukernel.gemm_claimed_half``)."""
+        claimed block of dY's rows and rounds its dX rows (``ukernel.gemm_claimed_half``);
+        packed forward and backward weights widen X as they pack its columns
+        (``gemm.im2col``), and one group's backward weights dY slab by slab."""
         if tiles.get("split") == "k":
             return frozenset({"x", "dy"})
         if tiles.get("claim"):
             return frozenset({"dy"})
-        return frozenset()
+        return frozenset(_half_packed(p, tiles))
 
     def tiles(self, p, machine):
         """Slab rows and workers; with the Numba engine also its reduction block ``kc``
@@ -338,10 +340,14 @@ class Gemm(Strategy):
                 ws += nw * tiles["kc"] * (p.ic + p.oc) * item
             return ws + (nw - 1) * p.ic * p.oc * item
         if tiles.get("split") == "dw":  # every group's columns packed once; no partials
+            if np.dtype(p.dtype) == np.float16 and "result" in _half_packed(p, tiles):
+                ws += ntaps * p.icg * p.oc * 2  # the rounded dW beside the float32 one
             return ws + (p.g - 1) * r * ntaps * p.icg * item
         if p.direction == "bwd_w":
             # per worker: the accumulator of every group (and one slab product for BLAS)
             ws += nw * (p.g + (0 if numba_engine else 1)) * ntaps * p.icg * p.ocg * item
+            if np.dtype(p.dtype) == np.float16 and "dy" in _half_packed(p, tiles):
+                ws += nw * r * p.oc * item  # and a float32 slab of dY
         elif tiles.get("taps") == "per-tap":  # one product per worker (BLAS adds it)
             ws += nw * r * p.icg * item
         else:
@@ -355,11 +361,11 @@ class Gemm(Strategy):
     # -- running ----------------------------------------------------------------------------
     def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf, runs):
         from ..kernels.cpu import gemm as k
-        if _is_identity(len(boff), a, boff, grid, src, cn):
+        if _is_identity(len(boff), a, boff, grid, src, cn) and src.dtype != np.uint16:
             return src.reshape(-1, cn)[r0:r1]
         need = (r1 - r0) * len(boff) * cn
         if buf.size < need:  # never with the planned tiles; stay correct regardless
-            buf = np.empty(need, src.dtype)
+            buf = np.empty(need, buf.dtype)
         col = buf[:need].reshape(r1 - r0, len(boff), cn)
         k.im2col(src, col, np.asarray(grid, np.int64), np.asarray(a, np.int64), boff,
                  runs, np.int64(c0), np.int64(r0))
@@ -468,6 +474,9 @@ class Gemm(Strategy):
         dy2 = ops["dy"].reshape(M, p.oc)
         if tiles_split_dw(mm):
             return self._bwd_w_split_dw(p, ops, M, taps, col, dy2, ws, ct, mm)
+        from ..kernels.cpu import convert as _convert
+        half_dy = dy2.dtype == np.uint16  # float16 bits (one group): widened slab by slab
+        dbuf = _Buffers(R * p.oc if half_dy else 0, ct)
         # private partial dW per (worker slot, group): a slot's first slab of a group writes
         # its product as the partial, later ones add to it; summed once at the end
         acc = {}
@@ -476,7 +485,11 @@ class Gemm(Strategy):
         def bwd_w_task(gi, r0, r1):
             def task(slot):
                 c = col(gi, r0, r1, slot)
-                d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
+                if half_dy:
+                    d = dbuf[slot][: (r1 - r0) * p.oc].reshape(r1 - r0, p.oc)
+                    _convert.convert(dy2[r0:r1].reshape(-1), d.reshape(-1), True)
+                else:
+                    d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
                 a = acc.get((slot, gi))
                 if mm.numba:  # accumulates in place
                     first = a is None
@@ -509,12 +522,16 @@ class Gemm(Strategy):
         tasks over blocks of dW's rows, each one GEMM written straight into dW."""
         icg, ocg, g = p.icg, p.ocg, p.g
         cols = [col(gi, 0, M, 0).copy() if g > 1 else col(gi, 0, M, 0) for gi in range(g)]
+        from ..kernels.cpu import convert
         dw = np.empty(ws, ct)
         dW3 = dw.reshape(len(taps) * icg, g, ocg)
         rows = len(taps) * icg
         nb = max(1, min(rows // 8, 2 * mm.workers))
         step = -(-rows // nb)
         step = -(-step // 8) * 8 if rows >= 8 else step
+        # float16 (X came as bits; one group): each task rounds its block of dW's rows
+        # while it is in cache, and the result is float16 bits
+        dwh = np.empty((rows, p.oc), np.uint16) if ops["x"].dtype == np.uint16 else None
 
         def task_for(gi, b0, b1):
             def task(slot):
@@ -526,10 +543,14 @@ class Gemm(Strategy):
                     np.matmul(cols[gi][:, b0:b1].T, d, out=out)
                 else:
                     out[...] = cols[gi][:, b0:b1].T @ d
+                if dwh is not None:
+                    convert.convert(out.reshape(-1), dwh[b0:b1].reshape(-1), False)
             return task
 
         tasks = [task_for(gi, b0, min(rows, b0 + step)) for gi in range(g)
                  for b0 in range(0, rows, step)]
+        if dwh is not None:
+            return tasks, lambda: dwh.reshape(ws)
         return tasks, lambda: dw
 
     def _bwd_d(self, p, ops, R, cols, ct, mm, col_parts=1, per_tap=False):
@@ -661,6 +682,20 @@ class Gemm(Strategy):
                         tasks.append(phase_task(grid, q, boff, runs, gi, WT, r0,
                                                 min(Mq, r0 + R), j0, min(icg, j0 + step)))
         return tasks, lambda: dx
+
+
+def _half_packed(p, tiles):
+    """The operands packed forward and backward weights take as float16 bits: X, widened
+    by ``im2col`` as it packs (never the identity: packed problems always pack), and for
+    one group's slab tasks dY, widened slab by slab into a float32 buffer per worker, or
+    with dW's rows split among the tasks the result, each block rounded by its task."""
+    if not tiles.get("packed") or p.direction == "bwd_d":
+        return ()
+    if p.direction == "bwd_w" and p.g == 1:
+        # split "dw": dY is read whole by every task (the backend widens it), and each
+        # task rounds its block of dW's rows
+        return ("x", "result") if tiles.get("split") == "dw" else ("x", "dy")
+    return ("x",)
 
 
 def tiles_split_dw(mm):
