@@ -82,7 +82,7 @@ def test_winograd_chains_load_from_the_cache_in_a_new_process(tmp_path):
         "x = np.ones((1, 24, 24, 64), np.float32); w = np.ones((3, 3, 64, 64), np.float32)\n"
         "nc.conv2d(x, w, 1, 'SAME', strategy='winograd')\n"
         "m = nc.plan('conv2d', x, w, 1, 'SAME', strategy='winograd').tiles['m']\n"
-        "ks = [k._CHAINS[0, m], k._CHAINS[2, m]]\n"
+        "ks = [k._CHAINS[0, m][0], k._CHAINS[2, m][0]]\n"
         "print(sum(len(d.stats.cache_hits) for d in ks), sum(len(d.stats.cache_misses) for d in ks))\n")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBACONV_CACHE="1")
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -98,6 +98,41 @@ def test_every_pad_combination_matches_reference(m, direction, dtype, tile_size,
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+@pytest.mark.parametrize("m", [2, 4])
+def test_float16_converts_tile_by_tile(m, direction, tile_size, monkeypatch):
+    """float16 images go into the tile transforms as bits (widened in the patch) and float16
+    results come out of them as bits (rounded from the patch), interior and border tiles
+    alike: forward and backward data bit for bit float32's result on the widened operands
+    rounded once; backward weights (its workers' partials may be added in another order)
+    within one rounding; the user's arrays are left alone."""
+    monkeypatch.setattr(W, "CHANNEL_BLOCK", 7)   # partial channel blocks
+    monkeypatch.setattr(W, "TILE_ROWS", 5)
+    tile_size(m)
+    rng = np.random.default_rng(5)
+    isz, pb, pe = (13, 10), (1, 2), (0, 1)
+    x, w, dy = (a.astype(np.float16) for a in _operands(rng, 2, isz, 16, 24, pb, pe))
+    saved = x.copy(), w.copy(), dy.copy()
+    attrs = dict(strides=(1, 1), pads_begin=pb, pads_end=pe, strategy="winograd")
+    call = {"fwd": lambda x, w, dy: nc.convolution(x, w, **attrs),
+            "bwd_d": lambda x, w, dy: nc.convolution_backprop_data(dy, w, isz, **attrs),
+            "bwd_w": lambda x, w, dy: nc.convolution_backprop_filters(x, w.shape[:2], dy,
+                                                                       **attrs)}[direction]
+    plan = nc.plan("convolution", x, w, **attrs)
+    assert W.STRATEGY.half_operands(plan.problem, plan.tiles) == {"x", "result"}
+    got = call(x, w, dy)
+    want = call(x.astype(np.float32), w.astype(np.float32), dy.astype(np.float32))
+    assert got.dtype == np.float16
+    if direction == "bwd_w":
+        ulp = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+        assert np.all(np.abs(got - want) <= ulp + 1e-5 * np.abs(want).max())
+    else:
+        np.testing.assert_array_equal(got.view(np.uint16),
+                                      want.astype(np.float16).view(np.uint16))
+    for a, s in zip((x, w, dy), saved):
+        np.testing.assert_array_equal(a, s)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
 def test_blocks_as_worker_tasks_match_reference(direction, tile_size, monkeypatch):
     # two workers share many blocks: each worker transforms, multiplies and transforms back
     # blocks of its own (backward weights: into its own partial product, added at the end)

@@ -25,8 +25,47 @@ problem at once or in blocks.
 import types
 
 import numpy as np
+from llvmlite import ir
+from numba.core import types as nbtypes
+from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
+
+
+@intrinsic
+def _widen(typingctx, v):
+    """A source element as a float: float16 bits (uint16) widened to float32 (``fpext``),
+    else as it is."""
+    if v == nbtypes.uint16:
+        def codegen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+        return nbtypes.float32(v), codegen
+
+    def same(context, builder, signature, args):
+        return args[0]
+
+    return v(v), same
+
+
+@intrinsic
+def _store_as(typingctx, arr, i, v):
+    """``arr[i] = v`` with ``v`` rounded to float16 bits (nearest even) when ``arr`` holds
+    them (uint16), else cast as an assignment would."""
+    sig = nbtypes.void(arr, i, v)
+
+    def codegen(context, builder, signature, args):
+        aty = signature.args[0]
+        ary = context.make_array(aty)(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        if aty.dtype == nbtypes.uint16:
+            val = builder.bitcast(builder.fptrunc(args[2], ir.HalfType()), ir.IntType(16))
+        else:
+            val = context.cast(builder, args[2], signature.args[2], aty.dtype)
+        builder.store(val, ptr)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 # -- 1-D transforms, one output row each ------------------------------------------------------
@@ -235,6 +274,36 @@ def _tile(m, kind, s, e, si, sj, tmp, d, o, da, db, n, cb):
             _ROW(b, tmp, a * q * cb, cb, d, o + a * da + b * db, n)
 
 
+@helper
+def _patch(flat, buf, n, h0, w0, q, H, W, C, c0, cn, cb):
+    """``buf[(i*q + j)*cb + c] = src[n, h0 + i, w0 + j, c0 + c]`` (0 outside the image) for
+    ``flat``, the flat ``[.., H, W, C]`` source; float16 bits are widened."""
+    for i in range(q):
+        h = h0 + i
+        for j in range(q):
+            w = w0 + j
+            bv = buf[(i * q + j) * cb:]
+            if 0 <= h < H and 0 <= w < W:
+                sv = flat[((n * H + h) * W + w) * C + c0:]
+                for c in range(cn):
+                    bv[c] = _widen(sv[c])
+            else:
+                for c in range(cn):
+                    bv[c] = 0
+
+
+@helper
+def _unpatch(buf, flat, n, h0, w0, m, H, W, K, k0, kn, cb):
+    """``dst[n, h0 + a, w0 + b, k0 + k] = buf[(a*m + b)*cb + k]`` for the positions inside
+    ``flat``, the flat ``[.., H, W, K]`` result; rounded when it holds float16 bits."""
+    for a in range(min(m, H - h0)):
+        for b in range(min(m, W - w0)):
+            o = ((n * H + h0 + a) * W + w0 + b) * K + k0
+            bo = (a * m + b) * cb
+            for k in range(kn):
+                _store_as(flat, o + k, buf[bo + k])
+
+
 def _to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
     """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
     d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
@@ -261,20 +330,33 @@ def _to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
             if inside:       # interior tiles are read in place
                 s, e, si, sj = flat, ((n * H + h0) * W + w0) * C + c0, W * C, C
             else:            # border tiles through a zero-filled patch
-                for i in range(q):
-                    h = h0 + i
-                    for j in range(q):
-                        w = w0 + j
-                        bv = buf[(i * q + j) * cb:]
-                        if 0 <= h < H and 0 <= w < W:
-                            sv = flat[((n * H + h) * W + w) * C + c0:]
-                            for c in range(cn):
-                                bv[c] = sv[c]
-                        else:
-                            for c in range(cn):
-                                bv[c] = 0
+                _patch(flat, buf, n, h0, w0, q, H, W, C, c0, cn, cb)
                 s, e, si, sj = buf, 0, q * cb, cb
             _TILE(m, kind, s, e, si, sj, tmp, dst, row * C + c0, alpha * R * C, R * C, cn, cb)
+
+
+def _to_tiles_bits(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
+    """:func:`_to_tiles` for ``src`` of float16 bits (uint16): every tile is widened into
+    the float32 patch first (the transforms stay in float32), so float16 costs no pass of
+    its own over the image."""
+    H, W, C = src.shape[1], src.shape[2], src.shape[3]
+    alpha = m + 2
+    q = alpha if kind == 0 else m
+    R = out.shape[1]
+    flat = src.reshape(src.size)
+    dst = out.reshape(out.size)
+    buf = np.empty(q * q * cb, out.dtype)
+    tmp = np.empty(alpha * alpha * cb, out.dtype)
+    for t in range(t0, t1):
+        tj = t % tw
+        r = t // tw
+        n = r // th
+        row = t - t0
+        for c0 in range(0, C, cb):
+            cn = min(cb, C - c0)
+            _patch(flat, buf, n, (r % th) * m + off_h, tj * m + off_w, q, H, W, C, c0, cn, cb)
+            _TILE(m, kind, buf, 0, q * cb, cb, tmp, dst, row * C + c0, alpha * R * C, R * C,
+                  cn, cb)
 
 
 def _from_tiles(src, dst, m, th, tw, t0, t1, cb):
@@ -304,12 +386,30 @@ def _from_tiles(src, dst, m, th, tw, t0, t1, cb):
                 d, o, da, db = buf, 0, m * cb, cb
             _TILE(m, 2, s, row * K + k0, alpha * R * K, R * K, tmp, d, o, da, db, kn, cb)
             if not inside:
-                for a in range(min(m, H - h0)):
-                    for b in range(min(m, W - w0)):
-                        dv = flat[((n * H + h0 + a) * W + w0 + b) * K + k0:]
-                        bv = buf[(a * m + b) * cb:]
-                        for k in range(kn):
-                            dv[k] = bv[k]
+                _unpatch(buf, flat, n, h0, w0, m, H, W, K, k0, kn, cb)
+
+
+def _from_tiles_bits(src, dst, m, th, tw, t0, t1, cb):
+    """:func:`_from_tiles` for ``dst`` of float16 bits (uint16): every tile is computed
+    into the float32 patch and rounded from there, so float16 costs no pass of its own
+    over the result."""
+    H, W, K = dst.shape[1], dst.shape[2], dst.shape[3]
+    alpha = m + 2
+    R = src.shape[1]
+    s = src.reshape(src.size)
+    flat = dst.reshape(dst.size)
+    buf = np.empty(m * m * cb, src.dtype)
+    tmp = np.empty(m * alpha * cb, src.dtype)
+    for t in range(t0, t1):
+        tj = t % tw
+        r = t // tw
+        n = r // th
+        row = t - t0
+        for k0 in range(0, K, cb):
+            kn = min(cb, K - k0)
+            _TILE(m, 2, s, row * K + k0, alpha * R * K, R * K, tmp, buf, 0, m * cb, cb, kn,
+                  cb)
+            _unpatch(buf, flat, n, (r % th) * m, tj * m, m, H, W, K, k0, kn, cb)
 
 
 def _copy(fn, name, **globals_):
@@ -328,10 +428,13 @@ def _chain(kind, m, row):
     # Serial on purpose: they run between BLAS calls, which own the cores (see
     # numbaconv.blas; measured on 2 cores, parallel transforms next to multithreaded GEMMs
     # ran 1.5-5x slower).
-    return kernel(_copy(_from_tiles if kind == 2 else _to_tiles, name, _TILE=tile),
-                  parallel=False)
+    # (each compiles on its first call: the float16 variants only where float16 runs)
+    return tuple(kernel(_copy(fn, name, _TILE=tile), parallel=False)
+                 for fn in ((_from_tiles, _from_tiles_bits) if kind == 2
+                            else (_to_tiles, _to_tiles_bits)))
 
 
+#: (kind, m) -> (kernel, its float16-bits variant)
 _CHAINS = {(kind, m): _chain(kind, m, row) for (kind, m), row in {
     (0, 2): _bt2_row, (1, 2): _a2_row, (2, 2): _at2_row,
     (0, 4): _bt4_row, (1, 4): _a4_row, (2, 4): _at4_row}.items()}
@@ -341,11 +444,14 @@ _CHAINS = {(kind, m): _chain(kind, m, row) for (kind, m), row in {
 def to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
     """out[a*alpha + b, t - t0, c] = (L d_t L^T)[a, b, c] for tiles t0 <= t < t1, where
     d_t[i, j, c] = src[n, m*ti + off_h + i, m*tj + off_w + j, c] (0 outside) and
-    L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3)."""
-    _CHAINS[int(kind), int(m)](src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb)
+    L = B^T (kind 0, q = alpha) or A (kind 1, q = m) of F(m, 3). ``src`` may hold float16
+    bits (uint16), widened into the float32 ``out``."""
+    fn = _CHAINS[int(kind), int(m)][1 if src.dtype == np.uint16 else 0]
+    fn(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb)
 
 
 def from_tiles(src, dst, m, th, tw, t0, t1, cb):
     """dst[n, m*ti + a, m*tj + b, k] = (A^T s_t A)[a, b, k] for tiles t0 <= t < t1 and the
-    positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]."""
-    _CHAINS[2, int(m)](src, dst, m, th, tw, t0, t1, cb)
+    positions inside dst, where s_t[i, j, k] = src[i*alpha + j, t - t0, k]. ``dst`` may
+    hold float16 bits (uint16), rounded from the float32 ``src``'s transforms."""
+    _CHAINS[2, int(m)][1 if dst.dtype == np.uint16 else 0](src, dst, m, th, tw, t0, t1, cb)

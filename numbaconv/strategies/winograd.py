@@ -37,7 +37,8 @@ res2a_branch2b backward data 10.1 -> 7.0 ms, weights 12.0 -> 8.3 ms; res3b_branc
 6.8 and 11.2 -> 6.7 ms; res4b_branch2b, one block before, 17.6 -> 10.4 and 18.0 -> 13.7.)
 Transforms are computed and stored in the compute dtype (float32
 for float16 inputs), never in float16 (PERF_NOTES: stored in float16 the F(4x4) error
-grows to 1e-3). Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8:
+grows to 1e-3): float16 images are widened tile by tile as they are transformed, and
+float16 results rounded tile by tile as they are written (no whole-array passes). Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8:
 F(4x4) float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
 
 IEEE specials: the transforms add and subtract inputs, so an Inf in ``x``, ``dy`` or ``w``
@@ -207,6 +208,14 @@ class Winograd(Strategy):
                 n += nw * alpha * alpha * ck
         return n * itemsize(p)
 
+    def half_operands(self, p, tiles):
+        """The tile transforms widen float16 images tile by tile into their float32 patch
+        (``winograd.to_tiles``) and round each inverse-transformed tile into a float16
+        result (``winograd.from_tiles``); the filters are the backend's (transformed once,
+        in float32)."""
+        return frozenset({"fwd": ("x", "result"), "bwd_d": ("dy", "result"),
+                          "bwd_w": ("x", "dy")}[p.direction])
+
     # -- running ----------------------------------------------------------------------------
     def run(self, p, tiles, ops):
         """Blocks of tiles as worker tasks: each task transforms its block, multiplies it
@@ -279,13 +288,14 @@ class Winograd(Strategy):
 
         if p.direction == "fwd":
             src = ops["x"].reshape(nb, H, W, C)
-            dst = np.empty((p.mb, *p.osz, K), ct)
+            # float16 bits in, float16 bits out (see half_operands)
+            dst = np.empty((p.mb, *p.osz, K), np.uint16 if src.dtype == np.uint16 else ct)
             Gw = G
             off = (-p.pad_begin[1], -p.pad_begin[2])
             cin, cout = C, K
         else:
             src = ops["dy"].reshape(nb, OH, OW, K)
-            dst = np.empty((p.mb, *p.isz, C), ct)
+            dst = np.empty((p.mb, *p.isz, C), np.uint16 if src.dtype == np.uint16 else ct)
             Gw = np.ascontiguousarray(G[:, ::-1])   # the flip r -> 2 - r folded into G
             off = (p.pad_begin[1] - 2, p.pad_begin[2] - 2)
             cin, cout = K, C
