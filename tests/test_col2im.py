@@ -69,6 +69,32 @@ def test_col2im_low_precision(dtype):
     _check(CASES[0], dtype)
 
 
+@pytest.mark.parametrize("blocks", ["rows", "bands", "images"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_col2im_float16_converts_block_by_block(case, blocks, monkeypatch):
+    """float16 dY goes in as bits, widened block by block, and dX comes out as bits,
+    rounded task by task (whole images, or each band's rows at every depth): bit for bit
+    float32's result on the widened operands, rounded once."""
+    monkeypatch.setattr(config, "GEMM_SLAB_BYTES", 1 << 22 if blocks == "images" else 600)
+    if blocks == "bands":
+        orig = S.Col2imGemm.tiles
+        monkeypatch.setattr(S.Col2imGemm, "tiles", lambda self, p, m: {
+            **orig(self, p, m), **({"bands": 3} if "bands" in orig(self, p, m) else {})})
+    planner.clear_plan_cache()
+    assert S.STRATEGY.half_operands(None, {}) == {"dy", "result"}
+    _check(case, "float16", mb=3)  # against the reference, the input not touched
+    ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((*k, ic, oc)).astype(np.float16)
+    ysz = R.conv_fwd(np.zeros((1, *isz, ic)), w, st, dl, pb, pe, 1).shape[1:-1]
+    dy = rng.standard_normal((3, *ysz, oc)).astype(np.float16)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, strategy="gemm")
+    got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+    want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32), isz,
+                                        **attrs)
+    np.testing.assert_array_equal(got.view(np.uint16), want.astype(np.float16).view(np.uint16))
+
+
 @pytest.mark.parametrize("bands", [2, 3, 5])
 def test_col2im_row_bands_give_the_same_result(bands, monkeypatch):
     """Bands of one image recompute the output rows they share and keep only their own

@@ -112,13 +112,22 @@ class Col2imGemm(Strategy):
         ncol = math.prod(p.ksz) * p.ic
         ws = tiles["workers"] * self._block_rows(p, tiles) * ncol * item
         ws += ncol * p.oc * item  # W^T
+        if np.dtype(p.dtype) == np.float16:  # dX in float32 beside the result, dY blocks
+            ws += math.prod(p.x_shape) * item
+            ws += tiles["workers"] * self._block_rows(p, tiles) * p.oc * item
         if tiles["engine"] == "numba":
             from ..kernels.cpu import ukernel as uk
             ws += tiles["workers"] * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
         return ws
 
+    def half_operands(self, p, tiles):
+        """Each block widens its rows of dY into a per-worker float32 buffer before its
+        GEMM, and each task rounds the dX rows it owns once they are complete (in cache)."""
+        return frozenset({"dy", "result"})
+
     def run(self, p, tiles, ops):
         from ..kernels.cpu import col2im as k
+        from ..kernels.cpu import convert
 
         ct = np.dtype(p.compute_dtype)
         xs = canonical_shapes(p)[0]
@@ -127,6 +136,10 @@ class Col2imGemm(Strategy):
         WT = np.ascontiguousarray(ops["w"].reshape(ncol, p.oc).T)
         dy = ops["dy"]
         dx = np.empty(xs, ct)
+        # float16 bits in and out: dY widened block by block, dX rounded task by task
+        half = dy.dtype == np.uint16
+        dxh = np.empty(xs, np.uint16) if half else None
+        abuf = _Buffers(self._block_rows(p, tiles) * p.oc if half else 0, ct)
         OD, OH, OW = p.osz
         H = p.isz[1]
         nw = int(tiles["workers"])
@@ -137,15 +150,32 @@ class Col2imGemm(Strategy):
 
         def block(slot, n0, nn, od0, nd, oh0, nr, ih0, ih1):
             a = dy[n0:n0 + nn, od0:od0 + nd, oh0:oh0 + nr].reshape(-1, p.oc)
+            if half:  # (whole images, or rows of one depth of one image: contiguous)
+                h = abuf[slot][:a.size].reshape(a.shape)
+                convert.convert(a.reshape(-1), h.reshape(-1), True)
+                a = h
             col = cols[slot][:a.shape[0] * ncol].reshape(a.shape[0], ncol)
             mm(a, WT, col, slot)
             k.col2im_add(col, dx, i64(n0), i64(nn), i64(od0), i64(nd), i64(oh0), i64(nr),
                          i64(ih0), i64(ih1), *geom)
 
+        def round_rows(n0, nn, ih0, ih1):
+            """dX's rows [ih0, ih1) of images n0 .. n0 + nn, every depth, into dxh."""
+            if ih0 == 0 and ih1 == H:  # whole images: one contiguous block
+                convert.convert(dx[n0:n0 + nn].reshape(-1), dxh[n0:n0 + nn].reshape(-1),
+                                False)
+                return
+            for n in range(n0, n0 + nn):
+                for d in range(p.isz[0]):
+                    convert.convert(dx[n, d, ih0:ih1].reshape(-1),
+                                    dxh[n, d, ih0:ih1].reshape(-1), False)
+
         def images_task(n0, nn):
             def task(slot):
                 k.zero_rows(dx, i64(n0), i64(nn), i64(0), i64(H))
                 block(slot, n0, nn, 0, OD, 0, OH, 0, H)
+                if half:
+                    round_rows(n0, nn, 0, H)
             return task
 
         def band_task(n, ih0, ih1, R):
@@ -156,6 +186,8 @@ class Col2imGemm(Strategy):
                 for od in range(OD):
                     for oh0 in range(lo, hi, R):
                         block(slot, n, 1, od, 1, oh0, min(R, hi - oh0), ih0, ih1)
+                if half:
+                    round_rows(n, 1, ih0, ih1)
             return task
 
         if "images" in tiles:
@@ -166,7 +198,7 @@ class Col2imGemm(Strategy):
             tasks = [band_task(n, ih0, min(H, ih0 + step), int(tiles["block_rows"]))
                      for n in range(p.mb) for ih0 in range(0, H, step)]
         run_tasks(tasks, nw)
-        return dx
+        return dxh if half else dx
 
 
 STRATEGY = Col2imGemm()
