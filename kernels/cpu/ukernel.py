@@ -422,7 +422,8 @@ def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
 def rows_stage(geo, kc):
     """Elements of one thread's stage for :func:`gemm_rows_bwd_w_half` (and a gap after
     it, so that the threads' stages stay apart too)."""
-    return kc * int(geo[3]) + ((kc - 1) * int(geo[15]) + int(geo[9])) * int(geo[2]) + 2 * STAGE_GAP
+    C, K, kw, sw = int(geo[2]), int(geo[3]), int(geo[9]), int(geo[15])
+    return kc * K + ((kc - 1) * sw + kw) * C + 2 * STAGE_GAP
 
 
 @helper
@@ -523,7 +524,7 @@ def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
     input row: rows of A one element apart, columns ``sw*C`` apart (``kw*C`` contiguous
     weights per pixel: a 1-D stem's 7 taps x 3 channels). ``xp`` and ``dy`` come flat,
     ``wp`` is ``xp``'s padded width. With float16 bits in ``xh`` and ``dyh`` (not empty),
-    ``xp`` and ``dy`` are float32 stages of ``(kc*sw + kw) * C`` and ``kc * K``
+    ``xp`` and ``dy`` are float32 stages of ``((kc-1)*sw + kw) * C`` and ``kc * K``
     elements: each row's share of ``dyh`` is taken ``kc`` pixels at a time and widened
     there first, and so is each tap row's span of ``xh``."""
     C, K = geo[2], geo[3]
@@ -788,7 +789,7 @@ def matmul_claimed_half(A, Bp, C, counter, chunk, work=None, stage=None):
     chunk = max(MR, -(-int(chunk) // MR) * MR)
     if work is None or work.size < claimed_workspace(K, 4):
         work = np.empty(claimed_workspace(K, 4), np.float32)
-    if stage is None or stage.size < chunk * (K + N):
-        stage = np.empty(chunk * (K + N), np.float32)
+    if stage is None or stage.size < claimed_stage(chunk, K, N):
+        stage = np.empty(claimed_stage(chunk, K, N), np.float32)
     gemm_claimed_half(A.view(np.uint16), Bp, C.view(np.uint16), counter, chunk, work, stage)
     return C

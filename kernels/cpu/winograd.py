@@ -259,6 +259,11 @@ def _at4_row(a, s, e, st, d, o, n):
 # same, but Numba keys a cached closure on a pickle of its cells, which differs between
 # processes for a dispatcher: the cache would never hit.
 _ROW = _TILE = None
+#: False in the float16-bits copies of the entry kernels: every tile then goes through the
+#: float32 patch, widened as it is read (``to_tiles``) or rounded as it is written
+#: (``from_tiles``). A frozen constant, so Numba prunes the in-place branch there before
+#: typing it (a uint16 image and the float32 patch cannot be one variable).
+_IN_PLACE = True
 
 
 def _tile(m, kind, s, e, si, sj, tmp, d, o, da, db, n, cb):
@@ -327,36 +332,12 @@ def _to_tiles(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
         inside = h0 >= 0 and w0 >= 0 and h0 + q <= H and w0 + q <= W
         for c0 in range(0, C, cb):
             cn = min(cb, C - c0)
-            if inside:       # interior tiles are read in place
+            if _IN_PLACE and inside:  # interior tiles are read in place
                 s, e, si, sj = flat, ((n * H + h0) * W + w0) * C + c0, W * C, C
             else:            # border tiles through a zero-filled patch
                 _patch(flat, buf, n, h0, w0, q, H, W, C, c0, cn, cb)
                 s, e, si, sj = buf, 0, q * cb, cb
             _TILE(m, kind, s, e, si, sj, tmp, dst, row * C + c0, alpha * R * C, R * C, cn, cb)
-
-
-def _to_tiles_bits(src, out, m, kind, off_h, off_w, th, tw, t0, t1, cb):
-    """:func:`_to_tiles` for ``src`` of float16 bits (uint16): every tile is widened into
-    the float32 patch first (the transforms stay in float32), so float16 costs no pass of
-    its own over the image."""
-    H, W, C = src.shape[1], src.shape[2], src.shape[3]
-    alpha = m + 2
-    q = alpha if kind == 0 else m
-    R = out.shape[1]
-    flat = src.reshape(src.size)
-    dst = out.reshape(out.size)
-    buf = np.empty(q * q * cb, out.dtype)
-    tmp = np.empty(alpha * alpha * cb, out.dtype)
-    for t in range(t0, t1):
-        tj = t % tw
-        r = t // tw
-        n = r // th
-        row = t - t0
-        for c0 in range(0, C, cb):
-            cn = min(cb, C - c0)
-            _patch(flat, buf, n, (r % th) * m + off_h, tj * m + off_w, q, H, W, C, c0, cn, cb)
-            _TILE(m, kind, buf, 0, q * cb, cb, tmp, dst, row * C + c0, alpha * R * C, R * C,
-                  cn, cb)
 
 
 def _from_tiles(src, dst, m, th, tw, t0, t1, cb):
@@ -367,8 +348,8 @@ def _from_tiles(src, dst, m, th, tw, t0, t1, cb):
     R = src.shape[1]
     s = src.reshape(src.size)
     flat = dst.reshape(dst.size)
-    buf = np.empty(m * m * cb, dst.dtype)
-    tmp = np.empty(m * alpha * cb, dst.dtype)
+    buf = np.empty(m * m * cb, src.dtype)
+    tmp = np.empty(m * alpha * cb, src.dtype)
     for t in range(t0, t1):
         tj = t % tw
         r = t // tw
@@ -377,39 +358,16 @@ def _from_tiles(src, dst, m, th, tw, t0, t1, cb):
         h0 = ti * m
         w0 = tj * m
         row = t - t0
-        inside = h0 + m <= H and w0 + m <= W
+        inside = _IN_PLACE and h0 + m <= H and w0 + m <= W
         for k0 in range(0, K, cb):
             kn = min(cb, K - k0)
-            if inside:       # interior tiles are written in place
+            if _IN_PLACE and inside:  # interior tiles are written in place
                 d, o, da, db = flat, ((n * H + h0) * W + w0) * K + k0, W * K, K
             else:            # border tiles through a patch, clipped to dst
                 d, o, da, db = buf, 0, m * cb, cb
             _TILE(m, 2, s, row * K + k0, alpha * R * K, R * K, tmp, d, o, da, db, kn, cb)
             if not inside:
                 _unpatch(buf, flat, n, h0, w0, m, H, W, K, k0, kn, cb)
-
-
-def _from_tiles_bits(src, dst, m, th, tw, t0, t1, cb):
-    """:func:`_from_tiles` for ``dst`` of float16 bits (uint16): every tile is computed
-    into the float32 patch and rounded from there, so float16 costs no pass of its own
-    over the result."""
-    H, W, K = dst.shape[1], dst.shape[2], dst.shape[3]
-    alpha = m + 2
-    R = src.shape[1]
-    s = src.reshape(src.size)
-    flat = dst.reshape(dst.size)
-    buf = np.empty(m * m * cb, src.dtype)
-    tmp = np.empty(m * alpha * cb, src.dtype)
-    for t in range(t0, t1):
-        tj = t % tw
-        r = t // tw
-        n = r // th
-        row = t - t0
-        for k0 in range(0, K, cb):
-            kn = min(cb, K - k0)
-            _TILE(m, 2, s, row * K + k0, alpha * R * K, R * K, tmp, buf, 0, m * cb, cb, kn,
-                  cb)
-            _unpatch(buf, flat, n, (r % th) * m, tj * m, m, H, W, K, k0, kn, cb)
 
 
 def _copy(fn, name, **globals_):
@@ -428,10 +386,10 @@ def _chain(kind, m, row):
     # Serial on purpose: they run between BLAS calls, which own the cores (see
     # numbaconv.blas; measured on 2 cores, parallel transforms next to multithreaded GEMMs
     # ran 1.5-5x slower).
-    # (each compiles on its first call: the float16 variants only where float16 runs)
-    return tuple(kernel(_copy(fn, name, _TILE=tile), parallel=False)
-                 for fn in ((_from_tiles, _from_tiles_bits) if kind == 2
-                            else (_to_tiles, _to_tiles_bits)))
+    # (each compiles on its first call: the float16-bits copy only where float16 runs)
+    fn = _from_tiles if kind == 2 else _to_tiles
+    return (kernel(_copy(fn, name, _TILE=tile), parallel=False),
+            kernel(_copy(fn, name + "_bits", _TILE=tile, _IN_PLACE=False), parallel=False))
 
 
 #: (kind, m) -> (kernel, its float16-bits variant)

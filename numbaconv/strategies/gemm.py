@@ -474,7 +474,7 @@ class Gemm(Strategy):
         dy2 = ops["dy"].reshape(M, p.oc)
         if tiles_split_dw(mm):
             return self._bwd_w_split_dw(p, ops, M, taps, col, dy2, ws, ct, mm)
-        from ..kernels.cpu import convert as _convert
+        from ..kernels.cpu import convert
         half_dy = dy2.dtype == np.uint16  # float16 bits (one group): widened slab by slab
         dbuf = _Buffers(R * p.oc if half_dy else 0, ct)
         # private partial dW per (worker slot, group): a slot's first slab of a group writes
@@ -487,7 +487,7 @@ class Gemm(Strategy):
                 c = col(gi, r0, r1, slot)
                 if half_dy:
                     d = dbuf[slot][: (r1 - r0) * p.oc].reshape(r1 - r0, p.oc)
-                    _convert.convert(dy2[r0:r1].reshape(-1), d.reshape(-1), True)
+                    convert.convert(dy2[r0:r1].reshape(-1), d.reshape(-1), True)
                 else:
                     d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
                 a = acc.get((slot, gi))

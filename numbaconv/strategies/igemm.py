@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from . import Strategy, itemsize
+from . import Strategy, itemsize, result_dtype
 from .gemm import MIN_N, STRATEGY as GEMM, UK_MAX_SHORT_K, _phases
 from .. import config
 
@@ -126,9 +126,6 @@ class ImplicitGemm(Strategy):
         ms, against 0.06-0.1 ms for the backend's pass)."""
         return frozenset({"dy", "result"})
 
-    def numba_parallel(self, p, tiles):
-        return True
-
     def run(self, p, tiles, ops):
         from ..kernels.cpu import igemm
         ct = np.dtype(p.compute_dtype)
@@ -150,7 +147,7 @@ class ImplicitGemm(Strategy):
         chunk = np.int64(tiles["chunk"])
         bt = max(1, int(tiles["block_tiles"]))
         half_out = dy.dtype == np.uint16
-        dx = np.empty((p.mb, *p.isz, C), np.uint16 if half_out else ct)
+        dx = np.empty((p.mb, *p.isz, C), result_dtype(dy, ct))
         for q, grid, taps in phases:
             P = p.mb * math.prod(grid)
             if P == 0:

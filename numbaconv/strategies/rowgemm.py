@@ -102,13 +102,13 @@ class RowGemm(Strategy):
         kc, nc = int(tiles["kc"]), int(tiles["nc"])
         parts = np.zeros((nw, math.prod(p.ksz) * p.ic, p.oc), ct)
         work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
-        if half:  # widened one output row (dY) and one tap row (X) at a time
-            gv = geo(p)
+        gv = geo(p)
+        if half:  # widened kc output pixels of dY, and of each tap row of X, at a time
             stage = np.empty((nw, uk.rows_stage(gv, kc)), ct)
             uk.gemm_rows_bwd_w_half(xp, dy, parts, gv, np.int64(kc), np.int64(nc), work,
                                     stage)
         else:
-            uk.gemm_rows_bwd_w(xp, dy, parts, geo(p), np.int64(kc), np.int64(nc), work)
+            uk.gemm_rows_bwd_w(xp, dy, parts, gv, np.int64(kc), np.int64(nc), work)
         dw = parts[0]
         for i in range(1, nw):
             dw += parts[i]
@@ -118,7 +118,7 @@ class RowGemm(Strategy):
         return True
 
     def half_operands(self, p, tiles):
-        """dY is widened one output row at a time and X one tap row's span at a time
+        """dY and each tap row's span of X are widened ``kc`` output pixels at a time
         (``ukernel.gemm_rows_bwd_w_half``)."""
         return frozenset({"x", "dy"})
 

@@ -38,15 +38,16 @@ res2a_branch2b backward data 10.1 -> 7.0 ms, weights 12.0 -> 8.3 ms; res3b_branc
 Transforms are computed and stored in the compute dtype (float32
 for float16 inputs), never in float16 (PERF_NOTES: stored in float16 the F(4x4) error
 grows to 1e-3): float16 images are widened tile by tile as they are transformed, and
-float16 results rounded tile by tile as they are written (no whole-array passes). Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8:
-F(4x4) float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
+float16 results rounded tile by tile as they are written (no whole-array passes).
+Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8: F(4x4)
+float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
 
 IEEE specials: the transforms add and subtract inputs, so an Inf in ``x``, ``dy`` or ``w``
 may come out as NaN where a direct sum would give Inf (``Inf - Inf``); NaN propagates.
 """
 import numpy as np
 
-from . import Strategy, itemsize
+from . import Strategy, itemsize, result_dtype
 from .gemm import _workers
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
@@ -289,13 +290,13 @@ class Winograd(Strategy):
         if p.direction == "fwd":
             src = ops["x"].reshape(nb, H, W, C)
             # float16 bits in, float16 bits out (see half_operands)
-            dst = np.empty((p.mb, *p.osz, K), np.uint16 if src.dtype == np.uint16 else ct)
+            dst = np.empty((p.mb, *p.osz, K), result_dtype(src, ct))
             Gw = G
             off = (-p.pad_begin[1], -p.pad_begin[2])
             cin, cout = C, K
         else:
             src = ops["dy"].reshape(nb, OH, OW, K)
-            dst = np.empty((p.mb, *p.isz, C), np.uint16 if src.dtype == np.uint16 else ct)
+            dst = np.empty((p.mb, *p.isz, C), result_dtype(src, ct))
             Gw = np.ascontiguousarray(G[:, ::-1])   # the flip r -> 2 - r folded into G
             off = (p.pad_begin[1] - 2, p.pad_begin[2] - 2)
             cin, cout = K, C
