@@ -40,12 +40,16 @@ GEMM_ENGINE = os.environ.get("NUMBACONV_GEMM_ENGINE", "auto")
 #: Fewest GEMM rows per slab (BLAS needs a tall enough slab to reach its speed).
 GEMM_MIN_ROWS = 256
 
-#: CUDA implicit GEMM: block tile BM x BN, K slice BK, per-thread register tile TM x TN.
-CUDA_BLOCK_M = 64
-CUDA_BLOCK_N = 64
-CUDA_BLOCK_K = 8
-CUDA_THREAD_M = 4
-CUDA_THREAD_N = 4
+#: CUDA implicit GEMM: block tile BM x BN, K slice BK, per-thread register tile TM x TN;
+#: ``None`` (the default): per shape, from ``numbaconv.backends.cuda.GEMM_TILES``. Set all
+#: five to force one tile.
+CUDA_BLOCK_M = None
+CUDA_BLOCK_N = None
+CUDA_BLOCK_K = None
+CUDA_THREAD_M = None
+CUDA_THREAD_N = None
+#: Forward and backward data on the GPU take the largest tile giving this many blocks.
+CUDA_MIN_BLOCKS = 264
 #: Threads per block of the element-wise CUDA kernels (depthwise, layout, reduction).
 CUDA_THREADS = 256
 #: Weight-gradient split: aim at this many blocks, >= this many pixels per split, at most

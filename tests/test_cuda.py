@@ -196,6 +196,44 @@ def test_kernels_match_reference(children, group):
     assert proc.returncode == 0, out
 
 
+_API_CODE = """
+import numpy as np
+from numba import cuda
+import numbaconv
+rng = np.random.default_rng(0)
+x = rng.standard_normal((2, 7, 6, 8))
+w = rng.standard_normal((3, 3, 4, 6))
+dy = rng.standard_normal((2, 4, 3, 6))
+kw = dict(strides=(2, 2), pads_begin=(1, 0), pads_end=(1, 1), groups=2)
+calls = [
+    ("convolution", (x, w), kw),
+    ("convolution_backprop_data", (dy, w, (7, 6)), kw),
+    ("convolution_backprop_filters", (x, (3, 3), dy), kw),
+    ("conv2d_backprop_input", ((2, 8, 6, 8), rng.standard_normal((3, 3, 8, 5)),
+                               rng.standard_normal((2, 8, 6, 5))), dict(strides=1, padding="SAME")),
+]
+worst = 0.0
+for name, args, kwargs in calls:
+    fn = getattr(numbaconv, name)
+    dev = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+    got = fn(*dev, **kwargs).copy_to_host()
+    want = fn(*args, **kwargs)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    worst = max(worst, float(np.max(np.abs(got - want)) / np.max(np.abs(want))))
+print(f"worst {worst:.3g}")
+"""
+
+
+def test_public_ops_take_device_arrays():
+    """The public ops, called with device arrays (the simulator's without a GPU), match the
+    same calls with NumPy arrays: the front ends' parsing of device arrays included."""
+    r = subprocess.run([sys.executable, "-c", _API_CODE], capture_output=True, text=True,
+                       env=_env(), cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    worst = float(r.stdout.split()[-1])
+    assert worst < 1e-12, r.stdout
+
+
 def test_no_gpu_is_a_clear_error():
     """A device array without a usable GPU: RuntimeError naming the argument, no crash."""
     code = """

@@ -49,18 +49,20 @@ def _kernels():
     """(label, factory, args, signature builder, threads per block, shared bytes assumed)."""
     from numbaconv.backends import cuda as backend
 
-    tile = (backend.DEFAULTS["CUDA_BLOCK_M"], backend.DEFAULTS["CUDA_BLOCK_N"],
-            backend.DEFAULTS["CUDA_BLOCK_K"], backend.DEFAULTS["CUDA_THREAD_M"],
-            backend.DEFAULTS["CUDA_THREAD_N"])
-    gemm_threads = (tile[0] // tile[3]) * (tile[1] // tile[4])
     ew = backend.DEFAULTS["CUDA_THREADS"]
     out = []
     for dt in ("float32", "float64"):
         item = 4 if dt == "float32" else 8
-        smem = (tile[0] + tile[1]) * tile[2] * item
-        for name, last in (("fwd_gemm", 5), ("bwd_d_gemm", 5), ("bwd_w_gemm", 6)):
-            out.append((f"{name}[{dt}]", "gemm", name, (dt, *tile),
-                        ("geo", dt, 5, 5, last), gemm_threads, smem))
+        # every tile the planner can pick for this dtype (see backends.cuda.gemm_tile)
+        for tile in backend.GEMM_TILES:
+            if item == 8 and tile[3] * tile[4] > 32:
+                continue
+            gemm_threads = (tile[0] // tile[3]) * (tile[1] // tile[4])
+            smem = (tile[0] + tile[1] + 2) * tile[2] * item
+            tag = "x".join(map(str, tile))
+            for name, last in (("fwd_gemm", 1), ("bwd_d_gemm", 1), ("bwd_w_gemm", 2)):
+                out.append((f"{name}[{dt},{tag}]", "gemm", name, (dt, *tile),
+                            ("geo", dt, 1, 1, last), gemm_threads, smem))
         for name, last in (("fwd_depthwise", 5), ("bwd_d_depthwise", 5),
                            ("bwd_w_depthwise", 6)):
             out.append((f"{name}[{dt}]", "depthwise", name, (dt,), ("geo", dt, 5, 5, last),

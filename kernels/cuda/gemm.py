@@ -25,8 +25,10 @@ With ``i = o*s - p + t*d`` per axis (see :mod:`numbaconv.kernels.cpu.direct`):
   ``dW``; :func:`reduce_partials` sums the partials in a fixed order (deterministic, no
   atomics).
 
-Kernels take canonical contiguous arrays, the geometry as a tuple of 22 ints (see
-:func:`numbaconv.kernels.geometry`) and validate nothing. float16 never reaches them: the
+Kernels take flat (1-D) views of the canonical contiguous arrays, the geometry as a tuple
+of 22 ints (see :func:`numbaconv.kernels.geometry`) and validate nothing. Each thread's
+share of a tile load is decoded into a pixel once per tap (forward, backward data) or per
+output row (weights), so the K loop does no 64-bit division. float16 never reaches them: the
 backend widens it to float32 once, on the device.
 """
 import functools
@@ -76,39 +78,53 @@ def _check(bm, bn, bk, tm, tn):
                          f"tile {tm}x{tn}")
 
 
+def _loads(bm, bn, bk, tm, tn):
+    nty = bm // tm
+    ntx = bn // tn
+    nt = nty * ntx
+    return nty, ntx, nt, (bm * bk + nt - 1) // nt, (bk * bn + nt - 1) // nt
+
+
 @functools.lru_cache(maxsize=None)
 def fwd_gemm(dtype, bm, bn, bk, tm, tn):
     """``y[n, o, gi*ocg + col] = sum_{t, c} x[n, o*s - p + t*d, gi*icg + c] * w[t, c, gi*ocg + col]``.
 
-    Grid ``(ceil(M/bm), ceil(ocg/bn), g)``, ``(bm/tm)*(bn/tn)`` threads; ``y`` is fully
-    written.
+    ``x``, ``w`` and ``y`` are flat (1-D views of the canonical arrays). Grid
+    ``(ceil(M/bm), ceil(ocg/bn), g)``, ``(bm/tm)*(bn/tn)`` threads; ``y`` is fully written.
+    ``K`` runs tap by tap and, within a tap, over channel slices of ``bk``: the input
+    position of each of a thread's A loads is worked out once per tap, so the slice loop
+    does no division (the 64-bit divisions of a per-element decode cost ten times the
+    multiply-adds on a GPU).
     """
     _check(bm, bn, bk, tm, tn)
     T = _TYPES[dtype]
-    nty = bm // tm
-    ntx = bn // tn
-    nt = nty * ntx
-    a_loads = (bm * bk + nt - 1) // nt
-    b_loads = (bk * bn + nt - 1) // nt
+    nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
+    pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
+    pn = bn + 1
 
     def fwd_gemm(x, w, y, geo):
-        As = cuda.shared.array((bk, bm), T)
+        # As rows padded by one: the loads store with kk fastest, bm apart
+        As = cuda.shared.array((bk, pm), T)
         Bs = cuda.shared.array((bk, bn), T)
         acc = cuda.local.array((tm, tn), T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
-        # per A load: image, first input row/col/plane (o*s - p) or -huge when out of range
-        ln = cuda.local.array(a_loads, int64)
+        # per A load: image's first row (n*id), first input plane/row/col (o*s - p), and the
+        # flat offset of the current tap's pixel (-1: outside the image or past M)
+        lbase = cuda.local.array(a_loads, int64)
         lbd = cuda.local.array(a_loads, int64)
         lbh = cuda.local.array(a_loads, int64)
         lbw = cuda.local.array(a_loads, int64)
+        loff = cuda.local.array(a_loads, int64)
         mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
         id_, ih, iw = geo[4], geo[5], geo[6]
-        kh, kw = geo[8], geo[9]
+        kd, kh, kw = geo[7], geo[8], geo[9]
         od, oh, ow = geo[10], geo[11], geo[12]
         sd, sh, sw = geo[13], geo[14], geo[15]
         dd, dh, dw = geo[16], geo[17], geo[18]
         pd, ph, pw = geo[19], geo[20], geo[21]
+        ic = g * icg
+        oc = g * ocg
         tid = cuda.threadIdx.x
         tx = tid % ntx
         ty = tid // ntx
@@ -116,7 +132,6 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn):
         n0 = cuda.blockIdx.y * bn
         gi = cuda.blockIdx.z
         M = mb * od * oh * ow
-        K = geo[7] * kh * kw * icg
         xc = gi * icg
         wc = gi * ocg + n0
         for a in range(tm):
@@ -124,67 +139,66 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn):
                 acc[a, b] = T(0)
         for l in range(a_loads):
             m = m0 + (tid + l * nt) // bk
-            ln[l] = -1
+            lbase[l] = -1
             if m < M:
                 o_w = m % ow
                 r = m // ow
                 o_h = r % oh
                 r = r // oh
-                ln[l] = r // od
+                lbase[l] = (r // od) * id_
                 lbd[l] = (r % od) * sd - pd
                 lbh[l] = o_h * sh - ph
                 lbw[l] = o_w * sw - pw
-        for k0 in range(0, K, bk):
+        for t in range(kd * kh * kw):
+            t_w = t % kw
+            t_h = (t // kw) % kh
+            t_d = t // (kw * kh)
             for l in range(a_loads):
-                e = tid + l * nt
-                if e < bm * bk:
-                    kk = e % bk
-                    v = T(0)
-                    k = k0 + kk
-                    if ln[l] >= 0 and k < K:
-                        c = k % icg
-                        t = k // icg
-                        i_w = lbw[l] + (t % kw) * dw
-                        i_h = lbh[l] + ((t // kw) % kh) * dh
-                        i_d = lbd[l] + (t // (kw * kh)) * dd
-                        if (i_d >= 0 and i_d < id_ and i_h >= 0 and i_h < ih
-                                and i_w >= 0 and i_w < iw):
-                            v = x[ln[l], i_d, i_h, i_w, xc + c]
-                    As[kk, e // bk] = v
-            for l in range(b_loads):
-                e = tid + l * nt
-                if e < bk * bn:
-                    nn = e % bn
-                    kk = e // bn
-                    k = k0 + kk
-                    v = T(0)
-                    if k < K and n0 + nn < ocg:
-                        t = k // icg
-                        v = w[t // (kw * kh), (t // kw) % kh, t % kw, k % icg, wc + nn]
-                    Bs[kk, nn] = v
-            cuda.syncthreads()
-            for kk in range(bk):
-                for a in range(tm):
-                    ra[a] = As[kk, ty + a * nty]
-                for b in range(tn):
-                    rb[b] = Bs[kk, tx + b * ntx]
-                for a in range(tm):
+                loff[l] = -1
+                if lbase[l] >= 0:
+                    i_d = lbd[l] + t_d * dd
+                    i_h = lbh[l] + t_h * dh
+                    i_w = lbw[l] + t_w * dw
+                    if (i_d >= 0 and i_d < id_ and i_h >= 0 and i_h < ih
+                            and i_w >= 0 and i_w < iw):
+                        loff[l] = (((lbase[l] + i_d) * ih + i_h) * iw + i_w) * ic + xc
+            wt = t * icg * oc + wc
+            for c0 in range(0, icg, bk):
+                for l in range(a_loads):
+                    e = tid + l * nt
+                    if e < bm * bk:
+                        kk = e % bk
+                        c = c0 + kk
+                        v = T(0)
+                        if loff[l] >= 0 and c < icg:
+                            v = x[loff[l] + c]
+                        As[kk, e // bk] = v
+                for l in range(b_loads):
+                    e = tid + l * nt
+                    if e < bk * bn:
+                        nn = e % bn
+                        c = c0 + e // bn
+                        v = T(0)
+                        if c < icg and n0 + nn < ocg:
+                            v = w[wt + c * oc + nn]
+                        Bs[e // bn, nn] = v
+                cuda.syncthreads()
+                for kk in range(bk):
+                    for a in range(tm):
+                        ra[a] = As[kk, ty + a * nty]
                     for b in range(tn):
-                        acc[a, b] += ra[a] * rb[b]
-            cuda.syncthreads()
+                        rb[b] = Bs[kk, tx + b * ntx]
+                    for a in range(tm):
+                        for b in range(tn):
+                            acc[a, b] += ra[a] * rb[b]
+                cuda.syncthreads()
         for a in range(tm):
             m = m0 + ty + a * nty
             if m < M:
-                o_w = m % ow
-                r = m // ow
-                o_h = r % oh
-                r = r // oh
-                o_d = r % od
-                n = r // od
                 for b in range(tn):
                     col = tx + b * ntx
                     if n0 + col < ocg:
-                        y[n, o_d, o_h, o_w, wc + col] = acc[a, b]
+                        y[m * oc + wc + col] = acc[a, b]
 
     return cuda.jit(fwd_gemm)
 
@@ -193,31 +207,37 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn):
 def bwd_d_gemm(dtype, bm, bn, bk, tm, tn):
     """``dx`` by stride phase: ``dx[n, i, gi*icg + c] = sum dy[n, o, gi*ocg + k] * w[t, c, gi*ocg + k]``.
 
-    Grid ``(ceil(max_phase_M/bm), ceil(icg/bn), g*sd*sh*sw)``; every element of ``dx``
-    belongs to exactly one phase and is written once (zeros where no tap reaches it).
+    Flat ``dy``, ``w``, ``dx``. Grid ``(ceil(max_phase_M/bm), ceil(icg/bn), g*sd*sh*sw)``;
+    every element of ``dx`` belongs to exactly one phase and is written once (zeros where no
+    tap reaches it). ``K`` runs over the phase's taps and, within a tap, over slices of
+    ``bk`` output channels (no division in the slice loop, as in :func:`fwd_gemm`).
     """
     _check(bm, bn, bk, tm, tn)
     T = _TYPES[dtype]
-    nty = bm // tm
-    ntx = bn // tn
-    nt = nty * ntx
-    a_loads = (bm * bk + nt - 1) // nt
-    b_loads = (bk * bn + nt - 1) // nt
+    nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
+    pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
+    pn = bn + 1
 
     def bwd_d_gemm(dy, w, dx, geo):
-        As = cuda.shared.array((bk, bm), T)
-        Bs = cuda.shared.array((bk, bn), T)
+        # both tiles store with kk fastest: rows padded by one
+        As = cuda.shared.array((bk, pm), T)
+        Bs = cuda.shared.array((bk, pn), T)
         acc = cuda.local.array((tm, tn), T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
-        ln = cuda.local.array(a_loads, int64)
+        lbase = cuda.local.array(a_loads, int64)
         lbd = cuda.local.array(a_loads, int64)
         lbh = cuda.local.array(a_loads, int64)
         lbw = cuda.local.array(a_loads, int64)
-        mb, icg, ocg = geo[0], geo[2], geo[3]
+        loff = cuda.local.array(a_loads, int64)
+        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+        id_, ih, iw = geo[4], geo[5], geo[6]
+        kh, kw = geo[8], geo[9]
         od, oh, ow = geo[10], geo[11], geo[12]
         sd, sh, sw = geo[13], geo[14], geo[15]
         pd, ph, pw = geo[19], geo[20], geo[21]
+        ic = g * icg
+        oc = g * ocg
         tid = cuda.threadIdx.x
         tx = tid % ntx
         ty = tid // ntx
@@ -263,61 +283,66 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn):
         M = mb * njd * njh * njw
         if m0 >= M:  # uniform over the block: phases differ in size
             return
-        K = ntd * nth * ntw * ocg
         yc = gi * ocg
         for a in range(tm):
             for b in range(tn):
                 acc[a, b] = T(0)
         for l in range(a_loads):
             m = m0 + (tid + l * nt) // bk
-            ln[l] = -1
+            lbase[l] = -1
             if m < M:
                 j_w = m % njw
                 r = m // njw
                 j_h = r % njh
                 r = r // njh
-                ln[l] = r // njd
+                lbase[l] = (r // njd) * od
                 lbd[l] = j0d + r % njd - c0d
                 lbh[l] = j0h + j_h - c0h
                 lbw[l] = j0w + j_w - c0w
-        for k0 in range(0, K, bk):
+        for u in range(ntd * nth * ntw):
+            u_w = u % ntw
+            u_h = (u // ntw) % nth
+            u_d = u // (ntw * nth)
             for l in range(a_loads):
-                e = tid + l * nt
-                if e < bm * bk:
-                    kk = e % bk
-                    k = k0 + kk
-                    v = T(0)
-                    if ln[l] >= 0 and k < K:
-                        u = k // ocg
-                        o_w = lbw[l] - (u % ntw) * osw
-                        o_h = lbh[l] - ((u // ntw) % nth) * osh
-                        o_d = lbd[l] - (u // (ntw * nth)) * osd
-                        if (o_d >= 0 and o_d < od and o_h >= 0 and o_h < oh
-                                and o_w >= 0 and o_w < ow):
-                            v = dy[ln[l], o_d, o_h, o_w, yc + k % ocg]
-                    As[kk, e // bk] = v
-            for l in range(b_loads):
-                e = tid + l * nt
-                if e < bk * bn:
-                    kk = e % bk
-                    nn = e // bk
-                    k = k0 + kk
-                    v = T(0)
-                    if k < K and n0 + nn < icg:
-                        u = k // ocg
-                        v = w[t0d + (u // (ntw * nth)) * tsd, t0h + ((u // ntw) % nth) * tsh,
-                              t0w + (u % ntw) * tsw, n0 + nn, yc + k % ocg]
-                    Bs[kk, nn] = v
-            cuda.syncthreads()
-            for kk in range(bk):
-                for a in range(tm):
-                    ra[a] = As[kk, ty + a * nty]
-                for b in range(tn):
-                    rb[b] = Bs[kk, tx + b * ntx]
-                for a in range(tm):
+                loff[l] = -1
+                if lbase[l] >= 0:
+                    o_d = lbd[l] - u_d * osd
+                    o_h = lbh[l] - u_h * osh
+                    o_w = lbw[l] - u_w * osw
+                    if (o_d >= 0 and o_d < od and o_h >= 0 and o_h < oh
+                            and o_w >= 0 and o_w < ow):
+                        loff[l] = (((lbase[l] + o_d) * oh + o_h) * ow + o_w) * oc + yc
+            wt = (((t0d + u_d * tsd) * kh + t0h + u_h * tsh) * kw + t0w + u_w * tsw) * icg * oc + yc
+            for k0 in range(0, ocg, bk):
+                for l in range(a_loads):
+                    e = tid + l * nt
+                    if e < bm * bk:
+                        kk = e % bk
+                        k = k0 + kk
+                        v = T(0)
+                        if loff[l] >= 0 and k < ocg:
+                            v = dy[loff[l] + k]
+                        As[kk, e // bk] = v
+                for l in range(b_loads):
+                    e = tid + l * nt
+                    if e < bk * bn:
+                        kk = e % bk
+                        nn = e // bk
+                        k = k0 + kk
+                        v = T(0)
+                        if k < ocg and n0 + nn < icg:
+                            v = w[wt + (n0 + nn) * oc + k]
+                        Bs[kk, nn] = v
+                cuda.syncthreads()
+                for kk in range(bk):
+                    for a in range(tm):
+                        ra[a] = As[kk, ty + a * nty]
                     for b in range(tn):
-                        acc[a, b] += ra[a] * rb[b]
-            cuda.syncthreads()
+                        rb[b] = Bs[kk, tx + b * ntx]
+                    for a in range(tm):
+                        for b in range(tn):
+                            acc[a, b] += ra[a] * rb[b]
+                cuda.syncthreads()
         for a in range(tm):
             m = m0 + ty + a * nty
             if m < M:
@@ -329,10 +354,11 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn):
                 n = r // njd
                 i_h = (j0h + j_h) * sh + q_h - ph
                 i_w = (j0w + j_w) * sw + q_w - pw
+                base = (((n * id_ + i_d) * ih + i_h) * iw + i_w) * ic + gi * icg + n0
                 for b in range(tn):
                     col = tx + b * ntx
                     if n0 + col < icg:
-                        dx[n, i_d, i_h, i_w, gi * icg + n0 + col] = acc[a, b]
+                        dx[base + col] = acc[a, b]
 
     return cuda.jit(bwd_d_gemm)
 
@@ -341,17 +367,18 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn):
 def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
     """Split-K weight gradient: ``part[j, t, c, gi*ocg + k] = sum_{pixels of split j} x * dy``.
 
-    Grid ``(ceil(kd*kh*kw*icg/bm), ceil(ocg/bn), g*nsplit)`` with ``nsplit = part.shape[0]``;
-    every element of ``part`` is written once. Split ``j`` sums the output pixels
-    ``[P*j // nsplit, P*(j+1) // nsplit)`` of ``P = mb*od*oh*ow``.
+    Flat ``x`` and ``dy``; ``part`` is ``[nsplit, kd*kh*kw*icg*oc]``. Grid
+    ``(ceil(kd*kh*kw*icg/bm), ceil(ocg/bn), g*nsplit)``; every element of ``part`` is
+    written once. ``K`` (the output pixels) runs in chunks of ``bk`` pixels of one output
+    row: ``Q = mb*od*oh*ceil(ow/bk)`` chunks, split ``j`` summing chunks
+    ``[Q*j // nsplit, Q*(j+1) // nsplit)``; the chunk's row is advanced by counters, not
+    decoded by division.
     """
     _check(bm, bn, bk, tm, tn)
     T = _TYPES[dtype]
-    nty = bm // tm
-    ntx = bn // tn
-    nt = nty * ntx
-    a_loads = (bm * bk + nt - 1) // nt
-    b_loads = (bk * bn + nt - 1) // nt
+    nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
+    pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
+    pn = bn + 1
 
     def bwd_w_gemm(x, dy, part, geo):
         As = cuda.shared.array((bk, bm), T)
@@ -363,11 +390,13 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
         ltd = cuda.local.array(a_loads, int64)
         lth = cuda.local.array(a_loads, int64)
         ltw = cuda.local.array(a_loads, int64)
-        mb, icg, ocg = geo[0], geo[2], geo[3]
+        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
         id_, ih, iw = geo[4], geo[5], geo[6]
         kd, kh, kw = geo[7], geo[8], geo[9]
         od, oh, ow = geo[10], geo[11], geo[12]
         sd, sh, sw = geo[13], geo[14], geo[15]
+        ic = g * icg
+        oc = g * ocg
         tid = cuda.threadIdx.x
         tx = tid % ntx
         ty = tid // ntx
@@ -377,9 +406,10 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
         gi = cuda.blockIdx.z // nsplit
         sp = cuda.blockIdx.z % nsplit
         M = kd * kh * kw * icg
-        P = mb * od * oh * ow
-        kb = P * sp // nsplit
-        ke = P * (sp + 1) // nsplit
+        nchunk = (ow + bk - 1) // bk
+        Q = mb * od * oh * nchunk
+        qb = Q * sp // nsplit
+        qe = Q * (sp + 1) // nsplit
         yc = gi * ocg + n0
         for a in range(tm):
             for b in range(tn):
@@ -393,38 +423,38 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
                 ltw[l] = (t % kw) * geo[18] - geo[21]
                 lth[l] = ((t // kw) % kh) * geo[17] - geo[20]
                 ltd[l] = (t // (kw * kh)) * geo[16] - geo[19]
-        for k0 in range(kb, ke, bk):
+        # the first chunk's row (n, o_d, o_h) and first column
+        ow0 = (qb % nchunk) * bk
+        r = qb // nchunk
+        o_h = r % oh
+        r = r // oh
+        o_d = r % od
+        n = r // od
+        for q in range(qb, qe):
+            yrow = ((n * od + o_d) * oh + o_h) * ow
             for l in range(a_loads):
                 e = tid + l * nt
                 if e < bm * bk:
                     kk = e // bm
-                    k = k0 + kk
+                    o_w = ow0 + kk
                     v = T(0)
-                    if lc[l] >= 0 and k < ke:
-                        o_w = k % ow
-                        r = k // ow
-                        o_h = r % oh
-                        r = r // oh
-                        i_d = (r % od) * sd + ltd[l]
+                    if lc[l] >= 0 and o_w < ow:
+                        i_d = o_d * sd + ltd[l]
                         i_h = o_h * sh + lth[l]
                         i_w = o_w * sw + ltw[l]
                         if (i_d >= 0 and i_d < id_ and i_h >= 0 and i_h < ih
                                 and i_w >= 0 and i_w < iw):
-                            v = x[r // od, i_d, i_h, i_w, lc[l]]
+                            v = x[(((n * id_ + i_d) * ih + i_h) * iw + i_w) * ic + lc[l]]
                     As[kk, e % bm] = v
             for l in range(b_loads):
                 e = tid + l * nt
                 if e < bk * bn:
                     nn = e % bn
                     kk = e // bn
-                    k = k0 + kk
+                    o_w = ow0 + kk
                     v = T(0)
-                    if k < ke and n0 + nn < ocg:
-                        o_w = k % ow
-                        r = k // ow
-                        o_h = r % oh
-                        r = r // oh
-                        v = dy[r // od, r % od, o_h, o_w, yc + nn]
+                    if o_w < ow and n0 + nn < ocg:
+                        v = dy[(yrow + o_w) * oc + yc + nn]
                     Bs[kk, nn] = v
             cuda.syncthreads()
             for kk in range(bk):
@@ -436,18 +466,23 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
                     for b in range(tn):
                         acc[a, b] += ra[a] * rb[b]
             cuda.syncthreads()
+            ow0 += bk
+            if ow0 >= ow:
+                ow0 = 0
+                o_h += 1
+                if o_h >= oh:
+                    o_h = 0
+                    o_d += 1
+                    if o_d >= od:
+                        o_d = 0
+                        n += 1
         for a in range(tm):
             m = m0 + ty + a * nty
             if m < M:
-                c = m % icg
-                t = m // icg
-                t_w = t % kw
-                t_h = (t // kw) % kh
-                t_d = t // (kw * kh)
                 for b in range(tn):
                     col = tx + b * ntx
                     if n0 + col < ocg:
-                        part[sp, t_d, t_h, t_w, c, yc + col] = acc[a, b]
+                        part[sp, m * oc + yc + col] = acc[a, b]
 
     return cuda.jit(bwd_w_gemm)
 

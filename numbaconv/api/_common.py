@@ -238,6 +238,7 @@ def make_problem(*, op, direction, nd, data_format, filter_format, dtype, mb, ic
 
 def split_data_shape(shape, data_format):
     """``(N, C, spatial)`` of a data shape in ``NXC`` or ``NCX`` order."""
+    shape = tuple(shape)  # (the CUDA simulator's shapes refuse negative indices)
     if data_format == "NXC":
         return shape[0], shape[-1], tuple(shape[1:-1])
     return shape[0], shape[1], tuple(shape[2:])

@@ -23,14 +23,15 @@ import numpy as np
 from .. import config
 from ..strategies import canonical_shapes
 
-#: Defaults of the ``config.CUDA_*`` tunables.
+#: Defaults of the ``config.CUDA_*`` tunables. ``None`` for the five GEMM tile sizes means
+#: "per shape": the first of :data:`GEMM_TILES` that fills the GPU (see :func:`gemm_tile`).
 DEFAULTS = {
     # implicit GEMM: block tile BM x BN, K slice BK, per-thread register tile TM x TN
-    "CUDA_BLOCK_M": 64,
-    "CUDA_BLOCK_N": 64,
-    "CUDA_BLOCK_K": 8,
-    "CUDA_THREAD_M": 4,
-    "CUDA_THREAD_N": 4,
+    "CUDA_BLOCK_M": None,
+    "CUDA_BLOCK_N": None,
+    "CUDA_BLOCK_K": None,
+    "CUDA_THREAD_M": None,
+    "CUDA_THREAD_N": None,
     # threads per block of the element-wise kernels (depthwise, layout, reduction)
     "CUDA_THREADS": 256,
     # weight-gradient split: aim at this many thread blocks, each split summing at least
@@ -38,7 +39,18 @@ DEFAULTS = {
     "CUDA_TARGET_BLOCKS": 1024,
     "CUDA_SPLIT_MIN_PIXELS": 256,
     "CUDA_MAX_SPLITS": 64,
+    # forward and backward data: the largest tile that still gives this many thread blocks
+    "CUDA_MIN_BLOCKS": 264,
 }
+
+#: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first, 256 threads each. An 8x8 register
+#: tile does 64 multiply-adds per 16 shared-memory loads (a 4x4 one 16 per 8), so the large
+#: tiles run at several times the small ones' speed where there are enough blocks to fill
+#: the GPU; float64 stops at 8x4 (64 float64 accumulators alone take 128 registers).
+GEMM_TILES = ((128, 128, 8, 8, 8), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (64, 32, 8, 4, 2))
+#: The gemm's ``N`` (output channels of the result, per group) below which the GPU
+#: ``direct`` kernel runs instead: a 32-wide (or wider) tile would be mostly padding.
+MIN_GEMM_N = 8
 
 #: Hardware limits the launch configuration assumes (every GPU numba.cuda supports).
 MAX_THREADS_PER_BLOCK = 1024
@@ -52,8 +64,9 @@ _DATA_ALIASES = ("x", "dy")
 
 
 def cfg(name):
-    """A ``config.CUDA_*`` tunable, read at call time."""
-    return int(getattr(config, name, DEFAULTS[name]))
+    """A ``config.CUDA_*`` tunable, read at call time (``None`` where unset and per shape)."""
+    v = getattr(config, name, DEFAULTS[name])
+    return None if v is None else int(v)
 
 
 def _cdiv(a, b):
@@ -111,6 +124,27 @@ def on_device(operands, out=None):
     return dev
 
 
+def _needs_sync(value):
+    """Whether importing ``value`` must wait for the stream that produced it.
+
+    The CUDA Array Interface (v3) names the producer's stream: ``None`` (nothing to wait
+    for), 1 (the legacy default stream) or 2 (the per-thread default stream). numbaconv
+    launches on numba's default stream, which is one of those two, so work already queued
+    there is ordered before ours and the host need not wait (numba's own default,
+    ``sync=True``, blocked every call until the GPU had drained: a 3 ms kernel made every
+    call of a loop take 3 ms on the host). Any other stream is synchronised.
+    """
+    try:
+        stream = value.__cuda_array_interface__.get("stream")
+    except Exception:
+        return True
+    if stream is None:
+        return False
+    from numba import config as nconfig
+    ours = 2 if getattr(nconfig, "CUDA_PER_THREAD_DEFAULT_STREAM", 0) else 1
+    return stream != ours
+
+
 def as_device_array(value, name):
     """``value`` (exposing ``__cuda_array_interface__``) as a numba device array, zero-copy.
 
@@ -119,7 +153,10 @@ def as_device_array(value, name):
     cuda = _cuda(name)
     _require_gpu(cuda, name)
     try:
-        arr = value if cuda.devicearray.is_cuda_ndarray(value) else cuda.as_cuda_array(value)
+        if cuda.devicearray.is_cuda_ndarray(value):
+            arr = value
+        else:
+            arr = cuda.as_cuda_array(value, sync=_needs_sync(value))
     except Exception as exc:
         raise RuntimeError(f"numbaconv: {name}: numba.cuda cannot use the device array "
                            f"{type(value).__name__} ({type(exc).__name__}: {exc})") from None
@@ -148,9 +185,51 @@ def accepts(problem, kernel):
     return None
 
 
+def _gemm_mnk(p):
+    """``(M, N, blocks along z)`` of the implicit GEMM of ``p`` (z before weight splits)."""
+    if p.direction == "fwd":
+        return p.mb * math.prod(p.osz), p.ocg, p.g
+    if p.direction == "bwd_d":
+        return p.mb * math.prod(_phase_rows(p)), p.icg, p.g * math.prod(p.stride)
+    return math.prod(p.ksz) * p.icg, p.ocg, p.g
+
+
 def default_kernel(problem):
-    """The GPU kernel family for ``problem``: depthwise-style ``direct`` or implicit ``gemm``."""
-    return "direct" if problem.is_depthwise or problem.icg == 1 and problem.ocg <= 4 else "gemm"
+    """The GPU kernel family for ``problem``: depthwise-style ``direct`` or implicit ``gemm``.
+
+    ``direct`` for depthwise and near-depthwise groupings, and where the GEMM's ``N`` (the
+    result's channels per group) is below :data:`MIN_GEMM_N`: backward data of a 3-channel
+    stem, for one, would use 3 of a tile's 32 or more columns.
+    """
+    p = problem
+    if p.is_depthwise or p.icg == 1 and p.ocg <= 4:
+        return "direct"
+    return "direct" if _gemm_mnk(p)[1] < MIN_GEMM_N else "gemm"
+
+
+def gemm_tile(problem):
+    """``(BM, BN, BK, TM, TN)`` of the implicit GEMM of ``problem``.
+
+    The ``config.CUDA_BLOCK_*``/``CUDA_THREAD_*`` values where set (tests shrink them so
+    that the simulator crosses tile edges); otherwise, for forward and backward data, the
+    first of :data:`GEMM_TILES` giving at least ``CUDA_MIN_BLOCKS`` thread blocks, and for
+    the weight gradient (whose split fills the GPU) the first that ``M`` and ``N`` fill.
+    """
+    names = ("CUDA_BLOCK_M", "CUDA_BLOCK_N", "CUDA_BLOCK_K", "CUDA_THREAD_M", "CUDA_THREAD_N")
+    fixed = [cfg(n) for n in names]
+    if all(v is not None for v in fixed):
+        return tuple(fixed)
+    p = problem
+    tiles = [t for t in GEMM_TILES
+             if np.dtype(p.compute_dtype).itemsize == 4 or t[3] * t[4] <= 32]
+    M, N, z = _gemm_mnk(p)
+    for t in tiles:
+        if p.direction == "bwd_w":
+            if M >= t[0] and N >= t[1]:
+                break
+        elif _cdiv(M, t[0]) * _cdiv(N, t[1]) * z >= cfg("CUDA_MIN_BLOCKS"):
+            break
+    return tuple(v if v is not None else d for v, d in zip(fixed, t))
 
 
 def plan_tiles(problem, kernel=None):
@@ -166,8 +245,7 @@ def plan_tiles(problem, kernel=None):
     item = np.dtype(p.compute_dtype).itemsize
     target = cfg("CUDA_TARGET_BLOCKS")
     if kernel == "gemm":
-        bm, bn, bk = cfg("CUDA_BLOCK_M"), cfg("CUDA_BLOCK_N"), cfg("CUDA_BLOCK_K")
-        tm, tn = cfg("CUDA_THREAD_M"), cfg("CUDA_THREAD_N")
+        bm, bn, bk, tm, tn = gemm_tile(p)
         if bm % tm or bn % tn:
             raise ValueError(f"config: CUDA_BLOCK_M/N ({bm}, {bn}) must be multiples of "
                              f"CUDA_THREAD_M/N ({tm}, {tn})")
@@ -175,7 +253,7 @@ def plan_tiles(problem, kernel=None):
         if threads > MAX_THREADS_PER_BLOCK:
             raise ValueError(f"config: {threads} threads per block exceed "
                              f"{MAX_THREADS_PER_BLOCK}")
-        shared = (bm + bn) * bk * item
+        shared = (bm + bn + 2) * bk * item  # rows padded by one (kernels.cuda.gemm)
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}
@@ -189,9 +267,11 @@ def plan_tiles(problem, kernel=None):
             t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.icg, bn)), max(1, p.g * phases))
         else:
             m = math.prod(p.ksz) * p.icg
-            pixels = p.mb * math.prod(p.osz)
+            # K runs in chunks of bk pixels of one output row (see kernels.cuda.gemm)
+            chunks = p.mb * p.osz[0] * p.osz[1] * _cdiv(p.osz[2], bk)
             base = max(1, _cdiv(m, bm) * _cdiv(p.ocg, bn) * p.g)
-            splits = min(_cdiv(target, base), pixels // cfg("CUDA_SPLIT_MIN_PIXELS"),
+            splits = min(_cdiv(target, base),
+                         chunks // max(1, _cdiv(cfg("CUDA_SPLIT_MIN_PIXELS"), bk)),
                          cfg("CUDA_MAX_SPLITS"), MAX_GRID_YZ // max(1, p.g))
             t["splits"] = splits = max(1, splits)
             t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.ocg, bn)), max(1, p.g * splits))
@@ -341,6 +421,10 @@ def _geo(p):
             *p.pad_begin)
 
 
+def _flat(a):
+    return a.reshape(math.prod(a.shape))
+
+
 def _run(cuda, p, t, ops):
     """Launch the kernels of tiles ``t``; returns the contiguous canonical result."""
     from ..kernels.cuda import depthwise, gemm
@@ -352,15 +436,16 @@ def _run(cuda, p, t, ops):
     if t["kernel"] == "gemm":
         tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
         if p.direction == "fwd":
-            y = cuda.device_array(ys, ct)
-            gemm.fwd_gemm(ct, *tile)[grid, threads](ops["x"], ops["w"], y, geo)
-            return y
+            y = cuda.device_array(math.prod(ys), ct)
+            gemm.fwd_gemm(ct, *tile)[grid, threads](_flat(ops["x"]), _flat(ops["w"]), y, geo)
+            return y.reshape(ys)
         if p.direction == "bwd_d":
-            dx = cuda.device_array(xs, ct)
-            gemm.bwd_d_gemm(ct, *tile)[grid, threads](ops["dy"], ops["w"], dx, geo)
-            return dx
-        part = cuda.device_array((splits, *ws), ct)
-        gemm.bwd_w_gemm(ct, *tile)[grid, threads](ops["x"], ops["dy"], part, geo)
+            dx = cuda.device_array(math.prod(xs), ct)
+            gemm.bwd_d_gemm(ct, *tile)[grid, threads](_flat(ops["dy"]), _flat(ops["w"]), dx,
+                                                      geo)
+            return dx.reshape(xs)
+        part = cuda.device_array((splits, math.prod(ws)), ct)
+        gemm.bwd_w_gemm(ct, *tile)[grid, threads](_flat(ops["x"]), _flat(ops["dy"]), part, geo)
     else:
         if p.direction == "fwd":
             y = cuda.device_array(ys, ct)
