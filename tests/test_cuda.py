@@ -35,6 +35,8 @@ _GEOMETRIES = [
 _DEPTHWISE = [
     (2, 3, 3, 6, (5, 5), (3, 3), (2, 1), (1, 2), (1, 1), (2, 0)),   # multiplier 2
     (1, 4, 4, 4, (3, 4, 4), (2, 3, 2), (1, 2, 2), (2, 1, 1), (0, 1, 1), (1, 1, 0)),
+    # stride and dilation sharing a factor (2, 2): odd rows receive no tap at all
+    (2, 2, 2, 2, (7, 6), (3, 2), (2, 2), (2, 1), (1, 0), (2, 1)),
 ]
 _TILES = {  # config patches: (BM, BN, BK, TM, TN)
     "small": (4, 4, 2, 2, 2),          # 4 threads

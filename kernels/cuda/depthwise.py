@@ -15,7 +15,7 @@ consecutive channels (coalesced) and accumulate in a register. They loop over ``
 """
 import functools
 
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, int64
 
 _TYPES = {"float32": float32, "float64": float64}
 
@@ -70,7 +70,13 @@ def fwd_depthwise(dtype):
 
 @functools.lru_cache(maxsize=None)
 def bwd_d_depthwise(dtype):
-    """Grid-stride over ``dx`` (``[mb, id, ih, iw, ic]``, fully written)."""
+    """Grid-stride over ``dx`` (``[mb, id, ih, iw, ic]``, fully written).
+
+    Per axis, the taps that reach input ``i`` are ``t0, t0 + ts, ...`` (``ts = s/gcd(s, d)``)
+    reading outputs ``o0, o0 - os, ...`` (``os = d/gcd(s, d)``): found once per element, so
+    the tap loops step without a division (testing every tap for ``(i + p - t*d) % s == 0``
+    cost a 64-bit division per tap and axis).
+    """
     T = _TYPES[dtype]
 
     def bwd_d_depthwise(dy, w, dx, geo):
@@ -78,11 +84,10 @@ def bwd_d_depthwise(dtype):
         id_, ih, iw = geo[4], geo[5], geo[6]
         kd, kh, kw = geo[7], geo[8], geo[9]
         od, oh, ow = geo[10], geo[11], geo[12]
-        sd, sh, sw = geo[13], geo[14], geo[15]
-        dd, dh, dw = geo[16], geo[17], geo[18]
-        pd, ph, pw = geo[19], geo[20], geo[21]
         ic = g * icg
         size = mb * id_ * ih * iw * ic
+        # per axis: first tap, its output, tap step, output step
+        ax = cuda.local.array((3, 4), int64)
         e = cuda.grid(1)
         step = cuda.gridsize(1)
         while e < size:
@@ -96,28 +101,46 @@ def bwd_d_depthwise(dtype):
             n = r // id_
             c = cc % icg
             k0 = (cc // icg) * ocg
-            acc = T(0)
-            for t_d in range(kd):
-                a_d = i_d + pd - t_d * dd
-                if a_d < 0:
-                    break
-                if a_d % sd != 0 or a_d // sd >= od:
-                    continue
-                for t_h in range(kh):
-                    a_h = i_h + ph - t_h * dh
-                    if a_h < 0:
+            for a in range(3):
+                s = geo[13 + a]
+                d = geo[16 + a]
+                k = geo[7 + a]
+                pos = (i_w if a == 2 else (i_h if a == 1 else i_d)) + geo[19 + a]
+                u = s
+                v = d
+                while v != 0:
+                    u, v = v, u % v
+                ts = s // u
+                t0 = k
+                for t in range(ts):
+                    if t < k and (pos - t * d) % s == 0:
+                        t0 = t
                         break
-                    if a_h % sh != 0 or a_h // sh >= oh:
-                        continue
-                    for t_w in range(kw):
-                        a_w = i_w + pw - t_w * dw
-                        if a_w < 0:
-                            break
-                        if a_w % sw != 0 or a_w // sw >= ow:
-                            continue
-                        for k in range(k0, k0 + ocg):
-                            acc += (dy[n, a_d // sd, a_h // sh, a_w // sw, k]
-                                    * w[t_d, t_h, t_w, c, k])
+                ax[a, 0] = t0
+                ax[a, 1] = (pos - t0 * d) // s
+                ax[a, 2] = ts
+                ax[a, 3] = d // u
+            acc = T(0)
+            t_d = ax[0, 0]
+            o_d = ax[0, 1]
+            while t_d < kd and o_d >= 0:
+                if o_d < od:
+                    t_h = ax[1, 0]
+                    o_h = ax[1, 1]
+                    while t_h < kh and o_h >= 0:
+                        if o_h < oh:
+                            t_w = ax[2, 0]
+                            o_w = ax[2, 1]
+                            while t_w < kw and o_w >= 0:
+                                if o_w < ow:
+                                    for k in range(k0, k0 + ocg):
+                                        acc += dy[n, o_d, o_h, o_w, k] * w[t_d, t_h, t_w, c, k]
+                                t_w += ax[2, 2]
+                                o_w -= ax[2, 3]
+                        t_h += ax[1, 2]
+                        o_h -= ax[1, 3]
+                t_d += ax[0, 2]
+                o_d -= ax[0, 3]
             dx[n, i_d, i_h, i_w, cc] = acc
             e += step
 

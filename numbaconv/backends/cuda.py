@@ -211,18 +211,22 @@ def gemm_tile(problem):
     """``(BM, BN, BK, TM, TN)`` of the implicit GEMM of ``problem``.
 
     The ``config.CUDA_BLOCK_*``/``CUDA_THREAD_*`` values where set (tests shrink them so
-    that the simulator crosses tile edges); otherwise, for forward and backward data, the
-    first of :data:`GEMM_TILES` giving at least ``CUDA_MIN_BLOCKS`` thread blocks, and for
-    the weight gradient (whose split fills the GPU) the first that ``M`` and ``N`` fill.
+    that the simulator crosses tile edges); otherwise, among the tiles of
+    :data:`GEMM_TILES` no wider than ``N``, for forward and backward data the first giving
+    at least ``CUDA_MIN_BLOCKS`` thread blocks, and for the weight gradient (whose split
+    fills the GPU) the first that ``M`` and ``N`` fill.
     """
     names = ("CUDA_BLOCK_M", "CUDA_BLOCK_N", "CUDA_BLOCK_K", "CUDA_THREAD_M", "CUDA_THREAD_N")
     fixed = [cfg(n) for n in names]
     if all(v is not None for v in fixed):
         return tuple(fixed)
     p = problem
-    tiles = [t for t in GEMM_TILES
-             if np.dtype(p.compute_dtype).itemsize == 4 or t[3] * t[4] <= 32]
     M, N, z = _gemm_mnk(p)
+    narrowest = min(t[1] for t in GEMM_TILES)
+    # no tile wider than N (a 64-channel result would leave half of a 128-wide tile idle)
+    tiles = [t for t in GEMM_TILES
+             if (np.dtype(p.compute_dtype).itemsize == 4 or t[3] * t[4] <= 32)
+             and t[1] <= max(N, narrowest)]
     for t in tiles:
         if p.direction == "bwd_w":
             if M >= t[0] and N >= t[1]:
