@@ -1,0 +1,168 @@
+"""Every suite layer on a real GPU: numbaconv's CUDA backend against PyTorch (cuDNN).
+
+A developer's tool (needs PyTorch with CUDA and a GPU; not part of the library or its
+tests). Operands are PyTorch CUDA tensors passed straight to the public generic ops.
+
+* Correctness: normalised error (SPEC section 3) against PyTorch in float64 on the GPU.
+* Wall time: best of 5 rounds of CALLS calls then a synchronise, after a warm-up, both
+  sides; PyTorch with TF32 off (numbaconv computes in true float32), cudnn.benchmark on.
+* ``KT=1``: also the GPU kernel time per call (CUPTI through torch.profiler, every kernel the
+  call launched), which leaves out the host's launch overhead.
+
+Environment: SUITES, LAYERS (comma-separated names), DTYPES, PASSES, CALLS, TIME=0 (errors
+only), KT=1. Example: ``KT=1 python tools/gpu_check.py``. Exit status 1 if any error is
+above the tolerance.
+"""
+from collections import defaultdict
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import numbaconv
+from numbaconv import suites
+from numbaconv.reference import TOLERANCE
+
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.benchmark = True
+dev = "cuda"
+SUITES = os.environ.get("SUITES", "resnet50,mobilenet_v2_dw,resnext3d,conv1d").split(",")
+DTYPES = os.environ.get("DTYPES", "float32").split(",")
+PASSES = os.environ.get("PASSES", "fwd,bwd_d,bwd_w").split(",")
+ROUNDS, CALLS = 5, int(os.environ.get("CALLS", "5"))
+TIME = os.environ.get("TIME", "1") == "1"
+
+
+def best(fn):
+    fn()
+    torch.cuda.synchronize()
+    t = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+        t.append((time.perf_counter() - t0) / CALLS)
+    return min(t) * 1e3
+
+
+KT = os.environ.get("KT", "0") == "1"
+
+
+def kernel_ms(fn, calls=3):
+    """GPU kernel time per call (CUPTI, all kernels the call launched), ms."""
+    from torch.profiler import profile, ProfilerActivity
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    tot = 0.0
+    for ev in prof.key_averages():
+        tot += getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
+    return tot / calls / 1e3
+
+
+def torch_fn(lay, d, x, w, dy):
+    """x, dy channels-last torch tensors (N, *S, C); w XIO. Returns fn -> result in numbaconv layout."""
+    nd = lay.nd
+    xt = x.movedim(-1, 1)
+    dyt = dy.movedim(-1, 1)
+    wt = w.permute(nd + 1, nd, *range(nd))
+    crop = None
+    if lay.symmetric:
+        padding = list(lay.pad_begin)
+    else:
+        pads = [v for b, e in zip(reversed(lay.pad_begin), reversed(lay.pad_end)) for v in (b, e)]
+        xt = F.pad(xt, pads)
+        padding = [0] * nd
+        crop = tuple(slice(b, b + i) for b, i in zip(lay.pad_begin, lay.isz))
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    bw = torch.ops.aten.convolution_backward
+    st, dil, g = list(lay.stride), list(lay.dilation), lay.g
+    if d == "fwd":
+        f = lambda: conv(xt, wt, None, st, padding, dil, g)
+    elif d == "bwd_d":
+        f = lambda: bw(dyt, xt, wt, None, st, padding, dil, False, [0] * nd, g, [True, False, False])[0]
+    else:
+        f = lambda: bw(dyt, xt, wt, None, st, padding, dil, False, [0] * nd, g, [False, True, False])[1]
+
+    def out(r):
+        if d == "bwd_w":
+            return r.permute(*range(2, nd + 2), 1, 0)
+        r = r.movedim(1, -1)
+        if d == "bwd_d" and crop is not None:
+            r = r[(slice(None), *crop)]
+        return r
+    return f, out
+
+
+def _geomeans(label, rows):
+    """Print the geometric mean ratio per (suite, pass, dtype)."""
+    groups = defaultdict(list)
+    for key_suite, d, dt, r in rows:
+        groups[(key_suite, d, dt)].append(math.log(r))
+    for k, v in groups.items():
+        print(label, *k, f"{math.exp(sum(v) / len(v)):.3f}")
+
+
+def main():
+    from numba import cuda
+    import numba
+    print("numba", numba.__version__, "device", cuda.get_current_device().name, flush=True)
+    print("torch", torch.__version__, flush=True)
+    bad = 0
+    rows = []
+    krows = []
+    for suite in SUITES:
+        for lay in suites.layers(suite):
+            if os.environ.get("LAYERS") and lay.name not in os.environ["LAYERS"].split(","):
+                continue
+            x, w, dy = suites.tensors(lay, "float32")
+            for dt in DTYPES:
+                X, W, DY = (torch.from_numpy(a).to(dev).to(getattr(torch, dt)) for a in (x, w, dy))
+                X64, W64, DY64 = (a.to(torch.float64) for a in (X, W, DY))
+                for d in PASSES:
+                    c = suites.call(lay, d, arrays=(X, W, DY))
+                    fn = getattr(numbaconv, c.op)
+                    try:
+                        got = fn(*c.args, **c.kwargs)
+                    except Exception as exc:
+                        print(f"{suite:16s} {lay.name:24s} {d:5s} {dt:7s} ERROR {type(exc).__name__}: {exc}", flush=True)
+                        bad += 1
+                        continue
+                    got = torch.as_tensor(got, device=dev).to(torch.float64)
+                    f64, out = torch_fn(lay, d, X64, W64, DY64)
+                    ref = out(f64())
+                    fa, _ = torch_fn(lay, d, X64.abs(), W64.abs(), DY64.abs())
+                    ref_abs = out(fa())
+                    err = ((got - ref).abs().max() / ref_abs.abs().max().clamp_min(1e-300)).item()
+                    ok = err <= TOLERANCE[dt]
+                    bad += not ok
+                    line = f"{suite:16s} {lay.name:24s} {d:5s} {dt:7s} err {err:9.2e} {'ok ' if ok else 'BAD'}"
+                    if TIME:
+                        tf, _ = torch_fn(lay, d, X, W, DY)
+                        tn = best(lambda: fn(*c.args, **c.kwargs))
+                        tt = best(tf)
+                        line += f"  nc {tn:8.3f} ms  torch {tt:8.3f} ms  ratio {tt / tn:6.3f}"
+                        rows.append((suite, d, dt, tt / tn))
+                        if KT:
+                            kn = kernel_ms(lambda: fn(*c.args, **c.kwargs))
+                            kt = kernel_ms(tf)
+                            line += f"  kernels nc {kn:8.3f} torch {kt:8.3f} ratio {kt / kn:6.3f}"
+                            krows.append((suite, d, dt, kt / kn))
+                    print(line, flush=True)
+    _geomeans("geomean", rows)
+    _geomeans("kernel geomean", krows)
+    print("bad", bad)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
