@@ -86,8 +86,17 @@ def bwd_d_depthwise(dtype):
         od, oh, ow = geo[10], geo[11], geo[12]
         ic = g * icg
         size = mb * id_ * ih * iw * ic
-        # per axis: first tap, its output, tap step, output step
+        # per axis: first tap, its output (per element), tap step, output step (per call)
         ax = cuda.local.array((3, 4), int64)
+        for a in range(3):
+            s = geo[13 + a]
+            d = geo[16 + a]
+            u = s
+            v = d
+            while v != 0:
+                u, v = v, u % v
+            ax[a, 2] = s // u
+            ax[a, 3] = d // u
         e = cuda.grid(1)
         step = cuda.gridsize(1)
         while e < size:
@@ -106,20 +115,13 @@ def bwd_d_depthwise(dtype):
                 d = geo[16 + a]
                 k = geo[7 + a]
                 pos = (i_w if a == 2 else (i_h if a == 1 else i_d)) + geo[19 + a]
-                u = s
-                v = d
-                while v != 0:
-                    u, v = v, u % v
-                ts = s // u
                 t0 = k
-                for t in range(ts):
+                for t in range(ax[a, 2]):
                     if t < k and (pos - t * d) % s == 0:
                         t0 = t
                         break
                 ax[a, 0] = t0
                 ax[a, 1] = (pos - t0 * d) // s
-                ax[a, 2] = ts
-                ax[a, 3] = d // u
             acc = T(0)
             t_d = ax[0, 0]
             o_d = ax[0, 1]

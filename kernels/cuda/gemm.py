@@ -100,7 +100,6 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn):
     T = _TYPES[dtype]
     nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
     pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
-    pn = bn + 1
 
     def fwd_gemm(x, w, y, geo):
         # As rows padded by one: the loads store with kk fastest, bm apart
@@ -377,8 +376,6 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
     _check(bm, bn, bk, tm, tn)
     T = _TYPES[dtype]
     nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
-    pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
-    pn = bn + 1
 
     def bwd_w_gemm(x, dy, part, geo):
         As = cuda.shared.array((bk, bm), T)

@@ -124,8 +124,8 @@ def on_device(operands, out=None):
     return dev
 
 
-def _needs_sync(value):
-    """Whether importing ``value`` must wait for the stream that produced it.
+def _needs_sync(desc):
+    """Whether importing an array of interface ``desc`` must wait for its producer's stream.
 
     The CUDA Array Interface (v3) names the producer's stream: ``None`` (nothing to wait
     for), 1 (the legacy default stream) or 2 (the per-thread default stream). numbaconv
@@ -134,10 +134,7 @@ def _needs_sync(value):
     ``sync=True``, blocked every call until the GPU had drained: a 3 ms kernel made every
     call of a loop take 3 ms on the host). Any other stream is synchronised.
     """
-    try:
-        stream = value.__cuda_array_interface__.get("stream")
-    except Exception:
-        return True
+    stream = desc.get("stream")
     if stream is None:
         return False
     from numba import config as nconfig
@@ -156,7 +153,8 @@ def as_device_array(value, name):
         if cuda.devicearray.is_cuda_ndarray(value):
             arr = value
         else:
-            arr = cuda.as_cuda_array(value, sync=_needs_sync(value))
+            desc = value.__cuda_array_interface__
+            arr = cuda.from_cuda_array_interface(desc, owner=value, sync=_needs_sync(desc))
     except Exception as exc:
         raise RuntimeError(f"numbaconv: {name}: numba.cuda cannot use the device array "
                            f"{type(value).__name__} ({type(exc).__name__}: {exc})") from None
@@ -185,13 +183,18 @@ def accepts(problem, kernel):
     return None
 
 
+def _gemm_n(p):
+    """``N`` of the implicit GEMM of ``p``: the result's channels per group."""
+    return p.icg if p.direction == "bwd_d" else p.ocg
+
+
 def _gemm_mnk(p):
     """``(M, N, blocks along z)`` of the implicit GEMM of ``p`` (z before weight splits)."""
     if p.direction == "fwd":
-        return p.mb * math.prod(p.osz), p.ocg, p.g
+        return p.mb * math.prod(p.osz), _gemm_n(p), p.g
     if p.direction == "bwd_d":
-        return p.mb * math.prod(_phase_rows(p)), p.icg, p.g * math.prod(p.stride)
-    return math.prod(p.ksz) * p.icg, p.ocg, p.g
+        return p.mb * math.prod(_phase_rows(p)), _gemm_n(p), p.g * math.prod(p.stride)
+    return math.prod(p.ksz) * p.icg, _gemm_n(p), p.g
 
 
 def default_kernel(problem):
@@ -204,24 +207,25 @@ def default_kernel(problem):
     p = problem
     if p.is_depthwise or p.icg == 1 and p.ocg <= 4:
         return "direct"
-    return "direct" if _gemm_mnk(p)[1] < MIN_GEMM_N else "gemm"
+    return "direct" if _gemm_n(p) < MIN_GEMM_N else "gemm"
 
 
-def gemm_tile(problem):
+def gemm_tile(problem, mnk=None):
     """``(BM, BN, BK, TM, TN)`` of the implicit GEMM of ``problem``.
 
     The ``config.CUDA_BLOCK_*``/``CUDA_THREAD_*`` values where set (tests shrink them so
     that the simulator crosses tile edges); otherwise, among the tiles of
     :data:`GEMM_TILES` no wider than ``N``, for forward and backward data the first giving
     at least ``CUDA_MIN_BLOCKS`` thread blocks, and for the weight gradient (whose split
-    fills the GPU) the first that ``M`` and ``N`` fill.
+    fills the GPU) the first that ``M`` and ``N`` fill. ``mnk``: :func:`_gemm_mnk` of
+    ``problem`` where the caller has it.
     """
     names = ("CUDA_BLOCK_M", "CUDA_BLOCK_N", "CUDA_BLOCK_K", "CUDA_THREAD_M", "CUDA_THREAD_N")
     fixed = [cfg(n) for n in names]
     if all(v is not None for v in fixed):
         return tuple(fixed)
     p = problem
-    M, N, z = _gemm_mnk(p)
+    M, N, z = mnk or _gemm_mnk(p)
     narrowest = min(t[1] for t in GEMM_TILES)
     # no tile wider than N (a 64-channel result would leave half of a 128-wide tile idle)
     tiles = [t for t in GEMM_TILES
@@ -249,7 +253,8 @@ def plan_tiles(problem, kernel=None):
     item = np.dtype(p.compute_dtype).itemsize
     target = cfg("CUDA_TARGET_BLOCKS")
     if kernel == "gemm":
-        bm, bn, bk, tm, tn = gemm_tile(p)
+        M, N, z = mnk = _gemm_mnk(p)
+        bm, bn, bk, tm, tn = gemm_tile(p, mnk)
         if bm % tm or bn % tn:
             raise ValueError(f"config: CUDA_BLOCK_M/N ({bm}, {bn}) must be multiples of "
                              f"CUDA_THREAD_M/N ({tm}, {tn})")
@@ -261,24 +266,19 @@ def plan_tiles(problem, kernel=None):
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}
-        if p.direction == "fwd":
-            m = p.mb * math.prod(p.osz)
-            t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.ocg, bn)), max(1, p.g))
-        elif p.direction == "bwd_d":
-            phases = math.prod(p.stride)
-            m = p.mb * math.prod(_phase_rows(p))
-            t["phases"] = phases
-            t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.icg, bn)), max(1, p.g * phases))
+        if p.direction != "bwd_w":
+            if p.direction == "bwd_d":
+                t["phases"] = math.prod(p.stride)
+            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z))
         else:
-            m = math.prod(p.ksz) * p.icg
             # K runs in chunks of bk pixels of one output row (see kernels.cuda.gemm)
             chunks = p.mb * p.osz[0] * p.osz[1] * _cdiv(p.osz[2], bk)
-            base = max(1, _cdiv(m, bm) * _cdiv(p.ocg, bn) * p.g)
+            base = max(1, _cdiv(M, bm) * _cdiv(N, bn) * z)
             splits = min(_cdiv(target, base),
                          chunks // max(1, _cdiv(cfg("CUDA_SPLIT_MIN_PIXELS"), bk)),
                          cfg("CUDA_MAX_SPLITS"), MAX_GRID_YZ // max(1, p.g))
             t["splits"] = splits = max(1, splits)
-            t["grid"] = (max(1, _cdiv(m, bm)), max(1, _cdiv(p.ocg, bn)), max(1, p.g * splits))
+            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
         return t
     threads = cfg("CUDA_THREADS")
     t = {"kernel": "direct", "threads": threads, "shared_bytes": 0, "splits": 1}
@@ -355,18 +355,19 @@ def _blocks(n, threads):
     return max(1, min(_cdiv(n, threads), 1 << 16))
 
 
-def _to_canonical(cuda, a, p, which):
+def _to_canonical(cuda, a, p, which, flat=False):
+    """Operand ``a`` in the canonical layout and compute dtype: 5-D, or a flat 1-D view."""
     cdims, sel, div, identity = _layout(p, which)
     ct = p.compute_dtype
     if identity and np.dtype(a.dtype) == np.dtype(ct) and a.is_c_contiguous():
-        return a.reshape(cdims)
+        return a.reshape(math.prod(cdims) if flat else cdims)
     from ..kernels.cuda import layout
 
     n = math.prod(cdims)
     canon = cuda.device_array(n, ct)
     threads = cfg("CUDA_THREADS")
     layout.gather(a.ndim)[_blocks(n, threads), threads](a, canon, cdims, sel, div)
-    return canon.reshape(cdims)
+    return canon if flat else canon.reshape(cdims)
 
 
 def _result_which(p):
@@ -425,12 +426,9 @@ def _geo(p):
             *p.pad_begin)
 
 
-def _flat(a):
-    return a.reshape(math.prod(a.shape))
-
-
 def _run(cuda, p, t, ops):
-    """Launch the kernels of tiles ``t``; returns the contiguous canonical result."""
+    """Launch the kernels of tiles ``t`` on the canonical operands ``ops`` (flat views for
+    ``gemm``); returns the contiguous canonical result."""
     from ..kernels.cuda import depthwise, gemm
 
     ct = p.compute_dtype
@@ -441,15 +439,14 @@ def _run(cuda, p, t, ops):
         tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
         if p.direction == "fwd":
             y = cuda.device_array(math.prod(ys), ct)
-            gemm.fwd_gemm(ct, *tile)[grid, threads](_flat(ops["x"]), _flat(ops["w"]), y, geo)
+            gemm.fwd_gemm(ct, *tile)[grid, threads](ops["x"], ops["w"], y, geo)
             return y.reshape(ys)
         if p.direction == "bwd_d":
             dx = cuda.device_array(math.prod(xs), ct)
-            gemm.bwd_d_gemm(ct, *tile)[grid, threads](_flat(ops["dy"]), _flat(ops["w"]), dx,
-                                                      geo)
+            gemm.bwd_d_gemm(ct, *tile)[grid, threads](ops["dy"], ops["w"], dx, geo)
             return dx.reshape(xs)
         part = cuda.device_array((splits, math.prod(ws)), ct)
-        gemm.bwd_w_gemm(ct, *tile)[grid, threads](_flat(ops["x"]), _flat(ops["dy"]), part, geo)
+        gemm.bwd_w_gemm(ct, *tile)[grid, threads](ops["x"], ops["dy"], part, geo)
     else:
         if p.direction == "fwd":
             y = cuda.device_array(ys, ct)
@@ -493,6 +490,7 @@ def execute(plan, operands, out=None):
         layout.fill_zero()[_blocks(n, threads), threads](r)
         r = r.reshape(_layout(p, _result_which(p))[0])
     else:
-        canon = {k: _to_canonical(cuda, a, p, k) for k, a in ops.items()}
+        flat = tiles["kernel"] == "gemm"
+        canon = {k: _to_canonical(cuda, a, p, k, flat) for k, a in ops.items()}
         r = _run(cuda, p, tiles, canon)
     return _to_user(cuda, r, p, dst)
