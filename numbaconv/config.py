@@ -57,3 +57,9 @@ CUDA_THREADS = 256
 CUDA_TARGET_BLOCKS = 1024
 CUDA_SPLIT_MIN_PIXELS = 256
 CUDA_MAX_SPLITS = 64
+
+#: Idle memory kept for large results and workspaces (:mod:`numbaconv.memory`), in bytes;
+#: 0 turns the pool off (every large array is then a fresh mapping, faulted in page by
+#: page); ``None``: an eighth of physical memory, at most 1 GiB.
+MEMORY_POOL_BYTES = (int(os.environ["NUMBACONV_MEMORY_POOL_BYTES"])
+                     if os.environ.get("NUMBACONV_MEMORY_POOL_BYTES") else None)

@@ -29,6 +29,7 @@ from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
+from numbaconv import memory
 from numbaconv._jit import helper, kernel
 
 #: Elements per SIMD step (one 256-bit vector of float32).
@@ -122,7 +123,7 @@ def convert_parallel(src, dst, up):
 def to_float32(a, parallel=False):
     """A C-contiguous float32 copy of the float16 array ``a`` (any layout)."""
     a = np.ascontiguousarray(a)
-    out = np.empty(a.shape, np.float32)
+    out = memory.empty(a.shape, np.float32)
     if a.size:
         (convert_parallel if parallel else convert)(a.reshape(-1).view(np.uint16),
                                                     out.reshape(-1), True)
@@ -132,7 +133,7 @@ def to_float32(a, parallel=False):
 def to_float16(a, parallel=False):
     """A C-contiguous float16 copy of the float32 array ``a`` (any layout)."""
     a = np.ascontiguousarray(a, dtype=np.float32)
-    out = np.empty(a.shape, np.float16)
+    out = memory.empty(a.shape, np.float16)
     if a.size:
         (convert_parallel if parallel else convert)(a.reshape(-1),
                                                     out.reshape(-1).view(np.uint16), False)

@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from .. import config
+from .. import config, memory
 
 _launch_lock = threading.Lock()
 _layer = None
@@ -71,12 +71,12 @@ def _as_compute(a, p, parallel=False):
     """``a`` C-contiguous in the compute dtype (float16 widened to float32 once)."""
     if a.dtype == np.float16 and _half_kernels() is not None:
         return _half_kernels().to_float32(a, parallel)
-    return np.ascontiguousarray(a, dtype=p.compute_dtype)
+    return memory.ascontiguous(a, p.compute_dtype)
 
 
 def _as_half_bits(a):
     """``a`` C-contiguous in float16, as its ``uint16`` bits (no copy where it already is)."""
-    return np.ascontiguousarray(a, dtype=np.float16).view(np.uint16)
+    return memory.ascontiguous(a, np.float16).view(np.uint16)
 
 
 def _data_to_canonical(a, p, channels, sizes, parallel=False, half=False):
@@ -225,5 +225,5 @@ def execute(plan, operands, out=None):
         np.copyto(out, result, casting="unsafe")
         return out
     if result.dtype != prep.dtype:
-        return np.ascontiguousarray(result, dtype=prep.dtype)
-    return np.ascontiguousarray(result)
+        return memory.ascontiguous(result, prep.dtype)
+    return memory.ascontiguous(result)

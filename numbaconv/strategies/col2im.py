@@ -24,7 +24,7 @@ import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize
 from .gemm import MIN_N, UK_KC, _Buffers, _Multiply, _workers, run_tasks
-from .. import config
+from .. import config, memory
 
 #: Fewest GEMM columns (taps * input channels) worth a GEMM.
 MIN_COLUMNS = 16
@@ -135,10 +135,10 @@ class Col2imGemm(Strategy):
         # W^T: [K, taps*C], columns tap-major then channel, as col2im_add reads them
         WT = np.ascontiguousarray(ops["w"].reshape(ncol, p.oc).T)
         dy = ops["dy"]
-        dx = np.empty(xs, ct)
+        dx = memory.empty(xs, ct)
         # float16 bits in and out: dY widened block by block, dX rounded task by task
         half = dy.dtype == np.uint16
-        dxh = np.empty(xs, np.uint16) if half else None
+        dxh = memory.empty(xs, np.uint16) if half else None
         abuf = _Buffers(self._block_rows(p, tiles) * p.oc if half else 0, ct)
         OD, OH, OW = p.osz
         H = p.isz[1]

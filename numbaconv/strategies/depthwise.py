@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from . import canonical_shapes, geo, itemsize, result_dtype
+from .. import memory
 from .direct import Direct
 
 R_NOT_DEPTHWISE = "not depthwise (groups {g} != channels {ic})"
@@ -113,27 +114,27 @@ class DepthwiseDirect(Direct):
         g = geo(p)
         if p.direction == "fwd":
             if tiles.get("unrolled_3x3"):
-                y = np.empty(ys, ct)
+                y = memory.empty(ys, ct)
                 k.fwd_depthwise_3x3(ops["x"], ops["w"], y, g)
             else:
-                y = np.zeros(ys, ct)
+                y = memory.zeros(ys, ct)
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
             return y
         if p.direction == "bwd_d":
             if tiles["kernel"] == "rows_3x3":
                 from ..kernels.cpu import depthwise_rows as kr
                 # float16 bits in, float16 bits out (see half_operands)
-                dx = np.empty(xs, result_dtype(ops["dy"], ct))
+                dx = memory.empty(xs, result_dtype(ops["dy"], ct))
                 kr.bwd_d_depthwise_3x3_rows(ops["dy"], ops["w"], dx, g, tiles["chunks"],
                                             bool(tiles.get("prefetch")))
             elif tiles["kernel"] == "spans":
-                dx = np.empty(xs, ct)
+                dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
             elif tiles["kernel"] == "unrolled_3x3":
-                dx = np.empty(xs, ct)
+                dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
             else:
-                dx = np.zeros(xs, ct)
+                dx = memory.zeros(xs, ct)
                 k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]

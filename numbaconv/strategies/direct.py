@@ -4,6 +4,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize
+from .. import memory
 
 
 #: Backward data keeps a per-pixel ``[C, K/g]`` accumulator when the input channels per group
@@ -38,11 +39,11 @@ class Direct(Strategy):
         ct = problem.compute_dtype
         g = geo(problem)
         if problem.direction == "fwd":
-            y = np.zeros(ys, ct)
+            y = memory.zeros(ys, ct)
             k.fwd_direct(ops["x"], ops["w"], y, g)
             return y
         if problem.direction == "bwd_d":
-            dx = np.empty(xs, ct)
+            dx = memory.empty(xs, ct)
             if tiles.get("accumulate") == "per-pixel":
                 k.bwd_d_direct_acc(ops["dy"], ops["w"], dx, g)
             else:

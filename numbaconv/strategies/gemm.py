@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize
-from .. import config
+from .. import config, memory
 
 #: Below this many columns in a GEMM's result (per group), BLAS runs far from its peak and
 #: the direct kernels win (measured: N=3 in ResNet's stem backward data).
@@ -365,7 +365,7 @@ class Gemm(Strategy):
             return src.reshape(-1, cn)[r0:r1]
         need = (r1 - r0) * len(boff) * cn
         if buf.size < need:  # never with the planned tiles; stay correct regardless
-            buf = np.empty(need, buf.dtype)
+            buf = memory.empty(need, buf.dtype)
         col = buf[:need].reshape(r1 - r0, len(boff), cn)
         k.im2col(src, col, np.asarray(grid, np.int64), np.asarray(a, np.int64), boff,
                  runs, np.int64(c0), np.int64(r0))
@@ -401,13 +401,13 @@ class Gemm(Strategy):
         counter = np.zeros(1, np.int64)
         work = _Buffers(uk.claimed_workspace(p.oc, ct.itemsize), ct)
         if dy2.dtype == np.uint16:  # float16 bits: widened and rounded block by block
-            dx = np.empty(canonical_shapes(p)[0], np.uint16)
+            dx = memory.empty(canonical_shapes(p)[0], np.uint16)
             stage = _Buffers(uk.claimed_stage(chunk, p.oc, p.ic), ct)
             run_tasks([lambda slot: uk.matmul_claimed_half(
                 dy2, bp, dx.reshape(-1, p.ic), counter, chunk, work[slot], stage[slot])]
                 * nw, nw)
             return dx
-        dx = np.empty(canonical_shapes(p)[0], ct)
+        dx = memory.empty(canonical_shapes(p)[0], ct)
         dx2 = dx.reshape(-1, p.ic)
         run_tasks([lambda slot: uk.matmul_claimed(dy2, bp, dx2, counter, chunk, work[slot])]
                   * nw, nw)
@@ -457,7 +457,7 @@ class Gemm(Strategy):
             W = ops["w"].reshape(len(taps), icg, p.oc)
             Wg = [np.ascontiguousarray(W[:, :, gi * ocg:(gi + 1) * ocg]).reshape(-1, ocg)
                   for gi in range(g)]
-            y = np.empty(ys, ct)
+            y = memory.empty(ys, ct)
             y2 = y.reshape(M, p.oc)
 
             def fwd_task(gi, r0, r1):
@@ -559,7 +559,7 @@ class Gemm(Strategy):
         dy, icg, ocg, g = ops["dy"], p.icg, p.ocg, p.g
         W = ops["w"].reshape(-1, icg, p.oc)
         unit = all(s == 1 for s in p.stride)
-        dx = np.empty(xs, ct)
+        dx = memory.empty(xs, ct)
         dx2 = dx.reshape(-1, p.ic)
         stride = np.asarray(p.stride, np.int64)
         tmp = _Buffers(R * icg, ct)
@@ -739,7 +739,7 @@ class _Buffers:
     def __getitem__(self, slot):
         b = self.bufs.get(slot)
         if b is None:
-            b = self.bufs[slot] = np.empty(self.n, self.dtype)
+            b = self.bufs[slot] = memory.empty(self.n, self.dtype)
         return b
 
 

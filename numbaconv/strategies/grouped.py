@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from . import canonical_shapes, geo, itemsize, result_dtype, w_padding
+from .. import memory
 from .direct import Direct
 
 #: Below this many groups the group-minor vector is too short to pay for the transposes.
@@ -86,7 +87,7 @@ def _to_group_minor(a, g, vec, left=0, width=None):
     bits, uint16, widened to float32 on the way)."""
     width = a.shape[3] if width is None else width
     dtype = np.float32 if a.dtype == np.uint16 else a.dtype
-    out = np.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype)
+    out = memory.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype)
     _kernels().to_group_minor(np.ascontiguousarray(a), out, np.int64(g), np.int64(left))
     return out
 
@@ -182,14 +183,14 @@ class GroupedDirect(Direct):
         if p.direction == "fwd":
             left, width = w_padding(p)
             xp = _to_group_minor(ops["x"], g, vec, left, width)
-            y = np.empty(ys, result_dtype(ops["x"], ct))
+            y = memory.empty(ys, result_dtype(ops["x"], ct))
             k.fwd_gm(xp, _fwd_filter(ops["w"], p, vec), y, gv, np.int64(left))
             return y
         if p.direction == "bwd_d":
             phases, left, width = _bwd_d_phases(p)
             dyp = _to_group_minor(ops["dy"], g, vec, left, width)
             wq, qtab, runs = _bwd_d_filter(ops["w"], p, vec, phases, left)
-            dx = np.empty(xs, result_dtype(ops["dy"], ct))
+            dx = memory.empty(xs, result_dtype(ops["dy"], ct))
             k.bwd_d_gm(dyp, wq, dx, gv, qtab, runs)
             return dx
         left, width = w_padding(p)

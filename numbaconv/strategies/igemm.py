@@ -18,7 +18,7 @@ import numpy as np
 
 from . import Strategy, itemsize, result_dtype
 from .gemm import MIN_N, STRATEGY as GEMM, UK_MAX_SHORT_K, _phases
-from .. import config
+from .. import config, memory
 
 #: Packed filter bytes per micro-kernel call (``taps * K * NR``): a chunk of taps stays in
 #: L2 while every row tile of a block meets it.
@@ -140,14 +140,14 @@ class ImplicitGemm(Strategy):
         if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
         else:  # float16 bits are widened on the way
-            dyp = (np.zeros if padded else np.empty)((p.mb, Dp, Hp, Wp, K), ct)
+            dyp = (memory.zeros if padded else memory.empty)((p.mb, Dp, Hp, Wp, K), ct)
             igemm.pad_dy(np.ascontiguousarray(dy), dyp, np.array([Ld, Lh, Lw], np.int64))
         w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), C, K)
         threads = max(1, int(tiles.get("threads", 1)))
         chunk = np.int64(tiles["chunk"])
         bt = max(1, int(tiles["block_tiles"]))
         half_out = dy.dtype == np.uint16
-        dx = np.empty((p.mb, *p.isz, C), result_dtype(dy, ct))
+        dx = memory.empty((p.mb, *p.isz, C), result_dtype(dy, ct))
         for q, grid, taps in phases:
             P = p.mb * math.prod(grid)
             if P == 0:

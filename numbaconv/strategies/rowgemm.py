@@ -22,7 +22,7 @@ import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize, w_padding
 from .gemm import MIN_N, STRATEGY as GEMM, UK_KC, _workers
-from .. import config
+from .. import config, memory
 
 #: Most weights per output pixel and tap row (``kw * C/g``) and most output channels:
 #: above them im2col slabs and a GEMM win. Measured, Zen 4, 2 threads, float32, suite
@@ -96,7 +96,7 @@ class RowGemm(Strategy):
         if (left, width) == (0, p.isz[2]):
             xp = x
         else:  # (float16 +0.0 is all zero bits too)
-            xp = np.zeros((p.mb, *p.isz[:2], width, p.ic), st)
+            xp = memory.zeros((p.mb, *p.isz[:2], width, p.ic), st)
             xp[:, :, :, left:left + p.isz[2]] = x
         nw = max(1, min(int(tiles["workers"]), p.mb * math.prod(p.osz)))
         kc, nc = int(tiles["kc"]), int(tiles["nc"])

@@ -49,6 +49,7 @@ import numpy as np
 
 from . import Strategy, itemsize, result_dtype
 from .gemm import _workers
+from .. import memory
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
 #: transforms cost more than the multiplies they save (measured, batch 8, float32: 32
@@ -290,13 +291,13 @@ class Winograd(Strategy):
         if p.direction == "fwd":
             src = ops["x"].reshape(nb, H, W, C)
             # float16 bits in, float16 bits out (see half_operands)
-            dst = np.empty((p.mb, *p.osz, K), result_dtype(src, ct))
+            dst = memory.empty((p.mb, *p.osz, K), result_dtype(src, ct))
             Gw = G
             off = (-p.pad_begin[1], -p.pad_begin[2])
             cin, cout = C, K
         else:
             src = ops["dy"].reshape(nb, OH, OW, K)
-            dst = np.empty((p.mb, *p.isz, C), result_dtype(src, ct))
+            dst = memory.empty((p.mb, *p.isz, C), result_dtype(src, ct))
             Gw = np.ascontiguousarray(G[:, ::-1])   # the flip r -> 2 - r folded into G
             off = (p.pad_begin[1] - 2, p.pad_begin[2] - 2)
             cin, cout = K, C
