@@ -125,6 +125,10 @@ def add_arguments(parser):
     parser.add_argument("--json", metavar="FILE", help="write machine info and all rows")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="bar chart of GFLOP/s per layer (needs matplotlib)")
+    parser.add_argument("--malloc", default="steady", choices=["steady", "as-is"],
+                        help="steady (default): fix glibc's mmap threshold at 32 MiB and its "
+                             "trim threshold at 64 MiB, the state a long-running process "
+                             "reaches, for both libraries; as-is: leave malloc alone")
     return parser
 
 
@@ -582,7 +586,39 @@ def _summary_lines(summary, peak):
 
 # ---------------------------------------------------------------------------- outputs
 
-def machine_info(threads, peak=None, peak_how="", torch=None):
+#: glibc's ``mallopt`` parameters (malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def steady_allocator():
+    """Put glibc's malloc in the state a long-running process reaches; returns a note
+    (``None`` where this is not glibc).
+
+    glibc serves allocations above its mmap threshold with fresh mappings, faulted in and
+    zero-filled page by page, and raises the threshold (to at most 32 MiB, the trim
+    threshold to twice that) each time such a block is freed. So a library's time for a
+    10-30 MB result depended on what the process had freed before: PyTorch's wavenet_4
+    backward data took 7.5-11.5 ms in a fresh process (3000 page faults per call) and
+    2.5-2.8 ms once the threshold had risen, as it had in a full bench run when earlier
+    layers happened to free larger blocks. Fixing both thresholds at their adapted values
+    makes every row independent of the rows before it, for both libraries alike (blocks
+    over 32 MiB are still fresh mappings: numbaconv recycles its own, see
+    :mod:`numbaconv.memory`)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        version = libc.gnu_get_libc_version().decode()
+        ok = (libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1
+              and libc.mallopt(M_TRIM_THRESHOLD, 64 << 20) == 1)
+    except (OSError, AttributeError):
+        return None
+    return f"glibc {version}: mmap threshold 32 MiB, trim threshold 64 MiB" if ok else None
+
+
+def machine_info(threads, peak=None, peak_how="", torch=None, allocator=None):
     """What the numbers were measured on, for the JSON file."""
     import numba
     import numbaconv
@@ -607,6 +643,7 @@ def machine_info(threads, peak=None, peak_how="", torch=None):
         "torch_threads": torch.get_num_threads() if torch is not None else None,
         "sgemm_peak_gflops": peak,
         "sgemm_peak_how": peak_how,
+        "allocator": allocator,
     }
     return info
 
@@ -708,11 +745,13 @@ def main(args, layers=None):
             print(PLOT_HINT, file=sys.stderr)
             args.plot = None
 
+    allocator = steady_allocator() if getattr(args, "malloc", "steady") == "steady" else None
     peak, how = sgemm_peak(threads, repeat=1 if args.quick else SGEMM_REPEAT)
     print(f"numbaconv {numbaconv.__version__}: {len(layers)} layer(s), "
           f"{' '.join(args.passes)}, {args.dtype}, {threads} thread(s), best of {repeat} "
           f"or more calls (blocks of at least {MIN_BLOCK_SECONDS:g} s) after a warm-up" + (f", strategy {args.strategy}" if args.strategy else ""))
     print(f"sgemm peak {peak:.1f} GFLOP/s (numpy float32 matmul {SGEMM_N}^3, {how})")
+    print(f"malloc: {allocator or 'as it is'}")
     if torch is not None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
               f"channels-last; ratio = torch ms / numbaconv ms (> 1: numbaconv faster); "
@@ -739,7 +778,8 @@ def main(args, layers=None):
     if args.json:
         options = {k: v for k, v in vars(args).items() if k not in ("func", "cmd")}
         options["repeat"] = repeat
-        write_json(args.json, machine_info(threads, peak, how, torch), rows, summary, options)
+        write_json(args.json, machine_info(threads, peak, how, torch, allocator), rows, summary,
+                   options)
         print(f"wrote {args.json}")
     if args.plot:
         plot(args.plot, rows, peak)

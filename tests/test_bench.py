@@ -51,18 +51,19 @@ def test_defaults():
     assert a.suite == "resnet50" and a.passes == ["bwd_d", "bwd_w"] and a.dtype == "float32"
     assert a.threads is None and a.strategy is None and a.compare is None
     assert a.repeat is None and not a.quick and a.check and a.layers is None
-    assert a.json is None and a.plot is None
+    assert a.json is None and a.plot is None and a.malloc == "steady"
 
 
 def test_all_options():
     a = parse(["--suite", "mobilenet_v2_dw", "--pass", "fwd", "bwd_w", "--dtype", "float16",
                "--threads", "1", "--strategy", "direct", "--compare", "torch", "--json",
                "o.json", "--plot", "o.png", "--layers", "dw960_7_s1_p1", "--repeat", "3",
-               "--quick", "--no-check"])
+               "--quick", "--no-check", "--malloc", "as-is"])
     assert (a.suite, a.passes, a.dtype, a.threads, a.strategy, a.compare) == (
         "mobilenet_v2_dw", ["fwd", "bwd_w"], "float16", 1, "direct", "torch")
     assert (a.json, a.plot, a.layers, a.repeat, a.quick, a.check) == (
         "o.json", "o.png", ["dw960_7_s1_p1"], 3, True, False)
+    assert a.malloc == "as-is"
 
 
 @pytest.mark.parametrize("argv", [["--suite", "vgg"], ["--pass", "bwd"], ["--dtype", "int8"],
@@ -174,8 +175,10 @@ def test_main_writes_json(tmp_path, capsys):
     assert 'n"t2d"' in text and "geometric means" in text and "sgemm peak" in text
     doc = json.loads(out.read_text())
     m = doc["machine"]
-    for key in ("cpu", "threads", "numbaconv", "numba", "torch", "sgemm_peak_gflops"):
+    for key in ("cpu", "threads", "numbaconv", "numba", "torch", "sgemm_peak_gflops",
+                "allocator"):
         assert key in m
+    assert "malloc:" in text
     assert m["numbaconv"] == numbaconv.__version__ and m["sgemm_peak_gflops"] > 0
     assert m["threads"] == numbaconv.get_num_threads()
     assert len(doc["rows"]) == 6
@@ -183,6 +186,17 @@ def test_main_writes_json(tmp_path, capsys):
         assert ROW_FIELDS <= set(r) and r["error_ok"] and r["error"] <= r["tolerance"]
     assert set(doc["summary"]) == {"bwd_d", "bwd_w", "fwd"}
     assert doc["options"]["repeat"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_steady_allocator_sets_glibc_thresholds():
+    import ctypes
+    try:
+        ctypes.CDLL(None).gnu_get_libc_version
+    except AttributeError:
+        pytest.skip("not glibc")
+    note = bench.steady_allocator()
+    assert note is not None and note.startswith("glibc") and "32 MiB" in note
 
 
 def test_threads_option(monkeypatch, capsys):
