@@ -225,10 +225,13 @@ def test_gemm_numba_1x1_weight_gradient_splits_the_reduction(dtype, threads, mon
     assert err <= R.TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("engine", ["blas", "numba"])
+@pytest.mark.parametrize("engine", ["blas", "numba", "auto"])
 def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
     """A reduction over few pixels into a larger dW: columns packed once, dW's rows split
-    among the workers (no per-worker partials), for one group and for several."""
+    among the workers (no per-worker partials), for one group and for several; one group
+    on the Numba engine (by default on AVX-512) is one parallel region over dW's rows
+    (``ukernel.gemm_split_m``), in every dtype."""
+    from numbaconv.kernels.cpu import ukernel
     monkeypatch.setattr(config, "GEMM_ENGINE", engine)
     monkeypatch.setattr(config, "GEMM_SLAB_BYTES", None)
     rng = np.random.default_rng(5)
@@ -242,8 +245,12 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
                        pads_begin=pb, pads_end=pe, groups=g, strategy="gemm")
         if nc.get_num_threads() > 1:
             assert plan.tiles.get("split") == "dw", plan
-        err = _run("bwd_w", case, "float32", "gemm", rng)
-        assert err <= R.TOLERANCE["float32"]
+            if engine == "auto" and g == 1:
+                assert plan.tiles["engine"] == (
+                    "numba" if ukernel.VECTOR_BYTES >= 64 else "blas"), plan
+        for dtype in ("float32", "float16", "float64") if g == 1 else ("float32",):
+            err = _run("bwd_w", case, dtype, "gemm", rng)
+            assert err <= R.TOLERANCE[dtype], dtype
 
 
 @pytest.mark.parametrize("vector_bytes", [64, 32])

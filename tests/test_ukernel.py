@@ -127,6 +127,23 @@ def test_gemm_split_k_sums_the_shares(K, M, N, shares, dtype):
     _close(C, _ref(X.T, dY), dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("K,M,N,shares", [(1, 1, 1, 2), (30, 2560, 70, 2), (37, 5, 70, 3),
+                                          (300, 61, 129, 2), (7, 13, 64, 4)])
+def test_gemm_split_m_splits_the_rows(K, M, N, shares, dtype):
+    """``C = X^T @ dY`` with C's rows split into shares of whole row tiles (more shares
+    than tiles leaves some empty; reductions longer than ``kc`` take several blocks); C
+    pre-filled with NaN, so every element must be written."""
+    rng = np.random.default_rng(K + M + N)
+    X = rng.standard_normal((K, M)).astype(dtype)
+    dY = rng.standard_normal((K, N)).astype(dtype)
+    C = np.full((M, N), np.nan, dtype)
+    kc, nc = 64, uk.panel(C.itemsize)
+    work = np.empty((shares, uk.workspace(kc, C.itemsize, nc)), dtype)
+    uk.gemm_split_m(X.ctypes.data, 1, M, dY.ctypes.data, N, 1, C, K, kc, nc, work)
+    _close(C, _ref(X.T, dY), dtype)
+
+
 def test_matmul_claimed_argument_checks():
     A = np.ones((4, 3), np.float32)
     Bp = uk.pack_panels(np.ones((3, 5), np.float32))

@@ -459,6 +459,26 @@ def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work):
         _add_parts(c, parts, i)
 
 
+@kernel
+def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
+    """``C = A @ B`` with the rows of ``C`` (``c [M, N]``, C-contiguous) split into
+    ``len(work)`` shares of whole ``MR``-row tiles, computed in parallel (share ``j`` with
+    the scratch ``work[j]`` of :func:`workspace` elements); ``A`` and ``B`` on raw
+    addresses as in :func:`gemm`. For a weight gradient over few pixels (a short
+    reduction into a tall dW), in one parallel region: no Python worker threads to wake
+    (0.07-0.2 ms each)."""
+    M, N = c.shape
+    nch = work.shape[0]
+    it = work.itemsize
+    step = ((M + nch - 1) // nch + MR - 1) // MR * MR
+    for j in prange(nch):
+        i0 = min(M, j * step)
+        i1 = min(M, i0 + step)
+        if i1 > i0:
+            gemm(a + i0 * rsa * it, rsa, csa, b, rsb, csb, c.ctypes.data + i0 * N * it, N,
+                 _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j])
+
+
 @intrinsic
 def _widen(typingctx, v):
     """float16 bits (uint16) widened to float32 (``fpext``: ``vcvtph2ps`` with F16C, which
