@@ -20,6 +20,7 @@ Smaller arrays come from ``np.empty``: glibc's heap reuses their memory without 
 """
 from collections import deque
 import ctypes
+import math
 import threading
 
 import numpy as np
@@ -37,33 +38,28 @@ ALIGN = 64
 _lock = threading.Lock()
 _idle = []          # [block], oldest first
 _returned = deque()  # blocks whose lease died (appended from __del__, lock-free)
-_lease_types = {}   # block size -> lease type
+
+
+def _give_back(lease):
+    """A lease's ``__del__``: its block joins the idle ones (at the next allocation)."""
+    try:
+        _returned.append(lease._block)
+    except Exception:  # interpreter shutdown
+        pass
 
 
 class _Block:
-    __slots__ = ("raw", "size", "lease_type")
+    """``size`` bytes, 64-byte aligned (``mem``), and the ctypes array type of that size
+    whose instances lease them out."""
+
+    __slots__ = ("mem", "size", "lease_type")
 
     def __init__(self, size):
-        self.raw = np.empty(size + ALIGN, np.uint8)
+        raw = np.empty(size + ALIGN, np.uint8)
+        off = (-raw.ctypes.data) % ALIGN
+        self.mem = raw[off:off + size]
         self.size = size
-        self.lease_type = _lease_type(size)
-
-    def view(self):
-        off = (-self.raw.ctypes.data) % ALIGN
-        return self.raw[off:off + self.size]
-
-
-def _lease_type(size):
-    t = _lease_types.get(size)
-    if t is None:
-        def __del__(self):
-            try:
-                _returned.append(self._block)
-            except Exception:  # interpreter shutdown
-                pass
-        t = type("_Lease", (ctypes.c_char * size,), {"__del__": __del__})
-        _lease_types[size] = t
-    return t
+        self.lease_type = type("_Lease", (ctypes.c_char * size,), {"__del__": _give_back})
 
 
 def limit():
@@ -107,14 +103,12 @@ def empty(shape, dtype):
     """``np.empty(shape, dtype)``, C order, 64-byte aligned; from the pool when large."""
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     nbytes = n * dtype.itemsize
     if nbytes < MIN_BYTES or limit() <= 0:
         return np.empty(shape, dtype)
     block = _take(nbytes)
-    lease = block.lease_type.from_buffer(block.view())
+    lease = block.lease_type.from_buffer(block.mem)
     lease._block = block
     return np.frombuffer(lease, dtype, n).reshape(shape)
 

@@ -544,7 +544,9 @@ class Gemm(Strategy):
         cols = [col(gi, 0, M, 0).copy() if g > 1 else col(gi, 0, M, 0) for gi in range(g)]
         from ..kernels.cpu import convert
         dw = np.empty(ws, ct)
-        if mm.numba and g == 1 and dy2.dtype == ct and cols[0].dtype == ct:
+        if mm.numba and g == 1:
+            # cols and dY are in the compute dtype here (float16 X is widened as it is
+            # packed, dY by the backend); the float32 dW is rounded by the backend
             return [], lambda: self._split_m(cols[0].T, dy2, dw.reshape(-1, p.oc), mm, ct, ws)
         dW3 = dw.reshape(len(taps) * icg, g, ocg)
         rows = len(taps) * icg
