@@ -390,3 +390,37 @@ def test_rows_backward_data_kernel(geometry, dtype):
         np.testing.assert_allclose(dx, want, rtol=tolerance(dtype),
                                    atol=tolerance(dtype) * np.abs(want).max(),
                                    err_msg=f"{chunks} chunks, prefetch {pf}")
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("pads", [((1, 1), (1, 1)), ((0, 0), (0, 1)), ((0, 2), (0, 0))])
+def test_row_kernels_every_row_width(stride, pads):
+    """Both row kernels over every row width from 1 to 27 (full 8-pixel blocks followed by
+    every combination of the 4-, 2- and 1-pixel tail blocks, then the checked pixels), at
+    column stride 1 and 2, with symmetric, TF-SAME-like and one-sided padding: dX written
+    everywhere and both gradients equal to the float64 reference."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    pb, pe = pads
+    c = 11  # one masked channel vector (float64: 8 lanes + 3)
+    for width in range(1, 28):
+        isz = (3, width)
+        case = (c, isz, (3, 3), (1, stride), (1, 1), pb, pe, 1)
+        if width + pb[1] + pe[1] < 3:  # no output column
+            continue
+        x, w, dy, attrs = _operands(case, "float64", seed=width)
+        p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
+        assert nc.plan("convolution_backprop_data", dy, w, isz,
+                       **attrs).tiles["kernel"] == "rows_3x3"
+        xs, ys, ws = canonical_shapes(p)
+        dx = np.full(xs, np.nan)
+        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2, False)
+        want = conv_bwd_data_ref(dy, w, isz, (1, stride), (1, 1), pb, pe, c).reshape(xs)
+        np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"backward data, width {width}")
+        part = np.full((2, *ws), np.nan)
+        dw = np.full(ws, np.nan)
+        kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), part, dw, geo(p), False)
+        want = conv_bwd_filter_ref(x, dy, (3, 3), (1, stride), (1, 1), pb, pe, c)
+        np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"backward weights, width {width}")

@@ -42,6 +42,11 @@ from numbaconv.kernels.cpu.depthwise import (Operand, _fma_fn, _ir_types, _table
 #: weights), plus nine filter vectors or nine tap sums and one loaded vector, within the
 #: 32 vector registers of AVX-512 (16 with AVX2: the compiler spills a few there).
 PB = 8
+#: The tail blocks after the last full block of a row (the binary digits of the rest, largest
+#: first): a 14-pixel row has no full block at column stride 2 and one at stride 1, and
+#: pixel-by-pixel (checked, with per-pixel filter loads at stride 2) its rest ran at a
+#: third of the block rate.
+TAILS = (4, 2, 1)
 
 
 def _const(v):
@@ -102,7 +107,6 @@ def _drow(NR, S):
             zero = ir.Constant(vty, None)
             acc = cgutils.alloca_once(builder, vty)
             a0lo = builder.sub(builder.mul(m0lo, _const(S)), pw)
-            aend = builder.add(a0lo, builder.mul(nblk, _const(S * PB)))
 
             def filt(c, mask):
                 return [[pwt.load(builder.add(builder.add(wrow[r], c),
@@ -128,21 +132,39 @@ def _drow(NR, S):
                         builder.store(v, acc)
                 pout.store(builder.load(acc), builder.add(builder.mul(a, C), c), mask)
 
-            def block(b, c, mask, wv):
-                m0 = builder.add(m0lo, builder.mul(b, _const(PB)))
+            def block(m0, c, mask, wv, P):
+                """A block of ``S*P`` dX pixels from dY columns ``m0 + lo .. m0 + P - 1``."""
                 a0 = builder.sub(builder.mul(m0, _const(S)), pw)
-                sums = [zero] * (S * PB)
+                sums = [zero] * (S * P)
                 for r in range(NR):
                     rb = builder.add(builder.add(rows[r], c), builder.mul(m0, C))
-                    for i in range(lo, PB):
+                    for i in range(lo, P):
                         d = pin.load(builder.add(rb, builder.mul(C, _const(i))), mask)
                         for t in range(3):
                             k = S * i + t
-                            if 0 <= k < S * PB:
+                            if 0 <= k < S * P:
                                 sums[k] = builder.call(fma, [d, wv[r][t], sums[k]])
                 ob = builder.add(builder.mul(a0, C), c)
-                for k in range(S * PB):
+                for k in range(S * P):
                     pout.store(sums[k], builder.add(ob, builder.mul(C, _const(k))), mask)
+
+            def full(b):
+                return builder.add(m0lo, builder.mul(b, _const(PB)))
+
+            # after the full blocks, ``rest < PB`` dY columns still meet the block bounds
+            # (see ``blocks``): they go as tail blocks of 4, 2 and 1, not pixel by pixel
+            mend = full(nblk)
+            lim = builder.sdiv(builder.add(npix, pw), _const(S))
+            lim = builder.select(builder.icmp_signed("<", win, lim), win, lim)
+            rest = builder.sub(lim, mend)
+            rest = builder.select(builder.icmp_signed(">", rest, _const(0)), rest, _const(0))
+            aend = builder.sub(builder.mul(builder.add(mend, rest), _const(S)), pw)
+
+            def tails(each):
+                for P in TAILS:  # the P-block starts after the larger tail blocks taken
+                    with builder.if_then(builder.icmp_signed(
+                            "!=", builder.and_(rest, _const(P)), _const(0))):
+                        each(builder.add(mend, builder.and_(rest, _const(-2 * P))), P)
 
             left = builder.select(builder.icmp_signed("<", a0lo, npix), a0lo, npix)
             if S == 1:
@@ -151,7 +173,8 @@ def _drow(NR, S):
                     with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
                         checked(a, c, mask, wv)
                     with cgutils.for_range(builder, nblk) as lp:
-                        block(lp.index, c, mask, wv)
+                        block(full(lp.index), c, mask, wv, PB)
+                    tails(lambda m0, P: block(m0, c, mask, wv, P))
                     with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
                         checked(a, c, mask, wv)
 
@@ -161,8 +184,10 @@ def _drow(NR, S):
                     _channel_vectors(builder, C, vl,
                                      lambda c, mask: checked(a, c, mask, filt(c, mask)))
                 with cgutils.for_range(builder, nblk) as lp:
-                    _channel_vectors(builder, C, vl,
-                                     lambda c, mask: block(lp.index, c, mask, filt(c, mask)))
+                    _channel_vectors(builder, C, vl, lambda c, mask: block(
+                        full(lp.index), c, mask, filt(c, mask), PB))
+                tails(lambda m0, P: _channel_vectors(
+                    builder, C, vl, lambda c, mask: block(m0, c, mask, filt(c, mask), P)))
                 with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
                                      lambda c, mask: checked(a, c, mask, filt(c, mask)))
@@ -211,27 +236,36 @@ def _wrow(NR, S):
                                 builder.store(builder.call(fma, [v, g, builder.load(acc[r][b])]),
                                               acc[r][b])
 
-                with cgutils.for_range(builder, jlo) as lp:
-                    checked(lp.index)
-                nblk = builder.sdiv(builder.sub(jhi, jlo), _const(PB))
-                with cgutils.for_range(builder, nblk) as lp:
-                    j0 = builder.add(jlo, builder.mul(lp.index, _const(PB)))
+                def block(j0, P):
+                    """Pixels ``j0 .. j0 + P - 1``, all three columns inside."""
                     gb = builder.add(builder.mul(j0, C), c)
                     g = [pdy.load(builder.add(gb, builder.mul(C, _const(p))), mask)
-                         for p in range(PB)]
+                         for p in range(P)]
                     base = builder.mul(builder.add(builder.mul(j0, _const(S)), off), C)
                     for r in range(NR):
                         a = [builder.load(acc[r][b]) for b in range(3)]
                         rb = builder.add(rowc[r], base)
-                        for q in range((PB - 1) * S + 3):
+                        for q in range((P - 1) * S + 3):
                             v = px.load(builder.add(rb, builder.mul(C, _const(q))), mask)
                             for b in range(3):
-                                if (q - b) % S == 0 and 0 <= (q - b) // S < PB:
+                                if (q - b) % S == 0 and 0 <= (q - b) // S < P:
                                     a[b] = builder.call(fma, [v, g[(q - b) // S], a[b]])
                         for b in range(3):
                             builder.store(a[b], acc[r][b])
+
+                with cgutils.for_range(builder, jlo) as lp:
+                    checked(lp.index)
+                nblk = builder.sdiv(builder.sub(jhi, jlo), _const(PB))
+                with cgutils.for_range(builder, nblk) as lp:
+                    block(builder.add(jlo, builder.mul(lp.index, _const(PB))), PB)
+                # the rest of the interior (< PB pixels) as tail blocks of 4, 2 and 1
                 start = builder.add(jlo, builder.mul(nblk, _const(PB)))
-                with cgutils.for_range_slice(builder, start, npix, _const(1)) as (j, _):
+                rest = builder.sub(jhi, start)
+                for P in TAILS:
+                    with builder.if_then(builder.icmp_signed(
+                            "!=", builder.and_(rest, _const(P)), _const(0))):
+                        block(builder.add(start, builder.and_(rest, _const(-2 * P))), P)
+                with cgutils.for_range_slice(builder, jhi, npix, _const(1)) as (j, _):
                     checked(j)
                 for r in range(NR):
                     for b in range(3):
