@@ -100,7 +100,7 @@ def _take(size):
 
 
 def empty(shape, dtype):
-    """``np.empty(shape, dtype)``, C order, 64-byte aligned; from the pool when large."""
+    """``np.empty(shape, dtype)``, C order; from the pool (64-byte aligned) when large."""
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     n = math.prod(shape)

@@ -183,10 +183,11 @@ def test_gemm_numba_engine_unpacked_blocks(direction, monkeypatch):
         assert err <= R.TOLERANCE["float32"]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_gemm_numba_1x1_backward_data_claims_rows(dtype, monkeypatch):
     """1x1 backward data at stride 1 on the Numba engine: W^T packed once and the rows of
-    dY claimed by the workers in blocks (several blocks per worker, a last partial one)."""
+    dY claimed by the threads in blocks (several blocks per thread, a last partial one;
+    float16 widened and rounded block by block)."""
     monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
     case = (1, 72, 100, (41, 40), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     g, ic, oc, isz, k, st, dl, pb, pe = case

@@ -266,6 +266,71 @@ def test_matmul_claimed_half_rounds_each_block(M, K, N):
     assert M <= counter[0] < M + 3 * 12
 
 
+@pytest.mark.parametrize("nw", [1, 2, 3])
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (37, 13, 70), (301, 70, 257)])
+def test_gemm_claimed_parallel_in_one_region(M, K, N, nw):
+    """The claims made by the threads of one Numba parallel region (``nw`` scratch rows,
+    more than the threads included): C as the two-thread Python claims make it, bit for bit,
+    in float32, float64 and float16 (bits in, bits out); the counter run past M."""
+    rng = np.random.default_rng(M * N + nw)
+    for dtype in (np.float32, np.float64):
+        A = rng.standard_normal((M, K)).astype(dtype)
+        B = rng.standard_normal((N, K)).astype(dtype).T
+        Bp = uk.pack_panels(B)
+        want = np.empty((M, N), dtype)
+        uk.matmul_claimed(A, Bp, want, np.zeros(1, np.int64), 12)
+        C = np.full((M, N), np.nan, dtype)
+        counter = np.zeros(1, np.int64)
+        work = np.full((nw, uk.claimed_workspace(K, A.itemsize)), np.nan, dtype)
+        uk.gemm_claimed_parallel(A.ctypes.data, K, 1, Bp, C.ctypes.data, N, M, N, counter,
+                                 12, work, False)
+        np.testing.assert_array_equal(C, want)
+        _close(C, _ref(A, B), dtype)
+        assert M <= counter[0] < M + (nw + 1) * 12
+    A = rng.standard_normal((M, K)).astype(np.float16)
+    B = rng.standard_normal((N, K)).astype(np.float32).T
+    Bp = uk.pack_panels(B)
+    want = np.empty((M, N), np.float32)
+    uk.matmul_claimed(A.astype(np.float32), Bp, want, np.zeros(1, np.int64), 12)
+    C = np.full((M, N), np.nan, np.float16)
+    work = np.empty((nw, uk.claimed_workspace(K, 4)), np.float32)
+    stage = np.empty((nw, uk.claimed_stage(12, K, N)), np.float32)
+    uk.gemm_claimed_half_parallel(A.view(np.uint16), Bp, C.view(np.uint16),
+                                  np.zeros(1, np.int64), 12, work, stage)
+    np.testing.assert_array_equal(C.view(np.uint16), want.astype(np.float16).view(np.uint16))
+
+
+def _aligned(shape, dtype, offset=0):
+    """An array on a 64-byte boundary (plus ``offset`` elements)."""
+    n = int(np.prod(shape))
+    raw = np.empty(n + 64 + offset, dtype)
+    skip = (-raw.ctypes.data % 64) // raw.itemsize
+    return raw[skip + offset: skip + offset + n].reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("M,K,N", [(37, 13, 64), (301, 70, 257), (96, 64, 128)])
+def test_gemm_claimed_parallel_streams_whole_tiles(M, K, N, dtype):
+    """Streamed (non-temporal) stores of C's whole tiles give the plain stores' C, bit for
+    bit, where C's rows start on vector boundaries, and are declined (plain stores, the
+    same C) where they do not: a C one element off the boundary, or rows an odd number of
+    elements apart."""
+    rng = np.random.default_rng(M + N)
+    A = rng.standard_normal((M, K)).astype(dtype)
+    B = rng.standard_normal((K, N)).astype(dtype)
+    Bp = uk.pack_panels(B)
+    work = np.empty((2, uk.claimed_workspace(K, A.itemsize)), dtype)
+    want = np.empty((M, N), dtype)
+    uk.matmul_claimed(A, Bp, want, np.zeros(1, np.int64), 12)
+    for offset, ldc in ((0, N + (-N) % 16), (1, N + (-N) % 16), (0, N + 1)):
+        out = _aligned((M, ldc), dtype, offset)
+        out[...] = np.nan
+        uk.gemm_claimed_parallel(A.ctypes.data, K, 1, Bp, out.ctypes.data, ldc, M, N,
+                                 np.zeros(1, np.int64), 12, work, True)
+        np.testing.assert_array_equal(out[:, :N], want, err_msg=f"offset {offset}, ldc {ldc}")
+        assert np.isnan(out[:, N:]).all()
+
+
 def test_matmul_claimed_half_argument_checks():
     A = np.ones((4, 3), np.float16)
     Bp = uk.pack_panels(np.ones((3, 5), np.float32))

@@ -29,6 +29,8 @@ scratch tile of ``C``; nothing outside the operands is read or written.
 The vector width comes from the host (AVX-512: 64 bytes, AVX2: 32, else 16). Numba keys its
 disk cache on the host CPU, so code cached on one machine is never loaded on another.
 """
+import platform
+
 import numpy as np
 from llvmlite import ir
 from numba import prange
@@ -52,6 +54,8 @@ def _vector_bytes():
 
 
 VECTOR_BYTES = _vector_bytes()
+#: Non-temporal stores (``sfence`` after them) exist on every x86-64 host, not elsewhere.
+STREAMS = platform.machine().lower() in ("x86_64", "amd64")
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
 MR = 6
@@ -70,9 +74,10 @@ def panel(itemsize):
 
 def _micro(nv):
     """The micro-kernel with ``nv`` vectors across: ``C[:MR, :nv*VL] (+)= A[:MR, :kc] @
-    B[:kc, :nv*VL]``, accumulating into C when ``beta`` is non-zero. Row ``i`` of the C tile
-    starts at element ``crows[i]`` after ``c`` (``crows``: the address of MR int64). The
-    float type comes from the ``work`` array's dtype."""
+    B[:kc, :nv*VL]``: ``beta`` 0 stores the tile, 1 adds it to C, 2 streams it
+    (non-temporal stores: every row of the tile must start on a vector boundary). Row ``i``
+    of the C tile starts at element ``crows[i]`` after ``c`` (``crows``: the address of MR
+    int64). The float type comes from the ``work`` array's dtype."""
 
     @intrinsic
     def micro(typingctx, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
@@ -114,7 +119,10 @@ def _micro(nv):
                     for v in range(nv):
                         builder.store(builder.call(fma, [s, bv[v], builder.load(acc[i][v])]),
                                       acc[i][v])
-            add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+            add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
+            stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
+            plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
+            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
             for i in range(MR):
                 # row i of the tile starts crows[i] elements after c
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64.as_pointer()),
@@ -125,8 +133,12 @@ def _micro(nv):
                     val = builder.load(acc[i][v])
                     with builder.if_then(add):
                         builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
-                    with builder.if_then(builder.not_(add)):
+                    with builder.if_then(plain):
                         builder.store(val, p, align=1)
+                    with builder.if_then(stream):
+                        # whole aligned vectors past the caches (no read for ownership)
+                        st = builder.store(val, p, align=VECTOR_BYTES)
+                        st.set_metadata("nontemporal", nontemporal)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -264,10 +276,12 @@ def _claim(typingctx, counter, step):
 
 
 @helper
-def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work):
+def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work, beta=0):
     """``C[:im_total, :N] = A @ B`` for one claimed block of rows: ``A`` at address ``a``
     (strides ``rsa``, ``csa``), ``C`` at address ``c`` (rows ``ldc`` apart), ``B`` all of
-    :func:`pack_panels`' panels. ``offs``, ``wa``, ``wc``: :func:`gemm_claimed`'s scratch."""
+    :func:`pack_panels`' panels. ``offs``, ``wa``, ``wc``: :func:`gemm_claimed`'s scratch.
+    ``beta`` 2 streams the whole tiles into C (see :func:`_micro`; C's rows then start on
+    vector boundaries)."""
     it = work.itemsize
     vl = VECTOR_BYTES // it
     nr = NV * vl
@@ -292,7 +306,7 @@ def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work):
             nv = (w + vl - 1) // vl
             pb = pb0 + q * K * nr * it
             if im == MR and w == nv * vl:
-                _call(nv, pa, ra, ca, pb, nr, c + j * it, p_rows, K, 0, work)
+                _call(nv, pa, ra, ca, pb, nr, c + j * it, p_rows, K, beta, work)
             else:
                 _call(nv, pa, ra, ca, pb, nr, pwc, p_wrows, K, 0, work)
                 for i in range(im):
@@ -321,6 +335,11 @@ def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
     goes, so a thread that starts late or runs slow simply takes fewer (oneDNN's and
     OpenMP's dynamic schedule, with no task per block in Python). ``work``: scratch of
     :func:`claimed_workspace` elements, one per thread."""
+    _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, 0)
+
+
+@helper
+def _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, beta):
     it = work.itemsize
     offs, wa, wc = _claimed_scratch(bp.shape[1], work)
     while True:
@@ -329,7 +348,39 @@ def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
             break
         r1 = min(M, r0 + chunk)
         _claimed_block(a + r0 * rsa * it, rsa, csa, bp, c + r0 * ldc * it, ldc, r1 - r0, N,
-                       offs, wa, wc, work)
+                       offs, wa, wc, work, beta)
+
+
+@intrinsic
+def _sfence(typingctx):
+    """``sfence``: this thread's streamed stores are visible before anything it does next."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        if STREAMS:  # elsewhere no stream is taken (see gemm_claimed_parallel)
+            fn = cgutils.get_or_insert_function(builder.module,
+                                                ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse.sfence")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel
+def gemm_claimed_parallel(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream):
+    """:func:`gemm_claimed` on every thread of one Numba parallel region (``work``: one
+    row of scratch per thread): the threads claim blocks of ``chunk`` rows from
+    ``counter[0]`` as they go, with no Python worker thread to wake (0.07-0.2 ms each).
+    ``stream``: write C's whole tiles with non-temporal stores (no read for ownership of
+    a C larger than the caches; taken only where C's rows start on vector boundaries)."""
+    it = work.itemsize
+    beta = 2 if (stream and STREAMS and c % VECTOR_BYTES == 0
+                 and (ldc * it) % VECTOR_BYTES == 0) else 0
+    for j in prange(work.shape[0]):
+        _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work[j], beta)
+        if beta == 2:
+            _sfence()
 
 
 @intrinsic
@@ -375,6 +426,14 @@ def gemm_claimed_half(a, bp, c, counter, chunk, work, stage):
         _claimed_block(sa.ctypes.data, K, 1, bp, sc.ctypes.data, N, n, N, offs, wa, wc,
                        work)
         _round_rows(sc, c1, r0 * N, n * N)
+
+
+@kernel
+def gemm_claimed_half_parallel(a, bp, c, counter, chunk, work, stage):
+    """:func:`gemm_claimed_half` on every thread of one Numba parallel region (``work``
+    and ``stage``: one row per thread), as :func:`gemm_claimed_parallel`."""
+    for j in prange(work.shape[0]):
+        gemm_claimed_half(a, bp, c, counter, chunk, work[j], stage[j])
 
 
 @kernel

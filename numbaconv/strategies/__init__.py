@@ -90,5 +90,21 @@ def result_dtype(operand, compute):
     return np.uint16 if operand.dtype == np.uint16 else compute
 
 
+#: A result of at least this share of the L3 is written with non-temporal (streaming)
+#: stores where a kernel can: a large dX sent through the caches costs a read for
+#: ownership of every line and evicts the operands. Measured on 1x1 backward data (Zen 4,
+#: 32 MiB L3, 2 threads, float32, same process, ms plain -> streamed; PyTorch): 25.7 MB
+#: results res2b_branch2a 4.85 -> 3.85 (4.22), res3a_branch2a 8.96 -> 7.88 (8.46); 12.8 MB
+#: res3b_branch2a 4.28 -> 3.84 (3.98); 6.4 MB res2a_branch2a 1.02 -> 0.99, res2a_branch1
+#: 4.69 -> 4.62; 3.2 and 1.6 MB equal.
+STREAM_L3_FRACTION = 0.25
+
+
+def streams(result_elems, p, machine):
+    """Whether a result of ``result_elems`` elements of ``p``'s compute dtype is streamed
+    (see :data:`STREAM_L3_FRACTION`)."""
+    return result_elems * itemsize(p) >= machine.l3_bytes * STREAM_L3_FRACTION
+
+
 def itemsize(p):
     return np.dtype(p.compute_dtype).itemsize
