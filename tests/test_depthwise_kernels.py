@@ -424,3 +424,43 @@ def test_row_kernels_every_row_width(stride, pads):
         want = conv_bwd_filter_ref(x, dy, (3, 3), (1, stride), (1, 1), pb, pe, c)
         np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12,
                                    err_msg=f"backward weights, width {width}")
+
+
+def _aligned_nan(shape, dtype, offset=0):
+    """A NaN-filled array on a 64-byte boundary (plus ``offset`` elements)."""
+    n = int(np.prod(shape))
+    raw = np.full(n + 64 + offset, np.nan, dtype)
+    skip = (-raw.ctypes.data % 64) // raw.itemsize
+    return raw[skip + offset: skip + offset + n].reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_row_kernel_streams_dx(stride, dtype):
+    """Backward data with dX streamed (non-temporal stores): bit for bit the plain stores'
+    dX where every pixel's channels start on a vector boundary (32 or 48 channels, rows of
+    1 to 20 pixels, every tail block), and the same dX where they do not (dX one element
+    off the boundary; 40 channels, whose pixels are 160 or 320 bytes apart), with the
+    stores then plain."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    for c in (32, 48, 40):
+        for width in range(1, 21):
+            isz = (4, width)
+            case = (c, isz, (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), 1)
+            _, w, dy, attrs = _operands(case, dtype, seed=width + c)
+            p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
+            xs, ys, ws = canonical_shapes(p)
+            plain = np.full(xs, np.nan, dtype)
+            kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), plain, geo(p), 2,
+                                        False, False)
+            want = conv_bwd_data_ref(dy, w, isz, (stride, stride), (1, 1), (1, 1), (1, 1),
+                                     c).reshape(xs)
+            np.testing.assert_allclose(plain, want, rtol=tolerance(dtype),
+                                       atol=tolerance(dtype) * np.abs(want).max())
+            for offset in (0, 1):
+                dx = _aligned_nan(xs, dtype, offset)
+                kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2,
+                                            False, True)
+                np.testing.assert_array_equal(dx, plain, err_msg=f"{c} channels, width "
+                                              f"{width}, offset {offset}")

@@ -35,8 +35,9 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
-from numbaconv.kernels.cpu.depthwise import (Operand, _fma_fn, _ir_types, _table, compute_type,
-                                             lane_mask, reduce_chunks)
+from numbaconv.kernels.cpu.depthwise import (Operand, _at, _fma_fn, _ir_types, _table,
+                                             compute_type, lane_mask, reduce_chunks)
+from numbaconv.kernels.cpu.ukernel import STREAMS, VECTOR_BYTES
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
 #: weights), plus nine filter vectors or nine tap sums and one loaded vector, within the
@@ -95,14 +96,34 @@ def _drow(NR, S):
     lo = -(2 // S)  # the first dY column of a block, relative to m0
 
     @intrinsic
-    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, work):
-        sig = types.void(*([types.intp] * 11), work)
+    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream,
+            work):
+        sig = types.void(*([types.intp] * 12), work)
 
         def codegen(context, builder, signature, args):
-            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, _ = args
+            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, _ = args
             # float16 data: dY and dX as half bits, the filter in float32
             vty, vl, (pin, pwt, pout), fma = _prologue(
                 context, builder, work, (inp, wp, outp), (True, False, True))
+            streamed = builder.icmp_signed("!=", stream, _const(0))
+            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+
+            def put(values, offs, mask):
+                """dX's vectors, streamed past the caches when asked (whole vectors of
+                float32 or float64 only: every one starts on a vector boundary then)."""
+                if mask is not None or pout.sty is not vty:
+                    for v, o in zip(values, offs):
+                        pout.store(v, o, mask)
+                    return
+                with builder.if_else(streamed) as (yes, no):
+                    with yes:
+                        for v, o in zip(values, offs):
+                            st = builder.store(v, _at(builder, pout.ptr, o, vty),
+                                               align=VECTOR_BYTES)
+                            st.set_metadata("nontemporal", nontemporal)
+                    with no:
+                        for v, o in zip(values, offs):
+                            pout.store(v, o, None)
             rows, wrow = _table(builder, trows, NR), _table(builder, twrow, NR)
             zero = ir.Constant(vty, None)
             acc = cgutils.alloca_once(builder, vty)
@@ -130,7 +151,7 @@ def _drow(NR, S):
                             d = pin.load(builder.add(rowc[r], mc), mask)
                             v = builder.call(fma, [d, wv[r][t], v])
                         builder.store(v, acc)
-                pout.store(builder.load(acc), builder.add(builder.mul(a, C), c), mask)
+                put([builder.load(acc)], [builder.add(builder.mul(a, C), c)], mask)
 
             def block(m0, c, mask, wv, P):
                 """A block of ``S*P`` dX pixels from dY columns ``m0 + lo .. m0 + P - 1``."""
@@ -145,8 +166,8 @@ def _drow(NR, S):
                             if 0 <= k < S * P:
                                 sums[k] = builder.call(fma, [d, wv[r][t], sums[k]])
                 ob = builder.add(builder.mul(a0, C), c)
-                for k in range(S * P):
-                    pout.store(sums[k], builder.add(ob, builder.mul(C, _const(k))), mask)
+                put(sums, [builder.add(ob, builder.mul(C, _const(k))) for k in range(S * P)],
+                    mask)
 
             def full(b):
                 return builder.add(m0lo, builder.mul(b, _const(PB)))
@@ -288,6 +309,22 @@ _wrow1s2, _wrow2s2, _wrow3s2 = (_wrow(n, 2) for n in (1, 2, 3))
 
 
 @intrinsic
+def _sfence(typingctx):
+    """``sfence``: this thread's streamed stores are visible before anything it does next."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        if STREAMS:  # elsewhere no stream is taken (see bwd_d_depthwise_3x3_rows)
+            fn = cgutils.get_or_insert_function(builder.module,
+                                                ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse.sfence")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _prefetch(typingctx, addr, nbytes):
     """Prefetch ``nbytes`` from the address ``addr`` into L2 (``prefetcht1``, line by line)."""
     sig = types.void(types.intp, types.intp)
@@ -332,7 +369,7 @@ def blocks(npix, win, pw, S):
 
 
 @helper
-def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch):
+def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream):
     """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
@@ -377,31 +414,45 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch):
             dxf[r * iw * C:(r + 1) * iw * C] = 0
         elif sw == 1:
             if nr == 3:
-                _drow3s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+                _drow3s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
+                          dx)
             elif nr == 2:
-                _drow2s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+                _drow2s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
+                          dx)
             else:
-                _drow1s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+                _drow1s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
+                          dx)
         else:
             if nr == 3:
-                _drow3s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+                _drow3s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
+                          dx)
             elif nr == 2:
-                _drow2s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+                _drow2s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
+                          dx)
             else:
-                _drow1s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, dx)
+                _drow1s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
+                          dx)
 
 
 @kernel
-def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch):
+def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
     threads take ``nchunks`` contiguous ranges of dX rows. ``prefetch``: prefetch the next
-    row's dY rows into L2 while a row computes (see :func:`_prefetch`)."""
+    row's dY rows into L2 while a row computes (see :func:`_prefetch`). ``stream``: write
+    dX's whole vectors with non-temporal stores (float32 and float64, taken where every
+    pixel's channels start on a vector boundary): a dX larger than the caches then costs
+    no read for ownership."""
     rows = geo[0] * geo[4] * geo[5]
+    it = dx.itemsize
+    nt = (stream and STREAMS and it >= 4 and dx.ctypes.data % VECTOR_BYTES == 0
+          and (geo[1] * it) % VECTOR_BYTES == 0)
     for chunk in prange(nchunks):
         _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks,
-                    prefetch)
+                    prefetch, 1 if nt else 0)
+        if nt:
+            _sfence()
 
 
 @helper

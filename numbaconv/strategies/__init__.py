@@ -90,20 +90,24 @@ def result_dtype(operand, compute):
     return np.uint16 if operand.dtype == np.uint16 else compute
 
 
-#: A result of at least this share of the L3 is written with non-temporal (streaming)
-#: stores where a kernel can: a large dX sent through the caches costs a read for
-#: ownership of every line and evicts the operands. Measured on 1x1 backward data (Zen 4,
-#: 32 MiB L3, 2 threads, float32, same process, ms plain -> streamed; PyTorch): 25.7 MB
-#: results res2b_branch2a 4.85 -> 3.85 (4.22), res3a_branch2a 8.96 -> 7.88 (8.46); 12.8 MB
-#: res3b_branch2a 4.28 -> 3.84 (3.98); 6.4 MB res2a_branch2a 1.02 -> 0.99, res2a_branch1
-#: 4.69 -> 4.62; 3.2 and 1.6 MB equal.
-STREAM_L3_FRACTION = 0.25
+#: A result is written with non-temporal (streaming) stores, where a kernel can, when the
+#: call's operands and result together take at least this share of the L3: they cannot
+#: all stay in it, so a dX sent through the caches costs a read for ownership of every
+#: line and evicts the operands, and no later reader finds it there anyway. Below it the
+#: result may stay in L3 for its reader, and for a store-bound kernel plain stores into L3
+#: outrun DRAM. Measured (Zen 4, 32 MiB L3, 2 threads, float32, same process, blocks of
+#: calls, ms plain -> streamed): 1x1 backward data res2b_branch2a (32 MB) 4.76-4.91 ->
+#: 3.88-3.91, res3a_branch2a (38 MB) 8.96 -> 7.88; depthwise backward data dw32_112_s1 (26
+#: MB) 0.61-0.62 -> 0.54, dw144_56_s1 (29 MB) 0.74-0.79 -> 0.55, dw96_112_s2 (48 MB) 1.88
+#: -> 1.39; but dw144_56_s2 (18 MB: 14 MB of dX stored in 0.21 ms) 0.21 -> 0.28-0.53,
+#: and the 13-16 MB GEMMs gain 2-5% (res3b_branch2a 3.99-4.05 -> 3.80-3.96).
+STREAM_L3_FRACTION = 0.75
 
 
-def streams(result_elems, p, machine):
-    """Whether a result of ``result_elems`` elements of ``p``'s compute dtype is streamed
-    (see :data:`STREAM_L3_FRACTION`)."""
-    return result_elems * itemsize(p) >= machine.l3_bytes * STREAM_L3_FRACTION
+def streams(footprint_elems, p, machine):
+    """Whether a call whose operands and result hold ``footprint_elems`` elements of
+    ``p``'s compute dtype streams its result (see :data:`STREAM_L3_FRACTION`)."""
+    return footprint_elems * itemsize(p) >= machine.l3_bytes * STREAM_L3_FRACTION
 
 
 def itemsize(p):

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from . import canonical_shapes, geo, itemsize, result_dtype
+from . import canonical_shapes, geo, itemsize, result_dtype, streams
 from .. import memory
 from .direct import Direct
 
@@ -91,6 +91,9 @@ class DepthwiseDirect(Direct):
                 t["chunks"] = max(1, min(machine.cores, t["rows"]))
             if t["kernel"] == "rows_3x3":
                 t["prefetch"] = _prefetch(p, machine)
+                # a large dX streamed past the caches (float16 dX: half lines, not streamed)
+                t["stream"] = (p.dtype != "float16" and streams(
+                    p.mb * (math.prod(p.isz) + math.prod(p.osz)) * p.ic, p, machine))
         elif _rows_3x3(p):
             t["kernel"] = "rows_3x3"
             t["prefetch"] = _prefetch(p, machine)
@@ -126,7 +129,8 @@ class DepthwiseDirect(Direct):
                 # float16 bits in, float16 bits out (see half_operands)
                 dx = memory.empty(xs, result_dtype(ops["dy"], ct))
                 kr.bwd_d_depthwise_3x3_rows(ops["dy"], ops["w"], dx, g, tiles["chunks"],
-                                            bool(tiles.get("prefetch")))
+                                            bool(tiles.get("prefetch")),
+                                            bool(tiles.get("stream")))
             elif tiles["kernel"] == "spans":
                 dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])

@@ -300,7 +300,8 @@ class Gemm(Strategy):
                 chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
                 return {"slab_rows": int(rows), "packed": False, "workers": workers,
                         "claim": int(chunk),
-                        "stream": streams(p.mb * math.prod(p.isz) * p.ic, p, machine),
+                        "stream": streams(rows * p.oc + p.oc * p.ic
+                                          + p.mb * math.prod(p.isz) * p.ic, p, machine),
                         **engine_tiles}
             if p.direction == "bwd_d" and engine == "numba":
                 a_size, b_size = rows * p.oc, p.oc * p.ic
@@ -423,7 +424,8 @@ class Gemm(Strategy):
         threads (Zen 4, 2 threads, float32, same process, ms): res2a_branch2a 1.14 ->
         1.06, res2b_branch2a 4.73 -> 4.48, res2a_branch1 4.35 -> 4.27, res3a_branch2a
         8.71 -> 8.61, res3b_branch2a 4.23 -> 4.15, res3a_branch2c and res4a_branch2c
-        equal (3.80, 3.83)."""
+        equal (3.80, 3.83). ``stream``: dX's whole tiles written with non-temporal stores
+        (see :func:`numbaconv.strategies.streams`)."""
         from ..kernels.cpu import ukernel as uk
         dy2 = ops["dy"].reshape(-1, p.oc)
         bp = uk.pack_panels(ops["w"].reshape(p.ic, p.oc).T)
