@@ -99,18 +99,30 @@ def _take(size):
     return _Block(-(-size // GRAIN) * GRAIN)
 
 
-def empty(shape, dtype):
-    """``np.empty(shape, dtype)``, C order; from the pool (64-byte aligned) when large."""
+def empty(shape, dtype, offset=None):
+    """``np.empty(shape, dtype)``, C order; from the pool (64-byte aligned) when large.
+    ``offset`` (bytes, a multiple of the item size): start that far past a 64-byte
+    boundary instead, large or small (a result placed as its operand is, so that the
+    kernels' vectors of both meet the same boundaries)."""
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     n = math.prod(shape)
     nbytes = n * dtype.itemsize
+    if offset is not None:
+        offset = int(offset) % ALIGN
+        if offset % dtype.itemsize:
+            raise ValueError(f"memory.empty: offset {offset} is not a multiple of "
+                             f"{dtype.itemsize}")
     if nbytes < MIN_BYTES or limit() <= 0:
-        return np.empty(shape, dtype)
-    block = _take(nbytes)
+        if offset is None:
+            return np.empty(shape, dtype)
+        raw = np.empty(nbytes + ALIGN, np.uint8)
+        start = (offset - raw.ctypes.data) % ALIGN
+        return raw[start:start + nbytes].view(dtype).reshape(shape)
+    block = _take(nbytes + (ALIGN if offset else 0))
     lease = block.lease_type.from_buffer(block.mem)
     lease._block = block
-    return np.frombuffer(lease, dtype, n).reshape(shape)
+    return np.frombuffer(lease, dtype, n, offset=offset or 0).reshape(shape)
 
 
 def zeros(shape, dtype):

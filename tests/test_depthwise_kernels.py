@@ -464,3 +464,83 @@ def test_row_kernel_streams_dx(stride, dtype):
                                             False, True)
                 np.testing.assert_array_equal(dx, plain, err_msg=f"{c} channels, width "
                                               f"{width}, offset {offset}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_row_kernels_any_head(stride, dtype):
+    """Both row kernels with every ``head`` (channels before the first whole vector) from 0
+    to past C: the same gradients, equal to the reference (37 channels: a masked head, whole
+    vectors and a masked rest; 11 rows of widths that take full and tail blocks)."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    c = 37
+    case = (c, (5, 11), (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), 1)
+    x, w, dy, attrs = _operands(case, dtype, seed=9)
+    p = nc.plan("convolution_backprop_data", dy, w, (5, 11), **attrs).problem
+    xs, ys, ws = canonical_shapes(p)
+    want_d = conv_bwd_data_ref(dy, w, (5, 11), (stride, stride), (1, 1), (1, 1), (1, 1),
+                               c).reshape(xs)
+    want_w = conv_bwd_filter_ref(x, dy, (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), c)
+    for head in (0, 1, 4, 8, 15, 16, 36, 37, 40):
+        dx = np.full(xs, np.nan, dtype)
+        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2, False,
+                                    False, head)
+        tol = tolerance(dtype)
+        np.testing.assert_allclose(dx, want_d, rtol=tol, atol=tol * np.abs(want_d).max(),
+                                   err_msg=f"head {head}")
+        dw = np.full(ws, np.nan, dtype)
+        kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), np.empty((2, *ws), dtype),
+                                    dw, geo(p), False, head)
+        np.testing.assert_allclose(dw.reshape(want_w.shape), want_w, rtol=tol,
+                                   atol=tol * np.abs(want_w).max(), err_msg=f"head {head}")
+
+
+def test_row_head():
+    """The head puts the rest of a pixel's channels on a vector boundary where a pixel
+    spans whole vectors' worth of bytes, and is 0 where it cannot."""
+    vb = kr.VECTOR_BYTES
+    assert kr.row_head(4096, 64, 4, 4) == 0
+    assert kr.row_head(4096 + 16, 64, 4, 4) == (vb - 16) // 4
+    assert kr.row_head(4096 + 16, 64, 8, 8) == (vb - 16) // 8
+    assert kr.row_head(4096 + 16, 2, 4, 4) == 0  # 8-byte pixels: no boundary to keep
+    assert kr.row_head(4096 + 2, 64, 4, 4) == 0  # not on an element boundary
+    # float16 data in float32 lanes: half as many bytes per vector
+    assert kr.row_head(4096 + 16, 64, 2, 4) == (vb // 2 - 16) // 2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_misaligned_operands_give_the_same_gradients(dtype):
+    """Operands 16 or 32 bytes past a 64-byte boundary (NumPy's large arrays are 16 past
+    one) take a head of channels so that the rest is aligned: both depthwise gradients bit
+    for bit those of aligned operands, and the inputs left alone."""
+    c, isz = 128, (6, 20)  # 8 whole vectors of float32 per pixel: the plans align
+    for stride in (1, 2):
+        case = (c, isz, (3, 3), (stride, stride), (1, 1), (1, 1), (1, 1), 1)
+        x, w, dy, attrs = _operands(case, dtype, seed=stride)
+        assert nc.plan("convolution_backprop_data", dy, w, isz, **attrs).tiles["align"]
+        assert nc.plan("convolution_backprop_filters", x, (3, 3), dy, **attrs).tiles["align"]
+        got = {}
+        for mis in (0, 16, 32):
+            xm, dym, wm = (_at_offset(a, mis) for a in (x, dy, w))
+            saved = [a.copy() for a in (xm, dym, wm)]
+            dx = nc.convolution_backprop_data(dym, wm, isz, **attrs)
+            dw = nc.convolution_backprop_filters(xm, (3, 3), dym, **attrs)
+            for a, b in zip((xm, dym, wm), saved):
+                np.testing.assert_array_equal(a, b)
+            got[mis] = (dx, dw)
+        for mis in (16, 32):
+            np.testing.assert_array_equal(got[mis][0], got[0][0], err_msg=f"dx, {mis} B")
+            np.testing.assert_array_equal(got[mis][1], got[0][1], err_msg=f"dw, {mis} B")
+        err = normalized_error(got[0][0], conv_bwd_data_ref, dy, w, isz, (stride, stride),
+                               (1, 1), (1, 1), (1, 1), c)
+        assert err <= tolerance(dtype)
+
+
+def _at_offset(a, mis):
+    """A copy of ``a`` starting ``mis`` bytes past a 64-byte boundary."""
+    raw = np.empty(a.nbytes + 64, np.uint8)
+    start = (mis - raw.ctypes.data) % 64
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out

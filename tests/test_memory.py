@@ -115,3 +115,17 @@ def test_results_from_the_pool_survive_later_calls(rng):
 def test_default_limit_is_a_share_of_memory(monkeypatch):
     monkeypatch.setattr(config, "MEMORY_POOL_BYTES", None)
     assert 0 < memory.limit() <= 1 << 30
+
+
+@pytest.mark.parametrize("nbytes", [4096, 8 << 20])
+def test_empty_at_an_offset(nbytes):
+    """``offset`` puts an array that many bytes past a 64-byte boundary, small (np.empty)
+    and large (the pool) alike; an offset that splits an element is refused."""
+    for offset in (0, 16, 32, 48, -16):
+        a = memory.empty(nbytes // 4, np.float32, offset=offset)
+        assert a.shape == (nbytes // 4,) and a.dtype == np.float32 and a.flags.c_contiguous
+        assert a.ctypes.data % 64 == offset % 64
+        a[...] = 1.5  # all of it writable
+        assert a.sum() == 1.5 * a.size
+    with pytest.raises(ValueError, match="offset"):
+        memory.empty(16, np.float64, offset=4)

@@ -54,16 +54,23 @@ def _const(v):
     return ir.Constant(ir.IntType(64), v)
 
 
-def _channel_vectors(builder, C, vl, body):
-    """``body(c, mask)`` for every whole vector of channels (``mask`` None), then once for
-    the channels beyond the last whole vector with a lane mask (``<vl x i1>``)."""
-    nfull = builder.sdiv(C, _const(vl))
+def _channel_vectors(builder, C, vl, body, head):
+    """``body(c, mask)`` for every whole vector of channels from channel ``head`` on
+    (``mask`` None), then for the two masked pieces (a ``<vl x i1>`` lane mask each, one
+    compiled body in a two-step loop): the ``head`` channels before the whole vectors and
+    the rest after them, each when not empty. ``head`` (``0 <= head <= C``, less than
+    ``vl``) puts every whole vector on a vector boundary where the operands start off one
+    (see ``row_head``)."""
+    nfull = builder.sdiv(builder.sub(C, head), _const(vl))
     with cgutils.for_range(builder, nfull) as lp:
-        body(builder.mul(lp.index, _const(vl)), None)
-    cfull = builder.mul(nfull, _const(vl))
+        body(builder.add(head, builder.mul(lp.index, _const(vl))), None)
+    cfull = builder.add(head, builder.mul(nfull, _const(vl)))
     rem = builder.sub(C, cfull)
-    with builder.if_then(builder.icmp_signed(">", rem, _const(0))):
-        body(cfull, lane_mask(builder, rem, vl))
+    with cgutils.for_range(builder, _const(2)) as lp:
+        first = builder.icmp_signed("==", lp.index, _const(0))
+        n = builder.select(first, head, rem)
+        with builder.if_then(builder.icmp_signed(">", n, _const(0))):
+            body(builder.select(first, _const(0), cfull), lane_mask(builder, n, vl))
 
 
 def _prologue(context, builder, work, addrs, halves):
@@ -97,11 +104,11 @@ def _drow(NR, S):
 
     @intrinsic
     def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream,
-            work):
-        sig = types.void(*([types.intp] * 12), work)
+            head, work):
+        sig = types.void(*([types.intp] * 13), work)
 
         def codegen(context, builder, signature, args):
-            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, _ = args
+            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, _ = args
             # float16 data: dY and dX as half bits, the filter in float32
             vty, vl, (pin, pwt, pout), fma = _prologue(
                 context, builder, work, (inp, wp, outp), (True, False, True))
@@ -199,19 +206,19 @@ def _drow(NR, S):
                     with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
                         checked(a, c, mask, wv)
 
-                _channel_vectors(builder, C, vl, body)
+                _channel_vectors(builder, C, vl, body, head)
             else:
                 with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
-                                     lambda c, mask: checked(a, c, mask, filt(c, mask)))
+                                     lambda c, mask: checked(a, c, mask, filt(c, mask)), head)
                 with cgutils.for_range(builder, nblk) as lp:
                     _channel_vectors(builder, C, vl, lambda c, mask: block(
-                        full(lp.index), c, mask, filt(c, mask), PB))
+                        full(lp.index), c, mask, filt(c, mask), PB), head)
                 tails(lambda m0, P: _channel_vectors(
-                    builder, C, vl, lambda c, mask: block(m0, c, mask, filt(c, mask), P)))
+                    builder, C, vl, lambda c, mask: block(m0, c, mask, filt(c, mask), P), head))
                 with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
-                                     lambda c, mask: checked(a, c, mask, filt(c, mask)))
+                                     lambda c, mask: checked(a, c, mask, filt(c, mask)), head)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -227,11 +234,11 @@ def _wrow(NR, S):
     ``xp``, ``dyp``, ``pp`` (floats), ``trows``, ``tprow`` (NR int64 each)."""
 
     @intrinsic
-    def row(typingctx, xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, work):
-        sig = types.void(*([types.intp] * 11), work)
+    def row(typingctx, xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, head, work):
+        sig = types.void(*([types.intp] * 12), work)
 
         def codegen(context, builder, signature, args):
-            xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, _ = args
+            xp, dyp, pp, trows, tprow, npix, off, jlo, jhi, win, C, head, _ = args
             # float16 data: X and dY as half bits, the partial dW in float32
             vty, vl, (px, pdy, ppart), fma = _prologue(
                 context, builder, work, (xp, dyp, pp), (True, True, False))
@@ -294,7 +301,7 @@ def _wrow(NR, S):
                         ppart.store(builder.fadd(ppart.load(q, mask), builder.load(acc[r][b])),
                                     q, mask)
 
-            _channel_vectors(builder, C, vl, body)
+            _channel_vectors(builder, C, vl, body, head)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -345,6 +352,20 @@ def _prefetch(typingctx, addr, nbytes):
     return sig, codegen
 
 
+def row_head(addr, C, itemsize, compute_itemsize):
+    """Channels before the first vector boundary of a channels-last operand at ``addr``
+    (``itemsize`` bytes per element, computed in vectors of ``compute_itemsize``-byte
+    lanes): the ``head`` that puts every other vector of every pixel on a boundary, where
+    each pixel's channels span whole vectors' worth of bytes; else 0. NumPy's large arrays
+    start 16 bytes past a 64-byte boundary, so with 64-byte vectors every load of them
+    straddles two cache lines."""
+    vbytes = VECTOR_BYTES // compute_itemsize * itemsize
+    mis = addr % vbytes
+    if mis == 0 or mis % itemsize or (C * itemsize) % vbytes:
+        return 0
+    return min(C, (vbytes - mis) // itemsize)
+
+
 @helper
 def interior(npix, win, off, S):
     """``(jlo, jhi)``: the pixels ``j < npix`` whose three input columns ``j*S + off + b``
@@ -369,7 +390,7 @@ def blocks(npix, win, pw, S):
 
 
 @helper
-def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream):
+def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
     """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
@@ -415,48 +436,51 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream):
         elif sw == 1:
             if nr == 3:
                 _drow3s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          dx)
+                          head, dx)
             elif nr == 2:
                 _drow2s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          dx)
+                          head, dx)
             else:
                 _drow1s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          dx)
+                          head, dx)
         else:
             if nr == 3:
                 _drow3s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          dx)
+                          head, dx)
             elif nr == 2:
                 _drow2s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          dx)
+                          head, dx)
             else:
                 _drow1s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          dx)
+                          head, dx)
 
 
 @kernel
-def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False):
+def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
     threads take ``nchunks`` contiguous ranges of dX rows. ``prefetch``: prefetch the next
     row's dY rows into L2 while a row computes (see :func:`_prefetch`). ``stream``: write
     dX's whole vectors with non-temporal stores (float32 and float64, taken where every
-    pixel's channels start on a vector boundary): a dX larger than the caches then costs
-    no read for ownership."""
+    pixel's whole vectors start on a vector boundary): a dX larger than the caches then
+    costs no read for ownership. ``head``: channels before the first whole vector (see
+    :func:`row_head`; any value is correct, taken modulo the vector's lanes)."""
     rows = geo[0] * geo[4] * geo[5]
     it = dx.itemsize
-    nt = (stream and STREAMS and it >= 4 and dx.ctypes.data % VECTOR_BYTES == 0
-          and (geo[1] * it) % VECTOR_BYTES == 0)
+    C = geo[1]
+    head = min(max(head, 0) % (VECTOR_BYTES // max(it, 4)), C)  # less than a vector
+    nt = (stream and STREAMS and it >= 4 and (dx.ctypes.data + head * it) % VECTOR_BYTES == 0
+          and (C * it) % VECTOR_BYTES == 0)
     for chunk in prange(nchunks):
         _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks,
-                    prefetch, 1 if nt else 0)
+                    prefetch, 1 if nt else 0, head)
         if nt:
             _sfence()
 
 
 @helper
-def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch):
+def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch, head):
     """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here); with
     ``prefetch``, each next row's operands are prefetched."""
     C = geo[1]
@@ -503,30 +527,33 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch):
                                   iw * C * it)
         if sw == 1:
             if nr == 3:
-                _wrow3s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+                _wrow3s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
             elif nr == 2:
-                _wrow2s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+                _wrow2s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
             elif nr == 1:
-                _wrow1s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+                _wrow1s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
         else:
             if nr == 3:
-                _wrow3s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+                _wrow3s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
             elif nr == 2:
-                _wrow2s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+                _wrow2s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
             elif nr == 1:
-                _wrow1s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, x)
+                _wrow1s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
 
 
 @kernel
-def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch):
+def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
     """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
     depth 1, column stride 1 or 2, column dilation 1 (any row stride, row dilation and
     padding). part (scratch, ``[nchunks, 1, 3, 3, 1, C]``): chunk j's sum over its
     contiguous range of dY rows, zeroed and reduced here. ``prefetch``: prefetch each next
-    row's operands into L2 while a row computes (see :func:`_prefetch`)."""
+    row's operands into L2 while a row computes (see :func:`_prefetch`). ``head``:
+    channels before the first whole vector (see :func:`row_head`; any value is correct,
+    taken modulo the vector's lanes)."""
     rows = geo[0] * geo[10] * geo[11]
     nchunks = part.shape[0]
+    head = min(max(head, 0) % (VECTOR_BYTES // max(x.itemsize, 4)), geo[1])
     for ch in prange(nchunks):
         _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks,
-                    prefetch)
+                    prefetch, head)
     reduce_chunks(part, dwt)

@@ -69,6 +69,47 @@ def _bwd_d_kernel(p, machine):
     return "spans"
 
 
+#: The row kernels align an operand that starts off a vector boundary (``row_head``: a
+#: masked head of channels, so that the whole vectors after it are aligned; the plan's
+#: ``align``) only where a pixel spans at least this many whole vectors: the head and the
+#: rest are one masked pass each over the row, on top of the whole vectors. Backward data
+#: also only for a dX under ``ALIGN_DX_L3_FRACTION`` of the L3: its pixels' first and last
+#: lines are then written by two masked stores each, which cost more than the split loads
+#: on a store-bound layer. Measured with operands 16 bytes past a boundary (NumPy's large
+#: arrays), Zen 4, 2 threads, float32, same process, ms unaligned -> aligned: weights
+#: dw144_56_s1 0.78-0.96 -> 0.63-0.83, dw576_14_s1 0.165-0.217 -> 0.138-0.158, dw960_7
+#: 0.106 -> 0.090, dw192_28_s1 0.204 -> 0.176; data dw576_14_s1 0.169-0.188 -> 0.143-0.148,
+#: dw384_14 0.186 -> 0.160, dw960_7 0.114 -> 0.094, but dw144_56_s1 (14 MB dX) 0.57 ->
+#: 0.63 and dw144_56_s2 0.58-0.93 -> 0.62-1.09; 32-channel pixels (2 vectors) lost
+#: 0.60 -> 1.41 with their head.
+HEAD_MIN_VECTORS = 8
+ALIGN_DX_L3_FRACTION = 0.25
+
+
+def _wide(p, machine):
+    """Whether a pixel spans ``HEAD_MIN_VECTORS`` whole vectors."""
+    return p.ic * itemsize(p) >= HEAD_MIN_VECTORS * machine.vector_bytes
+
+
+def _head(kr, a, p, ct, tiles):
+    """The row kernels' ``head`` for the channels-last operand ``a`` where the plan aligns
+    (see ``HEAD_MIN_VECTORS``), else 0."""
+    if not tiles.get("align"):
+        return 0
+    return kr.row_head(a.ctypes.data, p.ic, a.itemsize, np.dtype(ct).itemsize)
+
+
+def _placed(w, head):
+    """The filter ``[1, 3, 3, 1, C]`` where its whole vectors past ``head`` channels start
+    on 64-byte boundaries (a copy of 9 x C elements unless it already is)."""
+    off = -head * w.itemsize % 64
+    if w.ctypes.data % 64 == off:
+        return w
+    out = memory.empty(w.shape, w.dtype, offset=off)
+    out[...] = w
+    return out
+
+
 class DepthwiseDirect(Direct):
     """The direct loop nests of :mod:`numbaconv.kernels.cpu.depthwise`."""
 
@@ -94,9 +135,13 @@ class DepthwiseDirect(Direct):
                 # a large dX streamed past the caches (float16 dX: half lines, not streamed)
                 t["stream"] = (p.dtype != "float16" and streams(
                     p.mb * (math.prod(p.isz) + math.prod(p.osz)) * p.ic, p, machine))
+                dx_bytes = p.mb * math.prod(p.isz) * p.ic * itemsize(p)
+                t["align"] = (_wide(p, machine)
+                              and dx_bytes < machine.l3_bytes * ALIGN_DX_L3_FRACTION)
         elif _rows_3x3(p):
             t["kernel"] = "rows_3x3"
             t["prefetch"] = _prefetch(p, machine)
+            t["align"] = _wide(p, machine)
         else:
             t["kernel"] = "spans" if p.oc == p.ic else "general"
         return t
@@ -126,11 +171,15 @@ class DepthwiseDirect(Direct):
         if p.direction == "bwd_d":
             if tiles["kernel"] == "rows_3x3":
                 from ..kernels.cpu import depthwise_rows as kr
-                # float16 bits in, float16 bits out (see half_operands)
-                dx = memory.empty(xs, result_dtype(ops["dy"], ct))
-                kr.bwd_d_depthwise_3x3_rows(ops["dy"], ops["w"], dx, g, tiles["chunks"],
-                                            bool(tiles.get("prefetch")),
-                                            bool(tiles.get("stream")))
+                # float16 bits in, float16 bits out (see half_operands); dX and the filter
+                # placed so that the vectors past dY's head channels are all aligned
+                dy = ops["dy"]
+                head = _head(kr, dy, p, ct, tiles)
+                dx = memory.empty(xs, result_dtype(dy, ct),
+                                  offset=dy.ctypes.data % 64 if head else None)
+                kr.bwd_d_depthwise_3x3_rows(dy, _placed(ops["w"], head), dx, g,
+                                            tiles["chunks"], bool(tiles.get("prefetch")),
+                                            bool(tiles.get("stream")), head)
             elif tiles["kernel"] == "spans":
                 dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
@@ -144,9 +193,15 @@ class DepthwiseDirect(Direct):
         chunks = tiles["chunks"]
         if tiles["kernel"] == "rows_3x3":
             from ..kernels.cpu import depthwise_rows as kr
+            # the input's head channels (it is read three times as often as dY), and the
+            # partial dW's vectors placed to match
+            x = ops["x"]
+            head = _head(kr, x, p, ct, tiles)
+            part = memory.empty((chunks, *ws), ct,
+                                offset=-head * np.dtype(ct).itemsize)
             dw = np.empty(ws, ct)
-            kr.bwd_w_depthwise_3x3_rows(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g,
-                                        bool(tiles.get("prefetch")))
+            kr.bwd_w_depthwise_3x3_rows(x, ops["dy"], part, dw, g,
+                                        bool(tiles.get("prefetch")), head)
             return dw
         if tiles["kernel"] == "spans":
             # per-thread partials, zeroed and reduced inside the kernel (one launch)
