@@ -190,3 +190,20 @@ def test_padded_extent_covers_every_tap():
                 lead, extent = pads[a]
                 if grid[a]:
                     assert 0 <= lead + off[a] and grid[a] - 1 + off[a] + lead < extent
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_pad_dy_writes_every_element(dtype):
+    """``pad_dy`` copies dY into the middle of dYp (float16 widened to float32) and zeroes
+    all the rest itself, leading and trailing pads on every axis: a NaN-filled dYp comes
+    back with no NaN left."""
+    rng = np.random.default_rng(3)
+    dy = rng.standard_normal((2, 3, 4, 5, 6)).astype(dtype)
+    lead = np.array([1, 2, 0], np.int64)
+    ct = np.float32 if dtype == np.float16 else dtype
+    dyp = np.full((2, 5, 7, 8, 6), np.nan, ct)
+    src = dy.view(np.uint16) if dtype == np.float16 else dy
+    igemm.pad_dy(src, dyp, lead)
+    want = np.zeros(dyp.shape, ct)
+    want[:, 1:4, 2:6, 0:5, :] = dy.astype(ct)
+    np.testing.assert_array_equal(dyp, want)

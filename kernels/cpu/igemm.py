@@ -369,25 +369,38 @@ def _round_row(src, s0, dst, d0, n):
 
 @kernel
 def pad_dy(dy, dyp, lead):
-    """``dyp[n, Ld + d, Lh + h, Lw + w, :] = dy[n, d, h, w, :]`` in parallel over the rows
-    of ``dy`` (``lead``: int64 ``Ld, Lh, Lw``); ``dy`` of float16 bits (uint16) is widened
-    into the float32 ``dyp`` on the way, so that float16 costs no pass of its own. The
-    rest of ``dyp`` (its padding) is left as it is."""
+    """``dyp[n, Ld + d, Lh + h, Lw + w, :] = dy[n, d, h, w, :]`` and zeros everywhere else
+    (``lead``: int64 ``Ld, Lh, Lw``), in parallel over the rows of ``dyp``, each written
+    once: no zero-fill pass over ``dyp`` first. ``dy`` of float16 bits (uint16) is widened
+    into the float32 ``dyp`` on the way, so that float16 costs no pass of its own."""
     mb, D, H, W, K = dy.shape
     Dp, Hp, Wp = dyp.shape[1], dyp.shape[2], dyp.shape[3]
     Ld, Lh, Lw = lead[0], lead[1], lead[2]
     s1 = dy.reshape(dy.size)
     d1 = dyp.reshape(dyp.size)
     L = np.uint64(W * K)
-    for r in prange(mb * D * H):
-        h = r % H
-        u = r // H
-        d = u % D
-        n = u // D
-        so = np.uint64(r) * L
-        do = np.uint64((((n * Dp + d + Ld) * Hp + h + Lh) * Wp + Lw) * K)
-        for i in range(L):
-            d1[do + i] = _widen(s1[so + i])
+    Lp = np.uint64(Wp * K)
+    head = np.uint64(Lw * K)
+    zero = d1.dtype.type(0)
+    for r in prange(mb * Dp * Hp):
+        hp = r % Hp
+        u = r // Hp
+        dp = u % Dp
+        n = u // Dp
+        do = np.uint64(r) * Lp
+        d = dp - Ld
+        h = hp - Lh
+        if 0 <= d < D and 0 <= h < H:
+            so = np.uint64((n * D + d) * H + h) * L
+            for i in range(head):
+                d1[do + i] = zero
+            for i in range(L):
+                d1[do + head + i] = _widen(s1[so + i])
+            for i in range(head + L, Lp):
+                d1[do + i] = zero
+        else:
+            for i in range(Lp):
+                d1[do + i] = zero
 
 
 @kernel

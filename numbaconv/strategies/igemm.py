@@ -140,7 +140,7 @@ class ImplicitGemm(Strategy):
         if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
         else:  # float16 bits are widened on the way
-            dyp = (memory.zeros if padded else memory.empty)((p.mb, Dp, Hp, Wp, K), ct)
+            dyp = memory.empty((p.mb, Dp, Hp, Wp, K), ct)  # pad_dy writes all of it
             igemm.pad_dy(np.ascontiguousarray(dy), dyp, np.array([Ld, Lh, Lw], np.int64))
         w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), C, K)
         threads = max(1, int(tiles.get("threads", 1)))
