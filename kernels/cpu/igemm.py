@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
 
-from numbaconv.kernels.cpu.ukernel import VECTOR_BYTES  # noqa: E402  (a host constant)
+from numbaconv.kernels.cpu.ukernel import STREAMS, VECTOR_BYTES  # noqa: E402  (host constants)
 
 #: Rows of a register tile and the most vectors across it (as ukernel's: ``MR*NV``
 #: accumulators, ``NV`` loaded vectors and a broadcast within 32 registers with AVX-512).
@@ -65,7 +65,8 @@ def _micro(nv):
     """``C[crows[i] + :nv*VL] (+)= sum_s sum_k A[arows[i] + segs[s] + k] * B[s*kl + k, :]``
     for the ``MR`` rows ``i`` (element offsets from ``a``, ``c``; ``arows``, ``segs`` and
     ``crows``: addresses of int64 arrays), ``nseg`` segments of ``kl`` elements each, ``B``
-    packed with rows ``ldb`` elements apart. Accumulates into C when ``beta`` != 0; with no
+    packed with rows ``ldb`` elements apart. ``beta`` 0 stores the tile, 1 adds it to C, 2
+    streams it (non-temporal stores: every row of the tile on a vector boundary); with no
     segments it stores zeros (or leaves C as it is)."""
 
     @intrinsic
@@ -116,7 +117,10 @@ def _micro(nv):
                             builder.store(
                                 builder.call(fma, [x, bv[v], builder.load(acc[i][v])]),
                                 acc[i][v])
-            add = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+            add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
+            plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
+            stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
+            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
             for i in range(MR):
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64p),
                                                 [ir.Constant(i64, i)]))
@@ -126,8 +130,12 @@ def _micro(nv):
                     val = builder.load(acc[i][v])
                     with builder.if_then(add):
                         builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
-                    with builder.if_then(builder.not_(add)):
+                    with builder.if_then(plain):
                         builder.store(val, p, align=1)
+                    with builder.if_then(stream):
+                        # whole aligned vectors past the caches (no read for ownership)
+                        st = builder.store(val, p, align=VECTOR_BYTES)
+                        st.set_metadata("nontemporal", nontemporal)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -275,8 +283,24 @@ def _tiles(nv, pa, offs, psegs, ns, K, bmat, boff, nr, cp, beta, work):
               po + (ti * 2 + 1) * MR * 8, beta, work)
 
 
+@intrinsic
+def _sfence(typingctx):
+    """``sfence``: this thread's streamed stores are visible before anything it does next."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        if STREAMS:  # elsewhere no stream is taken (see bwd_d_phase)
+            fn = cgutils.get_or_insert_function(builder.module,
+                                                ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse.sfence")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @kernel
-def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work):
+def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
     """One stride phase of backward data: ``dx[q + s*j, :] = sum_t dyp[j + b_t, :] @
     Bp[t]`` for every phase pixel ``j`` (see the module docstring), in parallel over
     blocks of row tiles, with the filter packed beforehand (:func:`pack_filter`).
@@ -287,7 +311,10 @@ def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work):
     ``dyp`` (``((b_d*Hp + b_h)*Wp + b_w)*K``). ``bp [panels, taps, K, NR]``: the packed
     filter. ``chunk``: taps per micro-kernel call. Row tiles of ``MR`` pixels are split
     into ``nblocks`` equal blocks, one per parallel iteration; ``work``: per-block scratch
-    rows ``[nblocks, MR * C_panels]`` for the rows past the last pixel."""
+    rows ``[nblocks, MR * C_panels]`` for the rows past the last pixel. ``stream``: where
+    one chunk takes every tap (each tile stored once) and every tile row of dX and of
+    ``work`` starts on a vector boundary, the tiles are written with non-temporal stores
+    (a dX larger than the caches then costs no read for ownership)."""
     K, C = pg[7], pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
     ntiles = (P + MR - 1) // MR
@@ -297,6 +324,10 @@ def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work):
     tpb = (ntiles + nblocks - 1) // nblocks
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     psegs = segs.ctypes.data
+    nt = (stream and STREAMS and ntaps <= chunk and pc % VECTOR_BYTES == 0
+          and (C * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
+          and (work.shape[1] * it) % VECTOR_BYTES == 0)
+    first = 2 if nt else 0
     for blk in prange(nblocks):
         t0 = blk * tpb
         t1 = min(ntiles, t0 + tpb)
@@ -312,7 +343,9 @@ def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work):
             for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
                 ns = min(chunk, ntaps - c0)
                 _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, bp, ((p * ntaps + c0) * K) * nr,
-                       nr, cp, 1 if c0 else 0, work)
+                       nr, cp, 1 if c0 else first, work)
+        if nt:
+            _sfence()
 
 
 @kernel

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from . import Strategy, itemsize, result_dtype
+from . import Strategy, itemsize, result_dtype, streams
 from .gemm import MIN_N, STRATEGY as GEMM, UK_MAX_SHORT_K, _phases
 from .. import config, memory
 
@@ -48,6 +48,15 @@ def _pads(p, phases):
         top = max([p.osz[a]] + [j + max(bs) for j, bs in used])
         out.append((lead, lead + top))
     return out
+
+
+def _footprint(p):
+    """Elements of dY, dX and the padded dY where there is one (see ``streams``)."""
+    pads = _pads(p, _phases(p))
+    dyp = (p.mb * math.prod(e for _, e in pads) * p.oc
+           if any(lead for lead, _ in pads) or tuple(e for _, e in pads) != tuple(p.osz)
+           else 0)
+    return p.mb * (math.prod(p.isz) * p.ic + math.prod(p.osz) * p.oc) + dyp
 
 
 def _blocks(pixels, block_tiles, threads):
@@ -97,7 +106,9 @@ class ImplicitGemm(Strategy):
         nr = igemm.panel(itemsize(p))
         chunk = max(1, CHUNK_BYTES // (p.oc * nr * itemsize(p)))
         return {"chunk": int(chunk), "block_tiles": BLOCK_TILES,
-                "panels_above": int(machine.l2_bytes // 2), "threads": _threads()}
+                "panels_above": int(machine.l2_bytes // 2), "threads": _threads(),
+                # dX streamed past the caches (row-block phases whose taps fit one chunk)
+                "stream": p.dtype != "float16" and streams(_footprint(p), p, machine)}
 
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import igemm
@@ -147,7 +158,7 @@ class ImplicitGemm(Strategy):
         chunk = np.int64(tiles["chunk"])
         bt = max(1, int(tiles["block_tiles"]))
         half_out = dy.dtype == np.uint16
-        dx = memory.empty((p.mb, *p.isz, C), result_dtype(dy, ct))
+        dx = memory.empty((p.mb, *p.isz, C), result_dtype(dy, ct), offset=0)  # aligned
         for q, grid, taps in phases:
             P = p.mb * math.prod(grid)
             if P == 0:
@@ -178,8 +189,9 @@ class ImplicitGemm(Strategy):
                 igemm.bwd_d_phase_half(dyp, bp, dx, segs, pg, chunk, np.int64(threads), work)
                 continue
             nblocks = _blocks(P, bt, threads)
-            work = np.empty((nblocks, igemm.MR * npan * nr), ct)
-            igemm.bwd_d_phase(dyp, bp, dx, segs, pg, chunk, np.int64(nblocks), work)
+            work = memory.empty((nblocks, igemm.MR * npan * nr), ct, offset=0)
+            igemm.bwd_d_phase(dyp, bp, dx, segs, pg, chunk, np.int64(nblocks), work,
+                              bool(tiles.get("stream")))
         return dx
 
     def numba_parallel(self, p, tiles):
