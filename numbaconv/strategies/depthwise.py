@@ -91,12 +91,13 @@ def _wide(p, machine):
     return p.ic * itemsize(p) >= HEAD_MIN_VECTORS * machine.vector_bytes
 
 
-def _head(kr, a, p, ct, tiles):
+def _head(a, p, ct, tiles):
     """The row kernels' ``head`` for the channels-last operand ``a`` where the plan aligns
     (see ``HEAD_MIN_VECTORS``), else 0."""
     if not tiles.get("align"):
         return 0
-    return kr.row_head(a.ctypes.data, p.ic, a.itemsize, np.dtype(ct).itemsize)
+    from ..kernels.cpu.depthwise_rows import row_head
+    return row_head(a.ctypes.data, p.ic, a.itemsize, np.dtype(ct).itemsize)
 
 
 def _placed(w, head):
@@ -173,12 +174,14 @@ class DepthwiseDirect(Direct):
                 from ..kernels.cpu import depthwise_rows as kr
                 # float16 bits in, float16 bits out (see half_operands); dX and the filter
                 # placed so that the vectors past dY's head channels are all aligned
-                dy = ops["dy"]
-                head = _head(kr, dy, p, ct, tiles)
+                dy, w = ops["dy"], ops["w"]
+                head = _head(dy, p, ct, tiles)
+                if tiles.get("align"):
+                    w = _placed(w, head)
                 dx = memory.empty(xs, result_dtype(dy, ct),
                                   offset=dy.ctypes.data % 64 if head else None)
-                kr.bwd_d_depthwise_3x3_rows(dy, _placed(ops["w"], head), dx, g,
-                                            tiles["chunks"], bool(tiles.get("prefetch")),
+                kr.bwd_d_depthwise_3x3_rows(dy, w, dx, g, tiles["chunks"],
+                                            bool(tiles.get("prefetch")),
                                             bool(tiles.get("stream")), head)
             elif tiles["kernel"] == "spans":
                 dx = memory.empty(xs, ct)
@@ -196,7 +199,7 @@ class DepthwiseDirect(Direct):
             # the input's head channels (it is read three times as often as dY), and the
             # partial dW's vectors placed to match
             x = ops["x"]
-            head = _head(kr, x, p, ct, tiles)
+            head = _head(x, p, ct, tiles)
             part = memory.empty((chunks, *ws), ct,
                                 offset=-head * np.dtype(ct).itemsize)
             dw = np.empty(ws, ct)

@@ -300,8 +300,10 @@ class Gemm(Strategy):
                 chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
                 return {"slab_rows": int(rows), "packed": False, "workers": workers,
                         "claim": int(chunk),
-                        "stream": streams(rows * p.oc + p.oc * p.ic
-                                          + p.mb * math.prod(p.isz) * p.ic, p, machine),
+                        # float16's dX is rounded from a float32 stage, never streamed
+                        "stream": p.dtype != "float16" and streams(
+                            rows * p.oc + p.oc * p.ic + p.mb * math.prod(p.isz) * p.ic,
+                            p, machine),
                         **engine_tiles}
             if p.direction == "bwd_d" and engine == "numba":
                 a_size, b_size = rows * p.oc, p.oc * p.ic
