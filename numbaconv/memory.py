@@ -105,7 +105,8 @@ def empty(shape, dtype, offset=None):
     boundary instead, large or small (a result placed as its operand is, so that the
     kernels' vectors of both meet the same boundaries)."""
     dtype = np.dtype(dtype)
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if type(shape) is not tuple:
+        shape = tuple(int(s) for s in (shape if isinstance(shape, list) else (shape,)))
     n = math.prod(shape)
     nbytes = n * dtype.itemsize
     if offset is not None:

@@ -489,6 +489,15 @@ def test_row_kernels_any_head(stride, dtype):
         tol = tolerance(dtype)
         np.testing.assert_allclose(dx, want_d, rtol=tol, atol=tol * np.abs(want_d).max(),
                                    err_msg=f"head {head}")
+        # the filter read from the kernel's placed copy (filters on and off a boundary):
+        # the same sums in the same order
+        for off in (0, 1, 3):
+            wo = _aligned_nan(ws, dtype, off)
+            wo[...] = w.reshape(ws)
+            placed = np.full(xs, np.nan, dtype)
+            kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), wo, placed, geo(p), 2, False,
+                                        False, head, True)
+            np.testing.assert_array_equal(placed, dx, err_msg=f"head {head}, filter {off}")
         dw = np.full(ws, np.nan, dtype)
         kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), np.empty((2, *ws), dtype),
                                     dw, geo(p), False, head)

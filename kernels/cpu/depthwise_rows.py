@@ -456,7 +456,8 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
 
 
 @kernel
-def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0):
+def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
+                             place=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
@@ -465,15 +466,28 @@ def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, he
     dX's whole vectors with non-temporal stores (float32 and float64, taken where every
     pixel's whole vectors start on a vector boundary): a dX larger than the caches then
     costs no read for ownership. ``head``: channels before the first whole vector (see
-    :func:`row_head`; any value is correct, taken modulo the vector's lanes)."""
+    :func:`row_head`; any value is correct, taken modulo the vector's lanes). ``place``:
+    read the filter from a copy whose vectors past ``head`` channels start on vector
+    boundaries, as dY's and dX's then do (9 x C elements, copied here: a copy in Python
+    took 8 us of a 60 us call)."""
     rows = geo[0] * geo[4] * geo[5]
     it = dx.itemsize
     C = geo[1]
     head = min(max(head, 0) % (VECTOR_BYTES // max(it, 4)), C)  # less than a vector
     nt = (stream and STREAMS and it >= 4 and (dx.ctypes.data + head * it) % VECTOR_BYTES == 0
           and (C * it) % VECTOR_BYTES == 0)
+    n = w.size
+    itw = w.itemsize
+    if place:
+        buf = np.empty(n + VECTOR_BYTES // itw, w.dtype)
+        s = (-(buf.ctypes.data + head * itw)) % VECTOR_BYTES // itw
+        buf[s:s + n] = w.reshape(-1)
+    else:
+        buf = w.reshape(-1)
+        s = 0
+    wp = buf[s:s + n]
     for chunk in prange(nchunks):
-        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks,
+        _bwd_d_rows(dy, wp, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks,
                     prefetch, 1 if nt else 0, head)
         if nt:
             _sfence()

@@ -9,6 +9,9 @@ import inspect
 
 import numpy as np
 
+from .. import config, planner
+from ..backends import cpu, cuda
+
 REGISTRY = {}
 
 #: Parsed calls kept per process: (op, argument key) -> (problem, where each operand sits
@@ -123,10 +126,6 @@ def op(parse):
 
     @functools.wraps(parse)
     def public(*args, **kwargs):
-        from .. import config, planner
-        from ..backends import cpu, cuda
-
-        name = _arg(args, kwargs, "name")
         try:
             problem, operands, entry = _parse(parse, args, kwargs)
             out = _arg(args, kwargs, "out")
@@ -142,7 +141,9 @@ def op(parse):
                                                                            "strategy"),
                                                     device="cpu"))
                     entry[2] = kept
-                return cpu.execute(kept[1], operands, out=out)
+                # without config.THREADS the plan's threads are the calling thread's own
+                return cpu.execute(kept[1], operands, out=out,
+                                   threads_current=not config.THREADS)
             device = cuda.on_device(operands, out)  # TypeError when host and device mix
             the_plan = planner.make_plan(problem, strategy=_arg(args, kwargs, "strategy"),
                                          tune=False if tune is None else tune,
@@ -150,7 +151,7 @@ def op(parse):
                                          device="cuda" if device else "cpu")
             return (cuda if device else cpu).execute(the_plan, operands, out=out)
         except (TypeError, ValueError) as exc:
-            _prefixed(exc, name)
+            _prefixed(exc, _arg(args, kwargs, "name"))
 
     public.parse = parse
     REGISTRY[parse.__name__] = public

@@ -140,31 +140,41 @@ def canonical_operands(p, operands, parallel=False, half=frozenset()):
     return ops
 
 
-def _launch(strategy, p, tiles, ops, threads):
-    import numba
+def _launch(call, ops, threads):
+    """``call(ops)`` on ``threads`` Numba threads (None: those the calling thread has; see
+    the module docstring's locking)."""
     global _layer
 
-    numba.set_num_threads(threads)  # thread-local in Numba: set for this calling thread
+    if threads is not None:
+        _set_num_threads(threads)  # thread-local in Numba: set for this calling thread
     if _layer is None or _layer == "workqueue":
         with _launch_lock:
-            r = strategy.run(p, tiles, ops)
+            r = call(ops)
             if _layer is None:
+                import numba
                 try:
                     _layer = numba.threading_layer()
                 except ValueError:  # no parallel region ran yet
                     pass
             return r
-    return strategy.run(p, tiles, ops)
+    return call(ops)
+
+
+def _set_num_threads(n):
+    import numba
+    numba.set_num_threads(n)
 
 
 class _Prepared:
     """What :func:`execute` derives from a plan alone, derived once per plan: its strategy
-    object, whether the float16 conversions run on every thread, which operands its
-    kernels take as float16 bits, the user's dtype, and that it fits in memory (checked
-    again when ``config.MAX_MEMORY_FRACTION`` changes). Together 20-30 us of Python per
-    call."""
+    object and its bound call (``Strategy.bind``), whether the float16 conversions run on
+    every thread, which operands its kernels take as float16 bits, the user's dtype, that
+    it fits in memory (checked again when ``config.MAX_MEMORY_FRACTION`` changes), and
+    the canonical shapes of operands that need no conversion (``plain``: the user's
+    arrays, reshaped) and the result's shape. Together 20-30 us of Python per call."""
 
-    __slots__ = ("plan", "strategy", "parallel", "half", "half_io", "dtype", "fraction")
+    __slots__ = ("plan", "strategy", "call", "parallel", "half", "half_io", "dtype",
+                 "fraction", "plain", "shape")
 
     def __init__(self, plan):
         from ..planner import implementation
@@ -183,6 +193,15 @@ class _Prepared:
         self.half_io = (self.strategy.half_operands(p, plan.tiles)
                         if self.half and self.strategy is not None
                         and _half_kernels() is not None else frozenset())
+        self.call = None if self.strategy is None else self.strategy.bind(p, plan.tiles)
+        # channels-last data, XIO filters, float32/float64: the operands are the user's
+        # arrays reshaped (where C-contiguous) and the result is the user's layout
+        self.plain = None
+        self.shape = p.result_shape
+        if (not self.half and p.data_format == "NXC" and p.filter_format in ("XIO", "XIM")
+                and self.strategy is not None):
+            self.plain = (("x", (p.mb, *p.isz, p.ic)), ("dy", (p.mb, *p.osz, p.oc)),
+                          ("w", (*p.ksz, p.icg, p.oc)))
 
 
 #: id(plan) -> _Prepared (which holds the plan, so that an id is not reused while cached)
@@ -201,20 +220,45 @@ def _prepared(plan):
     return prep
 
 
-def execute(plan, operands, out=None):
-    """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result."""
+def _plain_operands(prep, operands):
+    """The canonical operands as views of the user's arrays, or None where one needs a
+    copy (see ``_Prepared.plain``)."""
+    ops = {}
+    dtype = prep.dtype
+    for name, shape in prep.plain:
+        a = operands.get(name)
+        if a is None:
+            continue
+        if a.dtype != dtype or not a.flags.c_contiguous:
+            return None
+        ops[name] = a.reshape(shape)
+    return ops
+
+
+def execute(plan, operands, out=None, threads_current=False):
+    """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result.
+    ``threads_current``: the calling thread's Numba threads are already ``plan.threads``
+    (a memoised call planned for them), so they are not set again."""
     p = plan.problem
     check_out(out, p)
     prep = _prepared(plan)
     if prep.strategy is None:
         result = np.zeros(p.result_shape, p.dtype)
     else:
+        ops = None if prep.plain is None else _plain_operands(prep, operands)
+        if ops is not None:
+            # the result comes in the compute dtype (the user's) and canonical layout
+            r = _launch(prep.call, ops, None if threads_current else plan.threads)
+            result = r.reshape(prep.shape)
+            if out is None:
+                return result if result.flags.c_contiguous else memory.ascontiguous(result)
+            np.copyto(out, result, casting="unsafe")
+            return out
         parallel = prep.parallel
         if parallel and prep.half:
-            import numba
-            numba.set_num_threads(plan.threads)  # the conversion's threads too
+            _set_num_threads(plan.threads)  # the conversion's threads too
         ops = canonical_operands(p, operands, parallel, prep.half_io)
-        r = _launch(prep.strategy, p, plan.tiles, ops, plan.threads)
+        r = _launch(prep.call, ops, plan.threads)
         if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
             r = r.view(np.float16)
         elif prep.half and _half_kernels() is not None:

@@ -8,6 +8,10 @@ A strategy is a small object with:
 * ``run(problem, tiles, ops) -> result`` on canonical contiguous arrays (see
   :mod:`numbaconv.kernels`), importing its kernel module lazily so that importing numbaconv
   compiles nothing;
+* ``bind(problem, tiles) -> call``: ``call(ops)`` is ``run(problem, tiles, ops)``, with
+  what depends on the plan alone (shapes, geometry, the kernel) derived once; the backend
+  binds a plan once and calls it on every run (a small layer's kernel takes 50-100 us, and
+  its Python around it was a third of that);
 * ``half_operands(problem, tiles) -> frozenset``: for float16 problems, the operands it
   takes as float16 bits (``uint16`` arrays in canonical layout; its kernels widen them as
   they load) and ``"result"`` when it returns float16 bits; the backend converts only the
@@ -40,6 +44,12 @@ class Strategy:
 
     def run(self, problem, tiles, ops):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def bind(self, problem, tiles):
+        """``call(ops)``, equal to ``run(problem, tiles, ops)``; a strategy whose small
+        problems are dominated by the Python of :meth:`run` overrides it."""
+        run = self.run
+        return lambda ops: run(problem, tiles, ops)
 
     def half_operands(self, problem, tiles):
         """What :meth:`run` takes (and returns) as float16 bits for a float16 problem; it

@@ -91,24 +91,12 @@ def _wide(p, machine):
     return p.ic * itemsize(p) >= HEAD_MIN_VECTORS * machine.vector_bytes
 
 
-def _head(a, p, ct, tiles):
-    """The row kernels' ``head`` for the channels-last operand ``a`` where the plan aligns
-    (see ``HEAD_MIN_VECTORS``), else 0."""
-    if not tiles.get("align"):
-        return 0
+def _row_head(p, ct):
+    """``head(address)``: the row kernels' ``head`` for a channels-last operand of
+    ``p`` at ``address`` (see :func:`numbaconv.kernels.cpu.depthwise_rows.row_head`)."""
     from ..kernels.cpu.depthwise_rows import row_head
-    return row_head(a.ctypes.data, p.ic, a.itemsize, np.dtype(ct).itemsize)
-
-
-def _placed(w, head):
-    """The filter ``[1, 3, 3, 1, C]`` where its whole vectors past ``head`` channels start
-    on 64-byte boundaries (a copy of 9 x C elements unless it already is)."""
-    off = -head * w.itemsize % 64
-    if w.ctypes.data % 64 == off:
-        return w
-    out = memory.empty(w.shape, w.dtype, offset=off)
-    out[...] = w
-    return out
+    C, cit = p.ic, np.dtype(ct).itemsize
+    return lambda addr, it: row_head(addr, C, it, cit)
 
 
 class DepthwiseDirect(Direct):
@@ -154,6 +142,58 @@ class DepthwiseDirect(Direct):
             return frozenset()
         return frozenset(("dy", "result") if p.direction == "bwd_d" else ("x", "dy"))
 
+    def bind(self, p, tiles):
+        """The row kernels bound to the plan: shapes, geometry and flags derived once, so
+        that a call is an address, an allocation and the kernel (a 7x7 or 14x14 layer's
+        kernel takes 50-90 us; the Python of a call took 20-30 more)."""
+        if tiles.get("kernel") != "rows_3x3" or p.direction == "fwd":
+            return super().bind(p, tiles)
+        from ..kernels.cpu import depthwise_rows as kr
+
+        xs, ys, ws = canonical_shapes(p)
+        ct = np.dtype(p.compute_dtype)
+        g = geo(p)
+        prefetch = bool(tiles.get("prefetch"))
+        align = bool(tiles.get("align"))
+        head_of = _row_head(p, ct)
+        empty = memory.empty
+        if p.direction == "bwd_d":
+            kern = kr.bwd_d_depthwise_3x3_rows
+            chunks = tiles["chunks"]
+            stream = bool(tiles.get("stream"))
+
+            def call(ops):
+                # float16 bits in, float16 bits out (see half_operands); dX placed as dY
+                # is and the filter copied to match (in the kernel), so that the vectors
+                # past dY's head channels are all aligned
+                dy = ops["dy"]
+                rt = result_dtype(dy, ct)
+                if align:
+                    off = dy.ctypes.data % 64
+                    head = head_of(off, dy.itemsize)
+                    dx = empty(xs, rt, offset=off if head else None)
+                else:
+                    head = 0
+                    dx = empty(xs, rt)
+                kern(dy, ops["w"], dx, g, chunks, prefetch, stream, head, align)
+                return dx
+            return call
+
+        kern = kr.bwd_w_depthwise_3x3_rows
+        part_shape = (tiles["chunks"], *ws)
+        isz = ct.itemsize
+
+        def call(ops):
+            # the input's head channels (it is read three times as often as dY), and the
+            # partial dW's vectors placed to match
+            x = ops["x"]
+            head = head_of(x.ctypes.data % 64, x.itemsize) if align else 0
+            part = empty(part_shape, ct, offset=-head * isz)
+            dw = np.empty(ws, ct)
+            kern(x, ops["dy"], part, dw, g, prefetch, head)
+            return dw
+        return call
+
     def run(self, p, tiles, ops):
         from ..kernels.cpu import depthwise as k
         from ..kernels.cpu.direct import reduce_partials
@@ -171,18 +211,7 @@ class DepthwiseDirect(Direct):
             return y
         if p.direction == "bwd_d":
             if tiles["kernel"] == "rows_3x3":
-                from ..kernels.cpu import depthwise_rows as kr
-                # float16 bits in, float16 bits out (see half_operands); dX and the filter
-                # placed so that the vectors past dY's head channels are all aligned
-                dy, w = ops["dy"], ops["w"]
-                head = _head(dy, p, ct, tiles)
-                if tiles.get("align"):
-                    w = _placed(w, head)
-                dx = memory.empty(xs, result_dtype(dy, ct),
-                                  offset=dy.ctypes.data % 64 if head else None)
-                kr.bwd_d_depthwise_3x3_rows(dy, w, dx, g, tiles["chunks"],
-                                            bool(tiles.get("prefetch")),
-                                            bool(tiles.get("stream")), head)
+                dx = self.bind(p, tiles)(ops)
             elif tiles["kernel"] == "spans":
                 dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
@@ -195,17 +224,7 @@ class DepthwiseDirect(Direct):
             return dx
         chunks = tiles["chunks"]
         if tiles["kernel"] == "rows_3x3":
-            from ..kernels.cpu import depthwise_rows as kr
-            # the input's head channels (it is read three times as often as dY), and the
-            # partial dW's vectors placed to match
-            x = ops["x"]
-            head = _head(x, p, ct, tiles)
-            part = memory.empty((chunks, *ws), ct,
-                                offset=-head * np.dtype(ct).itemsize)
-            dw = np.empty(ws, ct)
-            kr.bwd_w_depthwise_3x3_rows(x, ops["dy"], part, dw, g,
-                                        bool(tiles.get("prefetch")), head)
-            return dw
+            return self.bind(p, tiles)(ops)
         if tiles["kernel"] == "spans":
             # per-thread partials, zeroed and reduced inside the kernel (one launch)
             dw = np.empty(ws, ct)
