@@ -6,7 +6,8 @@ the best time of ``repeat`` calls (more for fast layers, until a block has laste
 the share of the machine's measured sgemm peak, the error against the float64 reference
 (normalised as SPEC section 3) and, with ``--compare torch``, PyTorch's time on the same data
 in the same process, each timed in blocks of its own after an untimed call (so that one
-library's spinning idle threads do not land in the other's timings), two rounds each. The
+library's spinning idle threads do not land in the other's timings), two rounds each
+(``--rounds``). The
 end of the table gives geometric means per pass.
 
 The core loop is :func:`run`, which takes an explicit list of
@@ -31,6 +32,8 @@ from .planner import STRATEGY_NAMES
 
 DTYPES = ("float32", "float16", "float64")
 DEFAULT_REPEAT = 5
+#: Rounds of timed blocks per pass (numbaconv's and PyTorch's blocks alternate in each).
+DEFAULT_ROUNDS = 2
 
 #: Size of the square float32 matmul whose best time defines "100 %" (PERF_NOTES: numpy's
 #: sgemm 2048^3 is the practical peak). Tests shrink it.
@@ -118,6 +121,10 @@ def add_arguments(parser):
     parser.add_argument("--repeat", type=int, default=None, metavar="N",
                         help=f"timed calls per pass after the warm-up, best is reported "
                              f"(default: {DEFAULT_REPEAT}, 1 with --quick)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
+                        help=f"rounds of timed blocks per pass, numbaconv's and PyTorch's "
+                             f"alternating (default: {DEFAULT_ROUNDS}); more rounds ride out "
+                             f"a host whose memory bandwidth comes and goes")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: one timed call per pass and a one-shot sgemm peak")
     parser.add_argument("--no-check", dest="check", action="store_false",
@@ -439,7 +446,8 @@ class _Table:
 # ---------------------------------------------------------------------------- core loop
 
 def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEAT,
-        strategy=None, check=True, torch=None, peak=None, progress=True, echo=True):
+        strategy=None, check=True, torch=None, peak=None, progress=True, echo=True,
+        rounds=DEFAULT_ROUNDS):
     """Time ``passes`` of ``layers``; the core of ``numbaconv bench``.
 
     Parameters
@@ -463,6 +471,8 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
         Show a progress bar (tqdm, else a counter) on stderr while it runs.
     echo : bool
         Print the table (header, one line per row as it completes) on stdout.
+    rounds : int
+        Rounds of timed blocks per pass (see :func:`_blocked`); the best call counts.
 
     Returns
     -------
@@ -476,6 +486,8 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
         raise ValueError(f"passes: expected some of {list(suites.PASSES)}, got {bad}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds: expected a positive count, got {rounds!r}")
     table = _Table(layers, torch is not None)
     bar = _progress(len(layers) * len(passes), progress)
     emit = bar.write if echo else (lambda line: None)
@@ -490,7 +502,7 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
                 for direction in passes:
                     bar.set_description_str(f"{layer.name} {direction}")
                     row = _run_one(numbaconv, layer, direction, dtype, arrays, repeat,
-                                   strategy, check, torch, peak)
+                                   strategy, check, torch, peak, rounds)
                     rows.append(row)
                     emit(table.row(row))
                     bar.update(1)
@@ -500,7 +512,7 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
 
 
 def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check, torch,
-             peak):
+             peak, rounds=DEFAULT_ROUNDS):
     c = suites.call(layer, direction, dtype, arrays=arrays)
     row = Row(suite=layer.suite, layer=layer.name, descriptor=layer.descriptor(),
               direction=direction, dtype=dtype, flops=layer.flops,
@@ -537,7 +549,7 @@ def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check
     del got
 
     fns = [nc_fn] + ([tp.fn] if tp is not None else [])
-    best = _blocked(fns, repeat)
+    best = _blocked(fns, repeat, rounds)
     row.ms = best[0] * 1e3
     row.gflops = layer.flops / best[0] / 1e9
     if peak:
@@ -725,6 +737,9 @@ def main(args, layers=None):
                                                               DEFAULT_REPEAT)
         if repeat < 1:
             raise ValueError(f"--repeat: expected a positive count, got {repeat}")
+        rounds = getattr(args, "rounds", DEFAULT_ROUNDS)
+        if rounds < 1:
+            raise ValueError(f"--rounds: expected a positive count, got {rounds}")
     except (TypeError, ValueError) as exc:
         print(f"numbaconv bench: {exc}", file=sys.stderr)
         return 2
@@ -749,7 +764,8 @@ def main(args, layers=None):
     peak, how = sgemm_peak(threads, repeat=1 if args.quick else SGEMM_REPEAT)
     print(f"numbaconv {numbaconv.__version__}: {len(layers)} layer(s), "
           f"{' '.join(args.passes)}, {args.dtype}, {threads} thread(s), best of {repeat} "
-          f"or more calls (blocks of at least {MIN_BLOCK_SECONDS:g} s) after a warm-up" + (f", strategy {args.strategy}" if args.strategy else ""))
+          f"or more calls (blocks of at least {MIN_BLOCK_SECONDS:g} s, {rounds} round(s)) "
+          f"after a warm-up" + (f", strategy {args.strategy}" if args.strategy else ""))
     print(f"sgemm peak {peak:.1f} GFLOP/s (numpy float32 matmul {SGEMM_N}^3, {how})")
     print(f"malloc: {allocator or 'as it is'}")
     if torch is not None:
@@ -760,7 +776,7 @@ def main(args, layers=None):
         print("error: vs the float64 reference on the batch-1 slice (SPEC section 3)")
 
     rows = run(layers, args.passes, args.dtype, repeat=repeat, strategy=args.strategy,
-               check=args.check, torch=torch, peak=peak)
+               check=args.check, torch=torch, peak=peak, rounds=rounds)
     summary = summarize(rows)
     for line in _summary_lines(summary, peak):
         print(line)
@@ -778,6 +794,7 @@ def main(args, layers=None):
     if args.json:
         options = {k: v for k, v in vars(args).items() if k not in ("func", "cmd")}
         options["repeat"] = repeat
+        options["rounds"] = rounds
         write_json(args.json, machine_info(threads, peak, how, torch, allocator), rows, summary,
                    options)
         print(f"wrote {args.json}")

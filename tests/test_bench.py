@@ -51,6 +51,7 @@ def test_defaults():
     assert a.suite == "resnet50" and a.passes == ["bwd_d", "bwd_w"] and a.dtype == "float32"
     assert a.threads is None and a.strategy is None and a.compare is None
     assert a.repeat is None and not a.quick and a.check and a.layers is None
+    assert a.rounds == bench.DEFAULT_ROUNDS == 2
     assert a.json is None and a.plot is None and a.malloc == "steady"
 
 
@@ -58,12 +59,12 @@ def test_all_options():
     a = parse(["--suite", "mobilenet_v2_dw", "--pass", "fwd", "bwd_w", "--dtype", "float16",
                "--threads", "1", "--strategy", "direct", "--compare", "torch", "--json",
                "o.json", "--plot", "o.png", "--layers", "dw960_7_s1_p1", "--repeat", "3",
-               "--quick", "--no-check", "--malloc", "as-is"])
+               "--quick", "--no-check", "--malloc", "as-is", "--rounds", "4"])
     assert (a.suite, a.passes, a.dtype, a.threads, a.strategy, a.compare) == (
         "mobilenet_v2_dw", ["fwd", "bwd_w"], "float16", 1, "direct", "torch")
     assert (a.json, a.plot, a.layers, a.repeat, a.quick, a.check) == (
         "o.json", "o.png", ["dw960_7_s1_p1"], 3, True, False)
-    assert a.malloc == "as-is"
+    assert a.malloc == "as-is" and a.rounds == 4
 
 
 @pytest.mark.parametrize("argv", [["--suite", "vgg"], ["--pass", "bwd"], ["--dtype", "int8"],
@@ -91,6 +92,14 @@ def test_select_layers():
 def test_bad_layer_name_exits_2(capsys):
     assert bench.main(parse(["--layers", "nope"])) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_bad_rounds(capsys):
+    assert bench.main(parse(["--rounds", "0"]), layers=[T1D]) == 2
+    assert "--rounds: expected a positive count, got 0" in capsys.readouterr().err
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="rounds"):
+            bench.run([T1D], ["bwd_w"], repeat=1, rounds=bad, progress=False, echo=False)
 
 
 # ------------------------------------------------------------------------- core loop
@@ -266,3 +275,21 @@ def test_blocks_last_long_enough_for_fast_calls(monkeypatch):
     slow = []
     bench._blocked([lambda: (slow.append(1), time.sleep(0.03))], repeat=3, rounds=1)
     assert len(slow) == 4  # the untimed call and three timed ones (0.09 s > 0.05 s)
+
+
+def test_rounds_alternate_the_contenders(monkeypatch):
+    """Each round gives every contender one block (an untimed call, then timed ones), in
+    order; the best call of all rounds counts."""
+    monkeypatch.setattr(bench, "MIN_BLOCK_SECONDS", 0.0)
+    monkeypatch.setattr(bench, "IDLE_PAUSE", 0.0)
+    order = []
+    naps = iter([0.0, 0.02, 0.02, 0.0, 0.001, 0.02, 0.0, 0.02, 0.02])
+
+    def a():
+        order.append("a")
+        time.sleep(next(naps))
+
+    best = bench._blocked([a, lambda: order.append("b")], repeat=2, rounds=3)
+    assert "".join(order) == "aaabbb" * 3
+    assert 0.001 <= best[0] < 0.015  # a's best timed call: the 0.001 s one of round 2
+
