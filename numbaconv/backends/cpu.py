@@ -170,11 +170,12 @@ class _Prepared:
     object and its bound call (``Strategy.bind``), whether the float16 conversions run on
     every thread, which operands its kernels take as float16 bits, the user's dtype, that
     it fits in memory (checked again when ``config.MAX_MEMORY_FRACTION`` changes), and
-    the canonical shapes of operands that need no conversion (``plain``: the user's
-    arrays, reshaped) and the result's shape. Together 20-30 us of Python per call."""
+    the canonical shapes of channels-last operands (``plain``: the user's arrays,
+    reshaped; float16 ones then taken as bits or widened, ``widen``) and the result's
+    shape. Together 20-30 us of Python per call."""
 
     __slots__ = ("plan", "strategy", "call", "parallel", "half", "half_io", "dtype",
-                 "fraction", "plain", "shape")
+                 "fraction", "plain", "widen", "shape")
 
     def __init__(self, plan):
         from ..planner import implementation
@@ -194,14 +195,19 @@ class _Prepared:
                         if self.half and self.strategy is not None
                         and _half_kernels() is not None else frozenset())
         self.call = None if self.strategy is None else self.strategy.bind(p, plan.tiles)
-        # channels-last data, XIO filters, float32/float64: the operands are the user's
-        # arrays reshaped (where C-contiguous) and the result is the user's layout
+        # channels-last data, XIO filters: the operands are the user's arrays reshaped
+        # (where C-contiguous; float16 ones as bits where the kernels take them so, else
+        # widened) and the canonical result is in the user's layout
         self.plain = None
+        self.widen = ()
         self.shape = p.result_shape
-        if (not self.half and p.data_format == "NXC" and p.filter_format in ("XIO", "XIM")
-                and self.strategy is not None):
+        if (p.data_format == "NXC" and p.filter_format in ("XIO", "XIM")
+                and self.strategy is not None
+                and (not self.half or _half_kernels() is not None)):
             self.plain = (("x", (p.mb, *p.isz, p.ic)), ("dy", (p.mb, *p.osz, p.oc)),
                           ("w", (*p.ksz, p.icg, p.oc)))
+            if self.half:
+                self.widen = tuple(n for n, _ in self.plain if n not in self.half_io)
 
 
 #: id(plan) -> _Prepared (which holds the plan, so that an id is not reused while cached)
@@ -222,7 +228,10 @@ def _prepared(plan):
 
 def _plain_operands(prep, operands):
     """The canonical operands as views of the user's arrays, or None where one needs a
-    copy (see ``_Prepared.plain``)."""
+    copy (see ``_Prepared.plain``); float16 ones as their ``uint16`` bits, except those in
+    ``prep.widen`` (widened by the caller)."""
+    if prep.half and _half_kernels() is None:  # (only where a test takes them away)
+        return None
     ops = {}
     dtype = prep.dtype
     for name, shape in prep.plain:
@@ -232,6 +241,10 @@ def _plain_operands(prep, operands):
         if a.dtype != dtype or not a.flags.c_contiguous:
             return None
         ops[name] = a.reshape(shape)
+    if prep.half:
+        for name, a in ops.items():
+            if name not in prep.widen:
+                ops[name] = a.view(np.uint16)
     return ops
 
 
@@ -247,8 +260,17 @@ def execute(plan, operands, out=None, threads_current=False):
     else:
         ops = None if prep.plain is None else _plain_operands(prep, operands)
         if ops is not None:
-            # the result comes in the compute dtype (the user's) and canonical layout
-            r = _launch(prep.call, ops, None if threads_current else plan.threads)
+            # the result comes in canonical layout: the user's, once in the user's dtype
+            if not threads_current:
+                _set_num_threads(plan.threads)  # the conversions' threads too
+            for name in prep.widen:
+                if name in ops:
+                    ops[name] = _half_kernels().to_float32(ops[name], prep.parallel)
+            r = _launch(prep.call, ops, None)
+            if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
+                r = r.view(np.float16)
+            elif prep.half:  # rounded once
+                r = _half_kernels().to_float16(r, prep.parallel)
             result = r.reshape(prep.shape)
             if out is None:
                 return result if result.flags.c_contiguous else memory.ascontiguous(result)
