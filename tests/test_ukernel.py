@@ -125,6 +125,11 @@ def test_gemm_split_k_sums_the_shares(K, M, N, shares, dtype):
     work = np.empty((shares, uk.workspace(kc, C.itemsize, nc)), dtype)
     uk.gemm_split_k(X.ctypes.data, 1, M, dY.ctypes.data, N, 1, C, parts, K, kc, nc, work)
     _close(C, _ref(X.T, dY), dtype)
+    # without the prefetches of each next reduction block: the same sums, bit for bit
+    plain = np.full((M, N), np.nan, dtype)
+    uk.gemm_split_k(X.ctypes.data, 1, M, dY.ctypes.data, N, 1, plain, parts, K, kc, nc, work,
+                    False)
+    np.testing.assert_array_equal(plain, C)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -202,6 +202,19 @@ def _identity(p):
 #: Shorter reductions lose (weights res5b_branch2a 6.4 -> 8.7).
 BLAS_SPLIT_MIN_ROWS = 16384
 
+#: The split-K 1x1 weight gradient prefetches each next reduction block of X and dY into
+#: L2 (``ukernel.gemm``'s ``pf``) when X and dY take at least this share of the L3 and a
+#: row of X at least ``SPLIT_K_PREFETCH_ROW_BYTES``: ``X^T`` steps one row of X per step
+#: of the reduction, and the hardware prefetchers stop at every 4 KiB page, which rows of
+#: 1 KiB and more cross every few steps. Same process, 2 threads, float32, ms without /
+#: with: res2b_branch2a (256 channels, 32 MB) 5.01-5.30 / 4.42-4.73, res3a_branch2a (256,
+#: 39 MB) 8.78-9.40 / 8.50-9.26, res3b_branch2a (512, 16 MB) 4.17 / 3.96; equal for 64- and
+#: 128-channel rows (res2a_branch1 5.37 / 5.34, res3a_branch2c 4.54 / 4.52) and for the 4-8
+#: MB layers; res2a_branch2a (64 channels, 13 MB, in L3 between calls) 1.01-1.05 /
+#: 1.05-1.08, float64 (26 MB) 2.46 / 2.63.
+SPLIT_K_PREFETCH_L3_FRACTION = 0.45
+SPLIT_K_PREFETCH_ROW_BYTES = 1024
+
 
 def _blas_threads():
     from ..planner import _threads
@@ -284,8 +297,12 @@ class Gemm(Strategy):
             if p.direction == "bwd_w" and engine == "numba":
                 # dW = X^T @ dY, its reduction split among the threads of one parallel
                 # region (``ukernel.gemm_split_k``)
+                foot = rows * (p.ic + p.oc) * itemsize(p)
                 return {"slab_rows": int(rows), "packed": False, "workers": workers,
-                        "split": "k", **engine_tiles}
+                        "split": "k", **engine_tiles,
+                        "prefetch": bool(
+                            foot >= machine.l3_bytes * SPLIT_K_PREFETCH_L3_FRACTION
+                            and p.ic * itemsize(p) >= SPLIT_K_PREFETCH_ROW_BYTES)}
             split = workers > 1 and rows >= BLAS_SPLIT_MIN_ROWS and p.direction != "fwd"
             if engine == "blas" and not split:  # one GEMM on every BLAS thread
                 return {"slab_rows": rows, "packed": False, **engine_tiles}
@@ -409,7 +426,8 @@ class Gemm(Strategy):
             return self._bwd_d_claimed(p, ops, ct, nw, int(tiles["claim"]),
                                        bool(tiles.get("stream")))
         if tiles.get("split") == "k":
-            return self._bwd_w_split_k(p, ops, ct, nw, int(tiles["kc"]), int(tiles["nc"]))
+            return self._bwd_w_split_k(p, ops, ct, nw, int(tiles["kc"]), int(tiles["nc"]),
+                                       bool(tiles.get("prefetch")))
         cols = _Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"]
                         else 0, ct)
         tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct, nw),
@@ -445,7 +463,7 @@ class Gemm(Strategy):
                                  dy2.shape[0], p.ic, counter, chunk, work, stream)
         return dx
 
-    def _bwd_w_split_k(self, p, ops, ct, nw, kc, nc):
+    def _bwd_w_split_k(self, p, ops, ct, nw, kc, nc, prefetch=False):
         """1x1 backward weights at stride 1 (see ``_identity``): ``dW = X^T @ dY`` over every
         pixel, the reduction split into one share per thread inside one Numba parallel
         region. Measured against the slab tasks on Python worker threads (2 threads,
@@ -464,7 +482,7 @@ class Gemm(Strategy):
                                  stage)
             return dw
         uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
-                        dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work)
+                        dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work, prefetch)
         return dw
 
     def _tasks(self, p, ops, R, cols, ct, mm, col_parts=1, per_tap=False):
