@@ -20,3 +20,36 @@ class MobileNetTFOps(common._TFOps):
 
 class MobileNetStrategies(common._Strategies):
     params = [LAYERS, list(common.PASSES), common.STRATEGIES]
+
+
+class MobileNetRepeatedCall:
+    """A repeated (memoised) TF-style call on a small depthwise layer (batch 1, 7x7x960:
+    a kernel of a few microseconds), so that its time is mostly numbaconv's Python around
+    the kernel: parsing from the memo, the plan lookup, the bound call on views of the
+    caller's arrays (about 20 us since stop 26, 40-50 before); params: pass."""
+
+    params = [["bwd_d", "bwd_w"]]
+    param_names = ["direction"]
+    number = 200
+    repeat = (3, 10, 10.0)
+    warmup_time = 0.1
+    timeout = 120
+
+    def setup(self, direction):
+        import numpy as np
+
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((1, 7, 7, 960), dtype=np.float32)
+        dy = rng.standard_normal((1, 7, 7, 960), dtype=np.float32)
+        w = rng.standard_normal((3, 3, 960, 1), dtype=np.float32)
+        strides = [1, 1, 1, 1]
+        if direction == "bwd_d":
+            self.call = lambda: common.numbaconv.depthwise_conv2d_native_backprop_input(
+                [1, 7, 7, 960], w, dy, strides, "SAME")
+        else:
+            self.call = lambda: common.numbaconv.depthwise_conv2d_native_backprop_filter(
+                x, [3, 3, 960, 1], dy, strides, "SAME")
+        self.call()  # compiles (or loads) the kernels and fills the memo
+
+    def time_call(self, direction):
+        self.call()
