@@ -140,13 +140,11 @@ def canonical_operands(p, operands, parallel=False, half=frozenset()):
     return ops
 
 
-def _launch(call, ops, threads):
-    """``call(ops)`` on ``threads`` Numba threads (None: those the calling thread has; see
-    the module docstring's locking)."""
+def _launch(call, ops):
+    """``call(ops)`` on the calling thread's Numba threads (see the module docstring's
+    locking)."""
     global _layer
 
-    if threads is not None:
-        _set_num_threads(threads)  # thread-local in Numba: set for this calling thread
     if _layer is None or _layer == "workqueue":
         with _launch_lock:
             r = call(ops)
@@ -229,7 +227,7 @@ def _prepared(plan):
 def _plain_operands(prep, operands):
     """The canonical operands as views of the user's arrays, or None where one needs a
     copy (see ``_Prepared.plain``); float16 ones as their ``uint16`` bits, except those in
-    ``prep.widen`` (widened by the caller)."""
+    ``prep.widen``, widened once."""
     if prep.half and _half_kernels() is None:  # (only where a test takes them away)
         return None
     ops = {}
@@ -243,8 +241,8 @@ def _plain_operands(prep, operands):
         ops[name] = a.reshape(shape)
     if prep.half:
         for name, a in ops.items():
-            if name not in prep.widen:
-                ops[name] = a.view(np.uint16)
+            ops[name] = (_half_kernels().to_float32(a, prep.parallel) if name in prep.widen
+                         else a.view(np.uint16))
     return ops
 
 
@@ -258,35 +256,21 @@ def execute(plan, operands, out=None, threads_current=False):
     if prep.strategy is None:
         result = np.zeros(p.result_shape, p.dtype)
     else:
+        if not threads_current:
+            # thread-local in Numba: set for this calling thread, the conversions' too
+            _set_num_threads(plan.threads)
         ops = None if prep.plain is None else _plain_operands(prep, operands)
-        if ops is not None:
-            # the result comes in canonical layout: the user's, once in the user's dtype
-            if not threads_current:
-                _set_num_threads(plan.threads)  # the conversions' threads too
-            for name in prep.widen:
-                if name in ops:
-                    ops[name] = _half_kernels().to_float32(ops[name], prep.parallel)
-            r = _launch(prep.call, ops, None)
-            if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
-                r = r.view(np.float16)
-            elif prep.half:  # rounded once
-                r = _half_kernels().to_float16(r, prep.parallel)
-            result = r.reshape(prep.shape)
-            if out is None:
-                return result if result.flags.c_contiguous else memory.ascontiguous(result)
-            np.copyto(out, result, casting="unsafe")
-            return out
-        parallel = prep.parallel
-        if parallel and prep.half:
-            _set_num_threads(plan.threads)  # the conversion's threads too
-        ops = canonical_operands(p, operands, parallel, prep.half_io)
-        r = _launch(prep.call, ops, plan.threads)
+        plain = ops is not None
+        if not plain:
+            ops = canonical_operands(p, operands, prep.parallel, prep.half_io)
+        r = _launch(prep.call, ops)
         if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
             r = r.view(np.float16)
         elif prep.half and _half_kernels() is not None:
             # rounded once, before any layout change
-            r = _half_kernels().to_float16(r, parallel)
-        result = _to_user(r, p)
+            r = _half_kernels().to_float16(r, prep.parallel)
+        # a canonical result of a plain call is in the user's layout already
+        result = r.reshape(prep.shape) if plain else _to_user(r, p)
     if out is not None:
         np.copyto(out, result, casting="unsafe")
         return out

@@ -91,14 +91,6 @@ def _wide(p, machine):
     return p.ic * itemsize(p) >= HEAD_MIN_VECTORS * machine.vector_bytes
 
 
-def _row_head(p, ct):
-    """``head(address)``: the row kernels' ``head`` for a channels-last operand of
-    ``p`` at ``address`` (see :func:`numbaconv.kernels.cpu.depthwise_rows.row_head`)."""
-    from ..kernels.cpu.depthwise_rows import row_head
-    C, cit = p.ic, np.dtype(ct).itemsize
-    return lambda addr, it: row_head(addr, C, it, cit)
-
-
 class DepthwiseDirect(Direct):
     """The direct loop nests of :mod:`numbaconv.kernels.cpu.depthwise`."""
 
@@ -155,7 +147,7 @@ class DepthwiseDirect(Direct):
         g = geo(p)
         prefetch = bool(tiles.get("prefetch"))
         align = bool(tiles.get("align"))
-        head_of = _row_head(p, ct)
+        row_head, C, cit = kr.row_head, p.ic, ct.itemsize
         empty = memory.empty
         if p.direction == "bwd_d":
             kern = kr.bwd_d_depthwise_3x3_rows
@@ -170,7 +162,7 @@ class DepthwiseDirect(Direct):
                 rt = result_dtype(dy, ct)
                 if align:
                     off = dy.ctypes.data % 64
-                    head = head_of(off, dy.itemsize)
+                    head = row_head(off, C, dy.itemsize, cit)
                     dx = empty(xs, rt, offset=off if head else None)
                 else:
                     head = 0
@@ -181,14 +173,13 @@ class DepthwiseDirect(Direct):
 
         kern = kr.bwd_w_depthwise_3x3_rows
         part_shape = (tiles["chunks"], *ws)
-        isz = ct.itemsize
 
         def call(ops):
             # the input's head channels (it is read three times as often as dY), and the
             # partial dW's vectors placed to match
             x = ops["x"]
-            head = head_of(x.ctypes.data % 64, x.itemsize) if align else 0
-            part = empty(part_shape, ct, offset=-head * isz)
+            head = row_head(x.ctypes.data % 64, C, x.itemsize, cit) if align else 0
+            part = empty(part_shape, ct, offset=-head * cit)
             dw = np.empty(ws, ct)
             kern(x, ops["dy"], part, dw, g, prefetch, head)
             return dw
