@@ -26,6 +26,7 @@ import threading
 import numpy as np
 
 from . import config
+from ._jit import helper
 
 #: Arrays from this many bytes on come from the pool (below: ``np.empty``).
 MIN_BYTES = 4 << 20
@@ -60,6 +61,25 @@ class _Block:
         self.mem = raw[off:off + size]
         self.size = size
         self.lease_type = type("_Lease", (ctypes.c_char * size,), {"__del__": _give_back})
+
+
+@helper
+def _address(a):
+    return a.ctypes.data
+
+
+_HALF = np.dtype(np.float16)
+
+
+def address(a):
+    """The address of ``a``'s first element, as ``a.ctypes.data`` but compiled: a call
+    takes 0.2-0.3 us where ``ctypes.data`` (which builds a ctypes object) takes 1 us, and
+    a small layer's call asks twice (an operand's alignment, a placed result's). Numba has
+    no float16 or byte-swapped arrays: those ask NumPy."""
+    dt = a.dtype
+    if dt is _HALF or not dt.isnative:
+        return a.ctypes.data
+    return _address(a)
 
 
 def limit():
@@ -118,7 +138,7 @@ def empty(shape, dtype, offset=None):
         if offset is None:
             return np.empty(shape, dtype)
         raw = np.empty(nbytes + ALIGN, np.uint8)
-        start = (offset - raw.ctypes.data) % ALIGN
+        start = (offset - address(raw)) % ALIGN
         return raw[start:start + nbytes].view(dtype).reshape(shape)
     block = _take(nbytes + (ALIGN if offset else 0))
     lease = block.lease_type.from_buffer(block.mem)

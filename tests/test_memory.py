@@ -129,3 +129,13 @@ def test_empty_at_an_offset(nbytes):
         assert a.sum() == 1.5 * a.size
     with pytest.raises(ValueError, match="offset"):
         memory.empty(16, np.float64, offset=4)
+
+
+def test_address_is_ctypes_data():
+    """The compiled address is NumPy's own, for any dtype, rank and view (a strided view,
+    an offset slice, a reversed one: its first element, not its lowest byte)."""
+    base = np.arange(4 * 6 * 10, dtype=np.float32).reshape(4, 6, 10)
+    for a in (base, base[1:, ::2, 3:], base[::-1], base.view(np.uint16),
+              base.astype(np.float16)[2], np.empty(37, np.uint8)[5:],
+              np.zeros((2, 3, 4, 5, 6), np.float64), base.astype(">f4")[1:]):
+        assert memory.address(a) == a.ctypes.data

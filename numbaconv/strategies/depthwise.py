@@ -148,7 +148,7 @@ class DepthwiseDirect(Direct):
         prefetch = bool(tiles.get("prefetch"))
         align = bool(tiles.get("align"))
         row_head, C, cit = kr.row_head, p.ic, ct.itemsize
-        empty = memory.empty
+        empty, address = memory.empty, memory.address
         if p.direction == "bwd_d":
             kern = kr.bwd_d_depthwise_3x3_rows
             chunks = tiles["chunks"]
@@ -161,7 +161,7 @@ class DepthwiseDirect(Direct):
                 dy = ops["dy"]
                 rt = result_dtype(dy, ct)
                 if align:
-                    off = dy.ctypes.data % 64
+                    off = address(dy) % 64
                     head = row_head(off, C, dy.itemsize, cit)
                     dx = empty(xs, rt, offset=off if head else None)
                 else:
@@ -178,7 +178,7 @@ class DepthwiseDirect(Direct):
             # the input's head channels (it is read three times as often as dY), and the
             # partial dW's vectors placed to match
             x = ops["x"]
-            head = row_head(x.ctypes.data % 64, C, x.itemsize, cit) if align else 0
+            head = row_head(address(x) % 64, C, x.itemsize, cit) if align else 0
             part = empty(part_shape, ct, offset=-head * cit)
             dw = np.empty(ws, ct)
             kern(x, ops["dy"], part, dw, g, prefetch, head)
