@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
 from numbaconv.kernels.cpu.depthwise import (Operand, _at, _fma_fn, _ir_types, _table,
-                                             compute_type, lane_mask, reduce_chunks)
+                                             compute_type, reduce_chunks)
 from numbaconv.kernels.cpu.ukernel import STREAMS, VECTOR_BYTES
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
@@ -57,10 +57,13 @@ def _const(v):
 def _channel_vectors(builder, C, vl, body, head):
     """``body(c, mask)`` for every whole vector of channels from channel ``head`` on
     (``mask`` None), then for the two masked pieces (a ``<vl x i1>`` lane mask each, one
-    compiled body in a two-step loop): the ``head`` channels before the whole vectors and
-    the rest after them, each when not empty. ``head`` (``0 <= head <= C``, less than
-    ``vl``) puts every whole vector on a vector boundary where the operands start off one
-    (see ``row_head``)."""
+    compiled body in a two-step loop): the ``head`` channels before the whole vectors (as
+    the top ``head`` lanes of the vector at channel ``head - vl``) and the rest after
+    them, each when not empty. ``head`` (``0 <= head <= C``, less than ``vl``) puts every
+    whole vector, and the head's, on a vector boundary where the operands start off one
+    (see ``row_head``). Same process, 1 thread, 144 channels 16 bytes off the boundary,
+    head piece from channel 0 -> as top lanes: weight gradient 128 -> 115 us (stride 2,
+    64x128), 152 -> 144 (stride 1, 32x128); backward data 145 -> 133 (stride 1)."""
     nfull = builder.sdiv(builder.sub(C, head), _const(vl))
     with cgutils.for_range(builder, nfull) as lp:
         body(builder.add(head, builder.mul(lp.index, _const(vl))), None)
@@ -70,7 +73,30 @@ def _channel_vectors(builder, C, vl, body, head):
         first = builder.icmp_signed("==", lp.index, _const(0))
         n = builder.select(first, head, rem)
         with builder.if_then(builder.icmp_signed(">", n, _const(0))):
-            body(builder.select(first, _const(0), cfull), lane_mask(builder, n, vl))
+            # the head piece as the top lanes of the vector that ends at channel ``head``
+            # (on the boundary, as every whole vector after it): a vector from channel 0
+            # would straddle two cache lines
+            lo = builder.select(first, builder.sub(_const(vl), head), _const(0))
+            hi = builder.select(first, _const(vl), rem)
+            body(builder.select(first, builder.sub(head, _const(vl)), cfull),
+                 _lane_range(builder, lo, hi, vl))
+
+
+def _lane_range(builder, lo, hi, vl):
+    """``<vl x i1>``: lanes ``lo .. hi - 1`` on. Masked-off lanes are neither loaded nor
+    stored (``llvm.masked.load``/``store``), so they may lie outside the operand."""
+    i64 = ir.IntType(64)
+    vi = ir.VectorType(i64, vl)
+    iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vl), None)
+
+    def splat(v):
+        return builder.shuffle_vector(
+            builder.insert_element(ir.Constant(vi, ir.Undefined), v,
+                                   ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(vi, ir.Undefined), zeros)
+    return builder.and_(builder.icmp_signed(">=", iota, splat(lo)),
+                        builder.icmp_signed("<", iota, splat(hi)))
 
 
 def _prologue(context, builder, work, addrs, halves):
