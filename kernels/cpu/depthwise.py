@@ -305,15 +305,29 @@ def _at(builder, base, off, ty):
     return p if ty is base.type.pointee else builder.bitcast(p, ty.as_pointer())
 
 
-def lane_mask(builder, n, vl):
-    """``<vl x i1>``: lanes ``0 .. n - 1`` on, for the channels beyond the last whole vector."""
+def _iota_splat(builder, v, vl):
+    """``(iota, splat)``: ``<vl x i64>`` vectors ``0 .. vl - 1`` and ``v`` in every lane."""
     i64 = ir.IntType(64)
     vi = ir.VectorType(i64, vl)
     iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
     splat = builder.shuffle_vector(
-        builder.insert_element(ir.Constant(vi, ir.Undefined), n, ir.Constant(ir.IntType(32), 0)),
+        builder.insert_element(ir.Constant(vi, ir.Undefined), v, ir.Constant(ir.IntType(32), 0)),
         ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
+    return iota, splat
+
+
+def lane_mask(builder, n, vl):
+    """``<vl x i1>``: lanes ``0 .. n - 1`` on, for the channels beyond the last whole vector."""
+    iota, splat = _iota_splat(builder, n, vl)
     return builder.icmp_signed("<", iota, splat)
+
+
+def lane_range(builder, lo, hi, vl):
+    """``<vl x i1>``: lanes ``lo .. hi - 1`` on. Masked-off lanes are neither loaded nor
+    stored (``llvm.masked.load``/``store``), so they may lie outside the operand."""
+    iota, low = _iota_splat(builder, lo, vl)
+    _, high = _iota_splat(builder, hi, vl)
+    return builder.and_(builder.icmp_signed(">=", iota, low), builder.icmp_signed("<", iota, high))
 
 
 def _loops(builder, npix, C, vl, pb, cbv, emit):

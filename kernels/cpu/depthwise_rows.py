@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
 from numbaconv.kernels.cpu.depthwise import (Operand, _at, _fma_fn, _ir_types, _table,
-                                             compute_type, reduce_chunks)
+                                             compute_type, lane_range, reduce_chunks)
 from numbaconv.kernels.cpu.ukernel import STREAMS, VECTOR_BYTES
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
@@ -79,24 +79,7 @@ def _channel_vectors(builder, C, vl, body, head):
             lo = builder.select(first, builder.sub(_const(vl), head), _const(0))
             hi = builder.select(first, _const(vl), rem)
             body(builder.select(first, builder.sub(head, _const(vl)), cfull),
-                 _lane_range(builder, lo, hi, vl))
-
-
-def _lane_range(builder, lo, hi, vl):
-    """``<vl x i1>``: lanes ``lo .. hi - 1`` on. Masked-off lanes are neither loaded nor
-    stored (``llvm.masked.load``/``store``), so they may lie outside the operand."""
-    i64 = ir.IntType(64)
-    vi = ir.VectorType(i64, vl)
-    iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vl), None)
-
-    def splat(v):
-        return builder.shuffle_vector(
-            builder.insert_element(ir.Constant(vi, ir.Undefined), v,
-                                   ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(vi, ir.Undefined), zeros)
-    return builder.and_(builder.icmp_signed(">=", iota, splat(lo)),
-                        builder.icmp_signed("<", iota, splat(hi)))
+                 lane_range(builder, lo, hi, vl))
 
 
 def _prologue(context, builder, work, addrs, halves):
