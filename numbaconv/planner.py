@@ -191,9 +191,31 @@ def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
     return plan
 
 
+def _empty_plan(problem, strategy, threads):
+    """The plan of an empty problem (no batch, no channels or a zero spatial size): its
+    result is zeros of the result's shape, which the backend makes without running any
+    strategy, so no strategy sizes tiles or a workspace for it (their tile arithmetic
+    divides by the rows and channels). A forced strategy must still implement the
+    direction; whether it would accept the geometry does not matter."""
+    if strategy is not None and not any(s.name == strategy
+                                        for s in candidates(problem.direction)):
+        raise ValueError(f"strategy: {strategy!r} does not implement direction "
+                         f"{problem.direction!r} ({problem.op})")
+    why = "empty problem: the result is zeros, nothing runs"
+    if strategy is not None:
+        why += f" (strategy={strategy!r} has nothing to do)"
+    return Plan(problem=problem, strategy=DIRECT.name, tiles=FrozenMapping(), threads=threads,
+                flops=problem.flops, workspace_bytes=0, reason=why, variant=DIRECT.variant)
+
+
 def _plan_cpu(problem, strategy, tune, threads):
     from .machine import machine
 
+    if problem.empty:
+        plan = _empty_plan(problem, strategy, threads)
+        if config.VERBOSE:
+            print(f"numbaconv: {plan}", file=sys.stderr)
+        return plan
     m = machine()
     cands = candidates(problem.direction)
     trace = []
@@ -214,15 +236,13 @@ def _plan_cpu(problem, strategy, tune, threads):
             why = "; ".join(f"{label(s)}: {s.accepts(problem)}" for s in forced)
             raise ValueError(f"strategy: {strategy!r} declines {problem.descriptor()}: {why}")
         plan = _build(problem, ok[0], "forced by strategy=", trace, threads, m)
-    elif tune and len(accepted) > 1 and not problem.empty:
+    elif tune and len(accepted) > 1:
         from .tune import tuned_choice
         winner, why = tuned_choice(problem, accepted, threads, m)
         plan = _build(problem, winner, why, trace, threads, m)
     else:
-        why = "first accepted in the best-first list"
-        if problem.empty:
-            why = "empty problem: the result is zeros"
-        plan = _build(problem, accepted[0], why, trace, threads, m)
+        plan = _build(problem, accepted[0], "first accepted in the best-first list", trace,
+                      threads, m)
     if config.VERBOSE:
         for name, r in trace:
             print(f"numbaconv: {problem.descriptor()}: {name} declined: {r}", file=sys.stderr)

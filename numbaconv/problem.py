@@ -38,6 +38,9 @@ class ConvProblem:
         The user's filter layout; ``XIM`` is TF's depthwise ``[*X, C, multiplier]``.
     op : str
         The public function that built the problem (for messages and traces).
+    multiplier : int
+        The channel multiplier of an ``XIM`` filter, kept because ``oc // ic`` cannot give
+        it back when there are no channels (0 otherwise).
     """
 
     direction: str
@@ -57,6 +60,7 @@ class ConvProblem:
     data_format: str = "NXC"
     filter_format: str = "XIO"
     op: str = field(default="", compare=False)
+    multiplier: int = 0
 
     # -- derived sizes -------------------------------------------------------------------
     @property
@@ -112,7 +116,7 @@ class ConvProblem:
             return (*ks, self.icg, self.oc)
         if self.filter_format == "OIX":
             return (self.oc, self.icg, *ks)
-        return (*ks, self.ic, self.oc // self.ic if self.ic else 0)  # XIM (depthwise)
+        return (*ks, self.ic, self.oc // self.ic if self.ic else self.multiplier)  # XIM
 
     @property
     def result_shape(self):

@@ -204,12 +204,13 @@ def check_groups(ic, oc, g):
 
 def make_problem(*, op, direction, nd, data_format, filter_format, dtype, mb, ic, oc, g,
                  isz, ksz, stride, dilation, mode, pad_begin=None, pad_end=None,
-                 base_isz=None, dy_shape=None, dy_name="out_backprop"):
+                 base_isz=None, dy_shape=None, dy_name="out_backprop", multiplier=0):
     """Resolve every axis with :func:`window` and freeze the :class:`ConvProblem`.
 
     ``base_isz`` (backward data with ``output_padding``) is the input size the window is
     resolved on; the problem's input is ``isz``, larger by the output padding.
-    ``dy_shape``, when given, must equal the forward output shape.
+    ``dy_shape``, when given, must equal the forward output shape. ``multiplier``: a TF
+    depthwise filter's channel multiplier.
     """
     from ..problem import ConvProblem
 
@@ -230,7 +231,7 @@ def make_problem(*, op, direction, nd, data_format, filter_format, dtype, mb, ic
         direction=direction, mb=mb, g=g, ic=ic, oc=oc, isz=lift3(isz, 1), ksz=lift3(ksz, 1),
         osz=lift3(osz, 1), stride=lift3(stride, 1), dilation=lift3(dilation, 1),
         pad_begin=lift3(pb, 0), pad_end=lift3(pe, 0), ndim=nd, dtype=dtype,
-        data_format=data_format, filter_format=filter_format, op=op)
+        data_format=data_format, filter_format=filter_format, op=op, multiplier=multiplier)
     if dy_shape is not None:
         check_shape(dy_shape, problem.y_shape, dy_name, "the forward output shape")
     return problem

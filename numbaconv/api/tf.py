@@ -130,7 +130,8 @@ def _tf_problem(opname, direction, nd, *, x_shape, w_shape, dy_shape, strides, p
         op=opname, direction=direction, nd=nd, data_format=fmt,
         filter_format="XIM" if depthwise else "XIO", dtype=dtype, mb=mb, ic=ic, oc=oc, g=g,
         isz=isz, ksz=ksz, stride=stride, dilation=dilation, mode=mode, pad_begin=pb,
-        pad_end=pe, dy_shape=dy_shape, dy_name="out_backprop")
+        pad_end=pe, dy_shape=dy_shape, dy_name="out_backprop",
+        multiplier=fout if depthwise else 0)
 
 
 def _need_strides(strides):
