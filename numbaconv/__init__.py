@@ -7,6 +7,10 @@ compiles nothing and needs no GPU.
 """
 __version__ = "0.1.0"
 
+from . import runtime as _runtime
+
+_runtime.select_threading_layer()  # a fork-safe, thread-safe layer unless the user chose one
+
 from .api.tf import (conv2d_backprop_input, conv2d_backprop_input_v2, conv2d_backprop_filter,
                      conv2d_backprop_filter_v2, depthwise_conv2d_native_backprop_input,
                      depthwise_conv2d_native_backprop_filter, conv3d_backprop_input_v2,

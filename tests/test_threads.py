@@ -42,28 +42,91 @@ def test_sixteen_threads_at_once_give_right_answers():
         assert R.normalized_error(dw, ref_dw, R.conv_bwd_filter(abs(x), abs(dy), (3, 3), *args)) < 1e-5
 
 
-@pytest.mark.parametrize("layer", ["workqueue", "omp"])
-def test_threading_layers_survive_concurrent_calls(layer, tmp_path):
-    # workqueue aborts the process on concurrent parallel calls unless numbaconv serialises.
-    code = textwrap.dedent("""
+def _run(code, layer=None):
+    env = dict(os.environ)
+    env.pop("NUMBA_THREADING_LAYER", None)
+    env.pop("NUMBACONV_THREADING_LAYER", None)
+    if layer is not None:
+        env["NUMBA_THREADING_LAYER"] = layer
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("layer", ["workqueue", "omp", "tbb", None])
+def test_threading_layers_survive_concurrent_calls(layer):
+    # workqueue aborts the process ("Concurrent access has been detected") when two threads
+    # enter parallel code at once, float16 conversions included, unless numbaconv serialises
+    # every parallel section.
+    r = _run("""
         import numba, numpy as np, numbaconv as nc
         from concurrent.futures import ThreadPoolExecutor
-        x = np.ones((2, 9, 9, 4)); w = np.ones((3, 3, 4, 4))
-        ref = nc.conv2d(x, w, 1, "SAME", strategy="direct")
-        def f(i):
-            return nc.conv2d(x, w, 1, "SAME", strategy="direct")
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2, 8, 8, 16)).astype(np.float16)
+        w = rng.standard_normal((3, 3, 16, 16)).astype(np.float16)
+        dy = rng.standard_normal((2, 8, 8, 16)).astype(np.float16)
+        calls = [lambda: nc.conv2d(x, w, 1, "SAME", strategy="direct"),
+                 lambda: nc.conv2d_backprop_filter(x, (3, 3, 16, 16), dy, 1, "SAME"),
+                 lambda: nc.conv2d_backprop_input(x.shape, w, dy, 1, "SAME",
+                                                  strategy="direct")]
+        refs = [c() for c in calls]
         with ThreadPoolExecutor(8) as pool:
-            outs = list(pool.map(f, range(32)))
-        assert all((o == ref).all() for o in outs)
+            outs = list(pool.map(lambda i: (i % 3, calls[i % 3]()), range(48)))
+        assert all(np.array_equal(o, refs[i]) for i, o in outs)
         print("layer", numba.threading_layer())
-    """)
-    env = dict(os.environ, NUMBA_THREADING_LAYER=layer, NUMBA_CACHE_DIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
+    """, layer)
     if r.returncode != 0 and "No threading layer could be loaded" in r.stderr:
         pytest.skip(f"the {layer} threading layer is not available here")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"layer {layer}" in r.stdout
+    if layer is not None:
+        assert f"layer {layer}" in r.stdout
+
+
+def test_default_layer_is_fork_safe_and_forked_children_compute():
+    # GNU OpenMP (Numba's default where TBB cannot be loaded) kills a forked child that runs
+    # parallel code; numbaconv selects a fork-safe layer unless the user chose one.
+    r = _run("""
+        import os, multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        import numba, numpy as np, numbaconv as nc
+        from numbaconv import reference as R
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((2, 16, 16, 8)).astype(np.float32)
+        dy = rng.standard_normal((2, 16, 16, 8)).astype(np.float32)
+        def f(i):
+            return nc.conv2d_backprop_filter(x, (3, 3, 8, 8), dy, 1, "SAME")
+        ref = f(0)
+        print("layer", numba.threading_layer())
+        assert numba.threading_layer() in ("tbb", "workqueue"), numba.threading_layer()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if np.array_equal(f(0), ref) else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        ctx = mp.get_context("fork")
+        with ctx.Pool(2) as pool:
+            outs = pool.map(f, range(4))
+        with ProcessPoolExecutor(2, mp_context=ctx) as ex:
+            outs += list(ex.map(f, range(3)))
+        assert all(np.array_equal(o, ref) for o in outs)
+        expect = R.conv_bwd_filter(x.astype(np.float64), dy.astype(np.float64), (3, 3),
+                                   (1, 1), (1, 1), (1, 1), (1, 1), 1)
+        assert np.allclose(ref, expect, rtol=1e-4, atol=1e-4)
+        print("forked children ok")
+    """)
+    assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-2000:]
+    assert "forked children ok" in r.stdout
+
+
+def test_the_users_threading_layer_is_kept():
+    r = _run("""
+        import numba, numpy as np, numbaconv as nc
+        from numbaconv import runtime
+        print(runtime.SELECTION)
+        nc.conv2d(np.ones((1, 5, 5, 2)), np.ones((3, 3, 2, 2)), 1, "SAME", strategy="direct")
+        print("layer", numba.threading_layer())
+    """, "workqueue")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "chosen by the user" in r.stdout and "layer workqueue" in r.stdout
 
 
 def test_set_num_threads_is_respected_and_validated():

@@ -6,27 +6,22 @@ are widened to float32 here and the result is rounded to float16 once at the end
 those a strategy converts inside its kernels (``half_operands``): they go in and come out
 as float16 bits (``uint16`` arrays).
 
-Thread safety: Numba's ``workqueue`` threading layer aborts the process when two Python
-threads enter parallel code at once. Until the layer is known (after the first launch) and
-whenever it is ``workqueue``, launches are serialised by a lock; ``omp`` and ``tbb`` run
-concurrently.
+Thread safety: everything between the operands and the result that may run Numba parallel
+code (float16 conversions included) runs through :func:`numbaconv.runtime.run_parallel`,
+which serialises it where the threading layer needs it (``workqueue``).
 """
 import functools
 import math
 import os
-import threading
 
 import numpy as np
 
-from .. import config, memory
-
-_launch_lock = threading.Lock()
-_layer = None
+from .. import config, memory, runtime
 
 
 def threading_layer():
     """Numba's threading layer once a parallel kernel has run, else ``None``."""
-    return _layer
+    return runtime.threading_layer()
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,24 +135,6 @@ def canonical_operands(p, operands, parallel=False, half=frozenset()):
     return ops
 
 
-def _launch(call, ops):
-    """``call(ops)`` on the calling thread's Numba threads (see the module docstring's
-    locking)."""
-    global _layer
-
-    if _layer is None or _layer == "workqueue":
-        with _launch_lock:
-            r = call(ops)
-            if _layer is None:
-                import numba
-                try:
-                    _layer = numba.threading_layer()
-                except ValueError:  # no parallel region ran yet
-                    pass
-            return r
-    return call(ops)
-
-
 def _set_num_threads(n):
     import numba
     numba.set_num_threads(n)
@@ -246,6 +223,23 @@ def _plain_operands(prep, operands):
     return ops
 
 
+def _compute(prep, operands):
+    """The canonical operands, the plan's bound call, the result in the user's layout."""
+    p = prep.plan.problem
+    ops = None if prep.plain is None else _plain_operands(prep, operands)
+    plain = ops is not None
+    if not plain:
+        ops = canonical_operands(p, operands, prep.parallel, prep.half_io)
+    r = prep.call(ops)
+    if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
+        r = r.view(np.float16)
+    elif prep.half and _half_kernels() is not None:
+        # rounded once, before any layout change
+        r = _half_kernels().to_float16(r, prep.parallel)
+    # a canonical result of a plain call is in the user's layout already
+    return r.reshape(prep.shape) if plain else _to_user(r, p)
+
+
 def execute(plan, operands, out=None, threads_current=False):
     """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result.
     ``threads_current``: the calling thread's Numba threads are already ``plan.threads``
@@ -259,18 +253,7 @@ def execute(plan, operands, out=None, threads_current=False):
         if not threads_current:
             # thread-local in Numba: set for this calling thread, the conversions' too
             _set_num_threads(plan.threads)
-        ops = None if prep.plain is None else _plain_operands(prep, operands)
-        plain = ops is not None
-        if not plain:
-            ops = canonical_operands(p, operands, prep.parallel, prep.half_io)
-        r = _launch(prep.call, ops)
-        if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
-            r = r.view(np.float16)
-        elif prep.half and _half_kernels() is not None:
-            # rounded once, before any layout change
-            r = _half_kernels().to_float16(r, prep.parallel)
-        # a canonical result of a plain call is in the user's layout already
-        result = r.reshape(prep.shape) if plain else _to_user(r, p)
+        result = runtime.run_parallel(_compute, prep, operands)
     if out is not None:
         np.copyto(out, result, casting="unsafe")
         return out
