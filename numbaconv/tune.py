@@ -237,12 +237,13 @@ def _random_operands(problem):
 
 def time_strategy(strategy, problem, machine, ops, repeat=3):
     """Best-of-``repeat`` seconds of one strategy after a warm-up (compile) run."""
+    from .runtime import run_parallel
     tiles = strategy.tiles(problem, machine)
-    strategy.run(problem, tiles, ops)
+    run_parallel(strategy.run, problem, tiles, ops)
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        strategy.run(problem, tiles, ops)
+        run_parallel(strategy.run, problem, tiles, ops)
         best = min(best, time.perf_counter() - t0)
     return best
 
