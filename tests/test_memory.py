@@ -139,3 +139,106 @@ def test_address_is_ctypes_data():
               base.astype(np.float16)[2], np.empty(37, np.uint8)[5:],
               np.zeros((2, 3, 4, 5, 6), np.float64), base.astype(">f4")[1:]):
         assert memory.address(a) == a.ctypes.data
+
+
+# --------------------------------------------------------------------------- memory check
+@pytest.fixture
+def memory_limit(monkeypatch):
+    """The CPU backend's memory check against a pretend machine of ``set(n)`` bytes."""
+    from numbaconv.backends import cpu
+    monkeypatch.setattr(config, "MAX_MEMORY_FRACTION", 1.0)
+
+    def set_limit(n):
+        monkeypatch.setattr(cpu, "_phys_memory", lambda: n)
+    return set_limit
+
+
+def _needed(exc_info):
+    import re
+    m = re.search(r"needs (\d+) bytes", str(exc_info.value))
+    assert m, str(exc_info.value)
+    return int(m.group(1))
+
+
+def test_memory_check_counts_the_result_not_the_callers_operands(memory_limit, rng):
+    """A weight gradient whose result (16 KiB) fits runs, though result and operands
+    together (32.5 KiB) would not: the caller already holds the operands."""
+    from reference import conv_bwd_filter_ref
+    memory_limit(20000)
+    x = rng.standard_normal((1, 1, 1, 64)).astype(np.float32)
+    dy = rng.standard_normal((1, 1, 1, 64)).astype(np.float32)
+    dw = nc.conv2d_backprop_filter(x, (1, 1, 64, 64), dy, 1, "VALID", strategy="direct")
+    ref = conv_bwd_filter_ref(x, dy, (1, 1))
+    np.testing.assert_allclose(dw, ref, rtol=1e-5, atol=1e-6)
+    # a result of 25600 bytes does not fit: refused before any work, with the numbers
+    x, dy = np.ones((1, 1, 1, 80), np.float32), np.ones((1, 1, 1, 80), np.float32)
+    with pytest.raises(MemoryError, match=r"needs 25600 bytes.*limit is 20000 bytes") as e:
+        nc.conv2d_backprop_filter(x, (1, 1, 80, 80), dy, 1, "VALID", strategy="direct")
+    assert "(1, 1, 80, 80)" in str(e.value)
+
+
+def test_memory_check_counts_the_copies_it_makes(memory_limit):
+    """Only the conversions that really happen count: the canonical copy of NCHW data, of a
+    strided or byte-swapped operand, and the result's copy into the user's layout (not
+    made into ``out=``)."""
+    memory_limit(1)
+    w = np.ones((3, 3, 8, 4), np.float32)               # XIO, contiguous: used as it is
+    y_bytes = 2 * 5 * 5 * 4 * 4                         # the result, 800 bytes
+    x_bytes = 2 * 5 * 5 * 8 * 4                         # a copy of the input, 1600 bytes
+
+    def need(x, fmt="NHWC", out=None):
+        with pytest.raises(MemoryError) as e:
+            nc.conv2d(x, w, 1, "SAME", data_format=fmt, strategy="direct", out=out)
+        return _needed(e)
+
+    nhwc = np.ones((2, 5, 5, 8), np.float32)
+    assert need(nhwc) == y_bytes
+    assert need(np.ones((2, 8, 5, 5), np.float32), "NCHW") == x_bytes + 2 * y_bytes
+    assert need(np.ones((2, 8, 5, 5), np.float32), "NCHW",
+                out=np.empty((2, 4, 5, 5), np.float32)) == x_bytes + y_bytes
+    assert need(np.ones((2, 5, 10, 8), np.float32)[:, :, ::2]) == x_bytes + y_bytes
+    assert need(nhwc.astype(">f4")) == x_bytes + y_bytes
+    # float16: both operands widened to float32, the float32 result rounded to float16
+    half = nc.plan("conv2d", nhwc.astype(np.float16), w.astype(np.float16), 1, "SAME",
+                   strategy="direct")
+    from numbaconv.backends import cpu
+    with pytest.raises(MemoryError) as e:
+        cpu.check_memory(half, {"x": nhwc.astype(np.float16), "w": w.astype(np.float16)})
+    assert _needed(e) == x_bytes + w.size * 4 + y_bytes + y_bytes // 2
+
+
+def test_gpu_memory_check_counts_the_result_not_the_callers_operands():
+    """The device check, against a pretend GPU with ``free`` bytes: a 16 KiB weight
+    gradient fits in 20000 free bytes (its operands are the caller's), not in 16000."""
+    from numbaconv.backends import cuda as backend
+
+    class Device:  # a C-contiguous device operand
+        def __init__(self, dtype):
+            self.dtype = np.dtype(dtype)
+
+        def is_c_contiguous(self):
+            return True
+
+    class FakeCuda:
+        def __init__(self, free):
+            self.free = free
+
+        def current_context(self):
+            return self
+
+        def get_memory_info(self):
+            return self.free, 1 << 40
+
+    x, dy = np.ones((1, 1, 1, 64), np.float32), np.ones((1, 1, 1, 64), np.float32)
+    p = nc.plan("conv2d_backprop_filter", x, (1, 1, 64, 64), dy, 1, "VALID").problem
+    tiles = backend.plan_tiles(p, "direct")
+    assert backend.workspace_bytes(p, tiles) == 0
+    ops = {"x": Device(np.float32), "dy": Device(np.float32)}
+    backend.check_memory(FakeCuda(20000), p, tiles, ops)
+    backend.check_memory(FakeCuda(16384 + 512), p, tiles)  # operands copied: 512 bytes
+    with pytest.raises(MemoryError, match=r"needs 16384 bytes .* 16000 bytes are free"):
+        backend.check_memory(FakeCuda(16000), p, tiles, ops)
+    # float64 operands of a float32 problem are converted: copies counted
+    with pytest.raises(MemoryError, match=r"needs 16896 bytes"):
+        backend.check_memory(FakeCuda(16500), p, tiles, {"x": Device(np.float64),
+                                                         "dy": Device(np.float64)})

@@ -34,20 +34,103 @@ def _phys_memory():
         return None
 
 
-def check_memory(plan):
-    """MemoryError with the sizes, before any work, when result + workspace cannot fit."""
+#: The operands of each direction, as :func:`canonical_operands` names them.
+_OPERANDS = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}
+
+
+def _half_io(plan):
+    """What the plan's strategy takes and returns as float16 bits (see ``_Prepared``)."""
     p = plan.problem
-    item = np.dtype(p.compute_dtype).itemsize
-    result = math.prod(p.result_shape) * item
-    operands = (math.prod(p.x_shape) + math.prod(p.y_shape) + math.prod(p.w_shape)) * item
-    need = result + plan.workspace_bytes + operands
-    limit = _phys_memory()
-    if limit is not None and need > config.MAX_MEMORY_FRACTION * limit:
+    if p.dtype != "float16" or p.empty or _half_kernels() is None:
+        return frozenset()
+    from ..planner import implementation
+    return implementation(plan).half_operands(p, plan.tiles)
+
+
+def _operand_copy_bytes(p, name, a, half_io):
+    """Bytes of the canonical copy :func:`canonical_operands` makes of the caller's operand
+    ``name`` (0 where it uses the array itself, reshaped); ``a=None``: the most it can."""
+    n = math.prod(p.w_shape if name == "w" else p.x_shape if name == "x" else p.y_shape)
+    native = contiguous = False
+    if a is not None:
+        if name == "w":
+            v = np.moveaxis(a, (0, 1), (-1, -2)) if p.filter_format == "OIX" else a
+        else:
+            v = np.moveaxis(a, 1, -1) if p.data_format == "NCX" else a
+        native, contiguous = a.dtype.isnative, v.flags.c_contiguous
+        if p.dtype != "float16":
+            return 0 if contiguous and a.dtype == np.dtype(p.compute_dtype) else \
+                n * np.dtype(p.compute_dtype).itemsize
+    elif p.dtype != "float16":
+        return n * np.dtype(p.compute_dtype).itemsize
+    if name in half_io:  # float16 bits: a float16 copy where not C-contiguous
+        return 0 if contiguous and native else n * 2
+    # widened to float32, by the convert kernels after a C-contiguous float16 copy
+    staging = n * 2 if (a is None or native and not contiguous) and \
+        _half_kernels() is not None else 0
+    return n * 4 + staging
+
+
+def _result_bytes(p, half_io, out):
+    """``(result, copies)``: bytes of the canonical result and of the copies made of it on
+    the way to the caller (rounded to float16, moved into the user's layout; none into
+    ``out``)."""
+    n = math.prod(p.result_shape)
+    user = np.dtype(p.dtype).itemsize
+    if p.empty:  # zeros in the user's dtype and layout
+        return n * user, 0
+    copies = 0
+    if "result" in half_io:
+        result = n * 2
+    else:
+        result = n * np.dtype(p.compute_dtype).itemsize
+        if p.dtype == "float16" and _half_kernels() is not None:
+            copies = n * 2
+    if p.direction == "bwd_w":  # [*X, C/g, K] -> [K, C/g, *X]: a copy unless a view is one
+        relayout = (p.filter_format == "OIX"
+                    and sum(v > 1 for v in (math.prod(p.ksz), p.icg, p.oc)) > 1)
+    else:
+        sizes, ch = (p.isz, p.ic) if p.direction == "bwd_d" else (p.osz, p.oc)
+        relayout = p.data_format == "NCX" and ch > 1 and math.prod(sizes) > 1
+    if out is None and (relayout or p.dtype == "float16" and _half_kernels() is None):
+        copies += n * user
+    return result, copies
+
+
+def check_memory(plan, operands=None, out=None):
+    """MemoryError with the sizes, before any work, when what a call allocates cannot fit
+    in ``config.MAX_MEMORY_FRACTION`` of physical memory: the result, the workspace and the
+    copies really made (of the operands into the canonical layout and compute dtype, of
+    the result into the user's), not the operands the caller already holds.
+
+    ``operands`` (and ``out``): the call's; without them every operand counts as copied.
+    Returns whether a call with other operands of this plan may still exceed the limit
+    (then each call is checked with its own).
+    """
+    p = plan.problem
+    phys = _phys_memory()
+    if phys is None:
+        return False
+    limit = config.MAX_MEMORY_FRACTION * phys
+    half_io = _half_io(plan)
+    names = () if p.empty else _OPERANDS[p.direction]
+    copies = {n: _operand_copy_bytes(p, n, None if operands is None else operands.get(n),
+                                     half_io) for n in names}
+    result, result_copies = _result_bytes(p, half_io, out)
+    need = result + plan.workspace_bytes + result_copies + sum(copies.values())
+    if need > limit:
+        each = ", ".join(f"{n} {b}" for n, b in copies.items() if b)
         raise MemoryError(
-            f"numbaconv: {p.op or p.direction} {p.descriptor()} needs {need / 2**30:.3g} GiB "
-            f"(result {result / 2**30:.3g} GiB of shape {p.result_shape}, workspace "
-            f"{plan.workspace_bytes / 2**30:.3g} GiB, canonical operands "
-            f"{operands / 2**30:.3g} GiB) but this machine has {limit / 2**30:.3g} GiB")
+            f"numbaconv: {p.op or p.direction} {p.descriptor()} needs {need} bytes "
+            f"({need / 2**30:.3g} GiB: result {result} bytes of shape {p.result_shape}, "
+            f"workspace {plan.workspace_bytes} bytes, copies of the result {result_copies} "
+            f"bytes, copies of the operands {sum(copies.values())} bytes"
+            f"{' (' + each + ')' if each else ''}) but the limit is {int(limit)} bytes "
+            f"(config.MAX_MEMORY_FRACTION={config.MAX_MEMORY_FRACTION} of this machine's "
+            f"{phys} bytes)")
+    worst = (sum(_operand_copy_bytes(p, n, None, half_io) for n in names)
+             + sum(_result_bytes(p, half_io, None)) + plan.workspace_bytes)
+    return worst > limit
 
 
 _fast_half = []
@@ -144,19 +227,20 @@ class _Prepared:
     """What :func:`execute` derives from a plan alone, derived once per plan: its strategy
     object and its bound call (``Strategy.bind``), whether the float16 conversions run on
     every thread, which operands its kernels take as float16 bits, the user's dtype, that
-    it fits in memory (checked again when ``config.MAX_MEMORY_FRACTION`` changes), and
+    it fits in memory (checked again when ``config.MAX_MEMORY_FRACTION`` changes, and on
+    every call where the call's own operands decide it: ``check``), and
     the canonical shapes of channels-last operands (``plain``: the user's arrays,
     reshaped; float16 ones then taken as bits or widened, ``widen``) and the result's
     shape. Together 20-30 us of Python per call."""
 
     __slots__ = ("plan", "strategy", "call", "parallel", "half", "half_io", "dtype",
-                 "fraction", "plain", "widen", "shape")
+                 "fraction", "plain", "widen", "shape", "check")
 
-    def __init__(self, plan):
+    def __init__(self, plan, operands=None, out=None):
         from ..planner import implementation
 
         p = plan.problem
-        check_memory(plan)
+        self.check = check_memory(plan, operands, out)
         self.plan = plan
         self.fraction = config.MAX_MEMORY_FRACTION
         self.dtype = np.dtype(p.dtype)
@@ -190,11 +274,13 @@ _PREPARED = {}
 PREPARED_SIZE = 512
 
 
-def _prepared(plan):
+def _prepared(plan, operands=None, out=None):
     prep = _PREPARED.get(id(plan))
     if prep is not None and prep.plan is plan and prep.fraction == config.MAX_MEMORY_FRACTION:
+        if prep.check:
+            check_memory(plan, operands, out)
         return prep
-    prep = _Prepared(plan)
+    prep = _Prepared(plan, operands, out)
     if len(_PREPARED) >= PREPARED_SIZE:
         _PREPARED.clear()
     _PREPARED[id(plan)] = prep
@@ -246,7 +332,7 @@ def execute(plan, operands, out=None, threads_current=False):
     (a memoised call planned for them), so they are not set again."""
     p = plan.problem
     check_out(out, p)
-    prep = _prepared(plan)
+    prep = _prepared(plan, operands, out)
     if prep.strategy is None:
         result = np.zeros(p.result_shape, p.dtype)
     else:

@@ -404,20 +404,38 @@ def check_out(out, p):
     return arr
 
 
-def check_memory(cuda, p, tiles):
-    """MemoryError, before any work, when result + workspace + copies exceed free GPU memory."""
-    item = np.dtype(p.compute_dtype).itemsize
-    xs, ys, ws = canonical_shapes(p)
-    need = (math.prod(xs) + math.prod(ys) + math.prod(ws)) * item + workspace_bytes(p, tiles)
+def check_memory(cuda, p, tiles, ops=None, out=None):
+    """MemoryError, before any work, when what the call allocates exceeds free GPU memory:
+    the canonical result, the workspace and the copies :func:`_to_canonical` and
+    :func:`_to_user` really make (not the operands the caller already holds). ``ops``:
+    the call's device operands (without them every operand counts as copied); ``out``:
+    the caller's result array, if any."""
+    ct = np.dtype(p.compute_dtype)
+    copies = 0
+    names = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
+    for name in () if p.empty else names:
+        a = None if ops is None else ops.get(name)
+        cdims, _, _, identity = _layout(p, name)
+        if not (a is not None and identity and np.dtype(a.dtype) == ct
+                and a.is_c_contiguous()):
+            copies += math.prod(cdims) * ct.itemsize
+    cdims, _, _, identity = _layout(p, _result_which(p))
+    n = math.prod(cdims)
+    result = n * ct.itemsize
+    if n and out is None and not (identity and np.dtype(p.dtype) == ct):
+        copies += n * np.dtype(p.dtype).itemsize
+    work = 0 if p.empty else workspace_bytes(p, tiles)
+    need = result + work + copies
     try:
         free, _total = cuda.current_context().get_memory_info()
     except Exception:  # simulator, or a driver that cannot tell: let the allocator decide
         return
     if need > free:
         raise MemoryError(
-            f"numbaconv: {p.op or p.direction} {p.descriptor()} needs {need / 2**30:.3g} GiB "
-            f"of GPU memory (operands, result and workspace of "
-            f"{workspace_bytes(p, tiles) / 2**30:.3g} GiB) but {free / 2**30:.3g} GiB are free")
+            f"numbaconv: {p.op or p.direction} {p.descriptor()} needs {need} bytes "
+            f"({need / 2**30:.3g} GiB) of GPU memory (result {result} bytes of shape "
+            f"{p.result_shape}, workspace {work} bytes, copies {copies} bytes) but {free} "
+            f"bytes are free")
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -478,7 +496,7 @@ def execute(plan, operands, out=None):
     tiles = dict(plan.tiles)
     if tiles.get("kernel") not in ("gemm", "direct"):
         tiles = plan_tiles(p)
-    check_memory(cuda, p, tiles)
+    check_memory(cuda, p, tiles, ops, dst)
     if math.prod(p.result_shape) == 0:
         return dst if dst is not None else cuda.device_array(p.result_shape, p.dtype)
     if p.empty:
