@@ -105,3 +105,32 @@ def test_non_native_byte_order_is_a_float_dtype():
     np.testing.assert_array_equal(y, ref)
     with pytest.raises(TypeError, match="float16, float32 or float64"):
         nc.conv2d(x.astype(np.longdouble), w.astype(np.longdouble), 1, "SAME")
+
+
+@pytest.mark.parametrize("dtype", [">f2", ">f4", ">f8"])
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_big_endian_out_receives_the_result(dtype, fmt):
+    """``out=`` in the other byte order is written with the right values, as big-endian
+    operands are read."""
+    from reference import conv_bwd_filter_ref, conv_fwd_ref, to_channels_first
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 5, 3)).astype(dtype)
+    w = rng.standard_normal((3, 3, 3, 4)).astype(dtype)
+    xl = np.ascontiguousarray(to_channels_first(x)) if fmt == "NCHW" else x
+    out = np.full((2, 4, 5, 5) if fmt == "NCHW" else (2, 5, 5, 4), np.nan, dtype)
+    got = nc.conv2d(xl, w, 1, "SAME", data_format=fmt, out=out)
+    assert got is out and got.dtype == np.dtype(dtype)
+    ref = conv_fwd_ref(x, w, 1, 1, 1, 1)
+    if fmt == "NCHW":
+        ref = to_channels_first(ref)
+    np.testing.assert_allclose(got, ref, rtol=5e-3 if dtype == ">f2" else 1e-5, atol=5e-3)
+    # the same values as a native-order result
+    np.testing.assert_array_equal(got, nc.conv2d(xl, w, 1, "SAME", data_format=fmt))
+    dy = rng.standard_normal((2, 5, 5, 4)).astype(dtype)
+    dyl = np.ascontiguousarray(to_channels_first(dy)) if fmt == "NCHW" else dy
+    dw = np.full((3, 3, 3, 4), np.nan, dtype)
+    assert nc.conv2d_backprop_filter(xl, [3, 3, 3, 4], dyl, 1, "SAME", data_format=fmt,
+                                     out=dw) is dw
+    np.testing.assert_allclose(dw, conv_bwd_filter_ref(x, dy, (3, 3), 1, 1, 1, 1),
+                               rtol=5e-3 if dtype == ">f2" else 1e-5,
+                               atol=2e-2 if dtype == ">f2" else 1e-5)

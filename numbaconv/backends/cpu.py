@@ -195,8 +195,9 @@ def check_out(out, p):
         return
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
-    if out.dtype != np.dtype(p.dtype):
-        raise TypeError(f"out: expected dtype {p.dtype}, got {out.dtype}")
+    # either byte order, as for the operands: the result is copied into ``out``, swapped
+    if out.dtype.newbyteorder("=") != np.dtype(p.dtype):
+        raise TypeError(f"out: expected dtype {p.dtype} (either byte order), got {out.dtype}")
     if out.shape != p.result_shape:
         raise ValueError(f"out: expected shape {p.result_shape}, got {out.shape}")
     if not out.flags.writeable:
