@@ -428,3 +428,32 @@ def test_errors_do_not_mutate_inputs(name, call, rng):
         call(x, w, dy)
     for a, c in zip((x, w, dy), copies):
         assert np.array_equal(a, c)
+
+
+# --------------------------------------------------------------------------- masked arrays
+MASKED_CALLS = [
+    ("input", lambda x, w, dy, m: nc.conv2d(m(x), w, 1, "SAME")),
+    ("filter", lambda x, w, dy, m: nc.conv2d(x, m(w), 1, "SAME")),
+    ("out_backprop", lambda x, w, dy, m: nc.conv2d_backprop_input(x.shape, w, m(dy), 1,
+                                                                  "SAME")),
+    ("input", lambda x, w, dy, m: nc.conv2d_backprop_input_v2(m(x), w, dy, 1, "SAME")),
+    ("filter", lambda x, w, dy, m: nc.conv2d_backprop_filter_v2(x, m(w), dy, 1, "SAME")),
+    ("input", lambda x, w, dy, m: nc.convolution(m(x), w, strides=1)),
+    ("output_delta", lambda x, w, dy, m: nc.convolution_backprop_filters(
+        x, [3, 3], m(dy), strides=1, auto_pad="same_upper")),
+    ("out", lambda x, w, dy, m: nc.conv2d(x, w, 1, "SAME", out=m(np.empty_like(dy)))),
+]
+
+
+@pytest.mark.parametrize("name,call", MASKED_CALLS,
+                         ids=[f"{i}-{n}" for i, (n, _) in enumerate(MASKED_CALLS)])
+def test_masked_arrays_are_refused(name, call):
+    """A mask would be dropped without a word: refused, naming the argument and the fix."""
+    x, w, dy = _x(), _x((3, 3, 2, 2)), _x((1, 5, 5, 2))
+
+    def masked(a):
+        return np.ma.masked_array(a, mask=np.zeros(a.shape, bool))
+
+    with pytest.raises(TypeError, match=rf"^{name}: masked arrays are not supported; pass "
+                                        r"np\.ma\.filled\(a, 0\) or a\.data"):
+        call(x, w, dy, masked)

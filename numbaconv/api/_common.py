@@ -13,8 +13,16 @@ FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
 # -- arrays -------------------------------------------------------------------------------------
+def refuse_masked(value, name):
+    """TypeError for a masked array: the kernels would read its data and drop its mask."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays are not supported; pass np.ma.filled(a, 0) "
+                        f"or a.data")
+
+
 def as_float_array(value, name):
     """``value`` as an ndarray of float16/32/64 (never copied when already one)."""
+    refuse_masked(value, name)
     if isinstance(value, np.ndarray):
         arr = value
     else:

@@ -195,6 +195,9 @@ def check_out(out, p):
         return
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
+    if isinstance(out, np.ma.MaskedArray):  # its mask would be left as it was
+        raise TypeError("out: masked arrays are not supported; pass np.ma.filled(a, 0) or "
+                        "a.data")
     # either byte order, as for the operands: the result is copied into ``out``, swapped
     if out.dtype.newbyteorder("=") != np.dtype(p.dtype):
         raise TypeError(f"out: expected dtype {p.dtype} (either byte order), got {out.dtype}")
