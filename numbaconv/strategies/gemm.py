@@ -527,45 +527,54 @@ class Gemm(Strategy):
         from ..kernels.cpu import convert
         half_dy = dy2.dtype == np.uint16  # float16 bits (one group): widened slab by slab
         dbuf = _Buffers(R * p.oc if half_dy else 0, ct)
-        # private partial dW per (worker slot, group): a slot's first slab of a group writes
-        # its product as the partial, later ones add to it; summed once at the end
+        # fixed ownership: each group's slabs in ``nruns`` contiguous runs, one task per run
+        # summing its slabs in order into its own partial dW (the first slab's product
+        # written, later ones added), the partials added in run order: the same bits
+        # whichever worker takes a task, and when
+        nslabs = -(-M // R)
+        nruns = max(1, min(mm.workers, nslabs))
         acc = {}
         prod = _Buffers(0 if mm.numba else len(taps) * icg * ocg, ct)
 
-        def bwd_w_task(gi, r0, r1):
+        def bwd_w_task(gi, run):
+            s0, s1 = nslabs * run // nruns, nslabs * (run + 1) // nruns
+
             def task(slot):
-                c = col(gi, r0, r1, slot)
-                if half_dy:
-                    d = dbuf[slot][: (r1 - r0) * p.oc].reshape(r1 - r0, p.oc)
-                    convert.convert(dy2[r0:r1].reshape(-1), d.reshape(-1), True)
-                else:
-                    d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
-                a = acc.get((slot, gi))
-                if mm.numba:  # accumulates in place
-                    first = a is None
-                    if first:
-                        a = acc[slot, gi] = np.empty((len(taps) * icg, ocg), ct)
-                    mm(c.T, d, a, slot, accumulate=not first)
-                elif a is None:
-                    acc[slot, gi] = c.T @ d
-                else:
-                    pr = np.matmul(c.T, d, out=prod[slot].reshape(len(taps) * icg, ocg))
-                    np.add(a, pr, out=a)
+                a = None
+                for r0 in range(s0 * R, min(M, s1 * R), R):
+                    r1 = min(M, r0 + R)
+                    c = col(gi, r0, r1, slot)
+                    if half_dy:
+                        d = dbuf[slot][: (r1 - r0) * p.oc].reshape(r1 - r0, p.oc)
+                        convert.convert(dy2[r0:r1].reshape(-1), d.reshape(-1), True)
+                    else:
+                        d = dy2[r0:r1, gi * ocg:(gi + 1) * ocg]
+                    if mm.numba:  # accumulates in place
+                        first = a is None
+                        if first:
+                            a = np.empty((len(taps) * icg, ocg), ct)
+                        mm(c.T, d, a, slot, accumulate=not first)
+                    elif a is None:
+                        a = c.T @ d
+                    else:
+                        pr = np.matmul(c.T, d, out=prod[slot].reshape(len(taps) * icg, ocg))
+                        np.add(a, pr, out=a)
+                acc[gi, run] = a
             return task
 
         def finish():
             dw = np.empty(ws, ct)
             dW4 = dw.reshape(len(taps) * icg, g, ocg)
             for gi in range(g):
-                parts = [a for (_, gj), a in acc.items() if gj == gi]
-                for a in parts[1:]:
-                    np.add(parts[0], a, out=parts[0])
+                total = acc[gi, 0]
+                for run in range(1, nruns):
+                    np.add(total, acc[gi, run], out=total)
                 if g == 1:
-                    return parts[0].reshape(ws)
-                dW4[:, gi] = parts[0]
+                    return total.reshape(ws)
+                dW4[:, gi] = total
             return dw
 
-        return [bwd_w_task(*s) for s in slabs], finish
+        return [bwd_w_task(gi, run) for gi in range(g) for run in range(nruns)], finish
 
     def _bwd_w_split_dw(self, p, ops, M, taps, col, dy2, ws, ct, mm):
         """Backward weights over one slab: col (every row, every group) packed once, then

@@ -221,8 +221,9 @@ class Winograd(Strategy):
     # -- running ----------------------------------------------------------------------------
     def run(self, p, tiles, ops):
         """Blocks of tiles as worker tasks: each task transforms its block, multiplies it
-        with a one-thread BLAS and transforms it back (backward weights: adds its product to
-        the worker's partial), so the serial transform loop nests run on every core."""
+        with a one-thread BLAS and transforms it back (backward weights: each task a fixed
+        run of blocks, their products added to its own partial), so the serial transform
+        loop nests run on every core."""
         from ..kernels.cpu import winograd as k
         from .. import blas
         from ..planner import _threads
@@ -259,29 +260,33 @@ class Winograd(Strategy):
             x = ops["x"].reshape(nb, H, W, C)
             dy = ops["dy"].reshape(nb, OH, OW, K)
             vbuf, dbuf = Buffers(a2 * rows * C, ct), Buffers(a2 * rows * K, ct)
-            acc = {}                               # the partial product of each worker slot
+            # fixed ownership: the blocks in ``nw`` contiguous runs, one task per run adding
+            # its blocks' products in order into its own partial, the partials added in
+            # run order (the same bits whichever worker takes a task, and when)
+            acc = {}
             prod = Buffers(a2 * C * K, ct)
 
-            def bwd_w_task(t0, t1):
+            def bwd_w_task(run):
                 def task(slot):
-                    V = vbuf[slot][: a2 * (t1 - t0) * C].reshape(a2, t1 - t0, C)
-                    D = dbuf[slot][: a2 * (t1 - t0) * K].reshape(a2, t1 - t0, K)
-                    fwd_tiles(x, 0, V, -p.pad_begin[1], -p.pad_begin[2], t0, t1)
-                    fwd_tiles(dy, 1, D, 0, 0, t0, t1)
-                    # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K]
-                    VT = V.transpose(0, 2, 1)
-                    if slot not in acc:
-                        acc[slot] = np.matmul(VT, D)
-                    else:
-                        a = acc[slot]
-                        np.add(a, np.matmul(VT, D, out=prod[slot].reshape(a2, C, K)), out=a)
+                    for t0, t1 in blocks[len(blocks) * run // nw:len(blocks) * (run + 1) // nw]:
+                        V = vbuf[slot][: a2 * (t1 - t0) * C].reshape(a2, t1 - t0, C)
+                        D = dbuf[slot][: a2 * (t1 - t0) * K].reshape(a2, t1 - t0, K)
+                        fwd_tiles(x, 0, V, -p.pad_begin[1], -p.pad_begin[2], t0, t1)
+                        fwd_tiles(dy, 1, D, 0, 0, t0, t1)
+                        # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K]
+                        VT = V.transpose(0, 2, 1)
+                        if run not in acc:
+                            acc[run] = np.matmul(VT, D)
+                        else:
+                            a = acc[run]
+                            np.add(a, np.matmul(VT, D, out=prod[slot].reshape(a2, C, K)),
+                                   out=a)
                 return task
 
-            run_tasks([bwd_w_task(t0, t1) for t0, t1 in blocks], nw)
-            parts = [acc[s] for s in sorted(acc)]
-            total = parts[0]
-            for a in parts[1:]:
-                total += a
+            run_tasks([bwd_w_task(run) for run in range(nw)], nw)
+            total = acc[0]
+            for run in range(1, nw):
+                total += acc[run]
             # dw = G^T M G per (c, k)
             GT = np.ascontiguousarray(G.T)
             with blas.threads(outside):

@@ -1,0 +1,265 @@
+"""Small problems that reach every CPU strategy, variant and sub-path the planner can run,
+for the tests that call each of them (bitwise determinism, read-only operands).
+
+A case names the plan it must get (``label``: ``strategy[variant]``, and tiles it must
+have), so that a change in the planner's routing shows up as a failed case rather than as
+a sub-path silently left untested. Where ``strategy=`` cannot reach a sub-path, the case
+patches the planner's settings (``config``) or a strategy's thresholds (``consts``: a
+module and its attributes).
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import numbaconv as nc
+from numbaconv import config
+
+THREADS = 2
+#: A tile that must be present, whatever its value.
+ANY = object()
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    direction: str                    # "fwd", "bwd_d", "bwd_w"
+    g: int
+    ic: int
+    oc: int
+    mb: int
+    isz: tuple
+    k: tuple
+    stride: tuple = None              # default: 1 per axis
+    pads: tuple = None                # (begin, end); default: none
+    dilation: tuple = None            # default: 1 per axis
+    strategy: str = None
+    label: str = ""                   # the plan's strategy[variant]
+    tiles: dict = field(default_factory=dict)   # tiles it must have (None: absent)
+    config: dict = field(default_factory=dict)
+    consts: tuple = ()                # ((module, {attribute: value}), ...)
+    dtype: str = "float32"
+
+
+def _c(id, direction, g, ic, oc, mb, isz, k, **kw):
+    return Case(id, direction, g, ic, oc, mb, tuple(isz), tuple(k), **kw)
+
+
+_SMALL_SLABS = {"GEMM_SLAB_BYTES": 4096, "GEMM_MIN_ROWS": 16}
+_BLAS = {"GEMM_ENGINE": "blas"}
+_NUMBA = {"GEMM_ENGINE": "numba"}
+_GEMM = "numbaconv.strategies.gemm"
+
+CASES = [
+    # -- GEMM: forward --------------------------------------------------------------------
+    _c("gemm-fwd-slabs-blas", "fwd", 1, 16, 16, 2, (12, 12), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="gemm", label="gemm", tiles={"packed": True, "engine": "blas"},
+       config={**_SMALL_SLABS, **_BLAS}),
+    _c("gemm-fwd-slabs-numba", "fwd", 1, 16, 16, 2, (12, 12), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="gemm", label="gemm", tiles={"packed": True, "engine": "numba"},
+       config={**_SMALL_SLABS, **_NUMBA}),
+    _c("gemm-fwd-groups", "fwd", 2, 32, 32, 2, (10, 10), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="gemm", label="gemm", tiles={"packed": True}, config=_SMALL_SLABS),
+    _c("gemm-fwd-identity", "fwd", 1, 32, 32, 2, (12, 12), (1, 1), strategy="gemm",
+       label="gemm", tiles={"packed": False}),
+    # -- GEMM: backward weights -----------------------------------------------------------
+    _c("gemm-bwdw-slabs-blas", "bwd_w", 1, 32, 16, 2, (12, 12), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm", label="gemm",
+       tiles={"packed": True, "engine": "blas", "split": None},
+       config={**_SMALL_SLABS, **_BLAS}),
+    _c("gemm-bwdw-slabs-numba", "bwd_w", 1, 32, 16, 2, (12, 12), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm", label="gemm",
+       tiles={"packed": True, "engine": "numba", "split": None},
+       config={**_SMALL_SLABS, **_NUMBA}),
+    _c("gemm-bwdw-slabs-groups", "bwd_w", 2, 32, 32, 2, (10, 10), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm", label="gemm",
+       tiles={"packed": True, "split": None}, config=_SMALL_SLABS),
+    _c("gemm-bwdw-slabs-3d", "bwd_w", 1, 24, 16, 2, (4, 6, 6), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), label="gemm", tiles={"packed": True, "split": None},
+       config=_SMALL_SLABS),
+    _c("gemm-bwdw-split-k", "bwd_w", 1, 32, 32, 4, (16, 16), (1, 1), strategy="gemm",
+       label="gemm", tiles={"split": "k"}, config=_NUMBA),
+    _c("gemm-bwdw-identity-tasks", "bwd_w", 1, 32, 32, 4, (16, 16), (1, 1),
+       strategy="gemm", label="gemm", tiles={"packed": False, "split": None},
+       config=_BLAS, consts=((_GEMM, {"BLAS_SPLIT_MIN_ROWS": 0}),)),
+    _c("gemm-bwdw-split-dw-numba", "bwd_w", 1, 32, 64, 1, (16,), (5,), strategy="gemm",
+       label="gemm", tiles={"split": "dw", "engine": "numba"}, config=_NUMBA),
+    _c("gemm-bwdw-split-dw-blas", "bwd_w", 1, 32, 64, 1, (16,), (5,), strategy="gemm",
+       label="gemm", tiles={"split": "dw", "engine": "blas"}, config=_BLAS),
+    _c("gemm-bwdw-split-dw-groups", "bwd_w", 2, 32, 64, 1, (16,), (5,), strategy="gemm",
+       label="gemm", tiles={"split": "dw"}),
+    # -- GEMM: backward data --------------------------------------------------------------
+    _c("gemm-bwdd-claimed", "bwd_d", 1, 16, 32, 4, (16, 16), (1, 1), strategy="gemm",
+       label="gemm", tiles={"claim": ANY}, config=_NUMBA),
+    _c("gemm-bwdd-identity-s2-numba", "bwd_d", 1, 32, 64, 2, (16, 16), (1, 1),
+       stride=(2, 2), strategy="gemm", label="gemm",
+       tiles={"packed": False, "engine": "numba", "claim": None}, config=_NUMBA),
+    _c("gemm-bwdd-identity-s2-blas", "bwd_d", 1, 32, 64, 2, (16, 16), (1, 1),
+       stride=(2, 2), strategy="gemm", label="gemm",
+       tiles={"packed": False, "engine": "blas"}, config=_BLAS),
+    _c("gemm-bwdd-identity-tasks", "bwd_d", 1, 32, 32, 4, (16, 16), (1, 1),
+       strategy="gemm", label="gemm", tiles={"packed": False, "engine": "blas"},
+       config=_BLAS, consts=((_GEMM, {"BLAS_SPLIT_MIN_ROWS": 0}),)),
+    _c("gemm-bwdd-per-tap-blas", "bwd_d", 1, 24, 16, 2, (8, 8), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm", label="gemm",
+       tiles={"taps": "per-tap", "engine": "blas"}, config=_BLAS),
+    _c("gemm-bwdd-per-tap-numba", "bwd_d", 1, 24, 16, 2, (8, 8), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm", label="gemm",
+       tiles={"taps": "per-tap", "engine": "numba"}, config=_NUMBA),
+    _c("gemm-bwdd-phases-blas", "bwd_d", 1, 24, 16, 4, (24, 24), (3, 3), stride=(2, 2),
+       pads=((1, 1), (0, 0)), strategy="gemm", label="gemm",
+       tiles={"packed": True, "taps": None, "engine": "blas"},
+       config={**_SMALL_SLABS, **_BLAS}),
+    _c("gemm-bwdd-phases-numba", "bwd_d", 1, 24, 16, 4, (24, 24), (3, 3), stride=(2, 2),
+       pads=((1, 1), (0, 0)), strategy="gemm", label="gemm",
+       tiles={"packed": True, "taps": None, "engine": "numba"},
+       config={**_SMALL_SLABS, **_NUMBA}),
+    _c("gemm-bwdd-empty-phases", "bwd_d", 2, 32, 32, 2, (51, 51), (2, 2), stride=(3, 3),
+       strategy="gemm", label="gemm", tiles={"packed": True, "taps": None},
+       config=_SMALL_SLABS),
+    # -- GEMM variants: rows, implicit, col2im --------------------------------------------
+    _c("rows-bwdw-2d", "bwd_w", 1, 8, 8, 2, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
+       label="gemm[rows]"),
+    _c("rows-bwdw-3d", "bwd_w", 1, 8, 16, 2, (6, 8, 8), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), label="gemm[rows]"),
+    _c("rows-bwdw-1d", "bwd_w", 1, 3, 32, 4, (64,), (7,), stride=(2,), pads=((3,), (3,)),
+       label="gemm[rows]"),
+    _c("implicit-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (12, 12), (3, 3),
+       pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+    _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
+       pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+    _c("implicit-bwdd-panels", "bwd_d", 1, 128, 128, 1, (6, 6), (3, 3),
+       pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+    _c("col2im-images", "bwd_d", 1, 3, 16, 4, (12, 12), (3, 3), pads=((1, 1), (1, 1)),
+       label="gemm[col2im]", tiles={"bands": None}),
+    _c("col2im-bands", "bwd_d", 1, 3, 16, 1, (16, 16), (5, 5), pads=((2, 2), (2, 2)),
+       label="gemm[col2im]", tiles={"images": None}, config=_SMALL_SLABS),
+    _c("col2im-numba", "bwd_d", 1, 3, 16, 1, (16, 16), (5, 5), pads=((2, 2), (2, 2)),
+       label="gemm[col2im]", tiles={"engine": "numba"}, config={**_SMALL_SLABS, **_NUMBA}),
+    # -- Winograd -------------------------------------------------------------------------
+    _c("winograd-fwd-f2", "fwd", 1, 64, 64, 1, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="winograd", label="winograd", tiles={"m": 2}),
+    _c("winograd-bwdd-f2", "bwd_d", 1, 64, 64, 1, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="winograd", label="winograd", tiles={"m": 2}),
+    _c("winograd-bwdw-f2", "bwd_w", 1, 64, 64, 1, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="winograd", label="winograd", tiles={"m": 2},
+       consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8}),)),
+    _c("winograd-bwdw-f4", "bwd_w", 1, 64, 64, 2, (24, 24), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="winograd", label="winograd", tiles={"m": 4},
+       consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8}),)),
+    # -- direct and its grouped and depthwise variants ------------------------------------
+    _c("direct-fwd", "fwd", 1, 8, 8, 2, (8, 8), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="direct", label="direct"),
+    _c("direct-bwdd-per-pixel", "bwd_d", 1, 8, 8, 2, (8, 8), (3, 3), stride=(2, 2),
+       pads=((1, 1), (1, 1)), strategy="direct", label="direct",
+       tiles={"accumulate": "per-pixel"}),
+    _c("direct-bwdd-per-tap", "bwd_d", 1, 16, 8, 2, (8, 8), (3, 3), pads=((1, 1), (1, 1)),
+       strategy="direct", label="direct", tiles={"accumulate": "per-tap"}),
+    _c("direct-bwdw", "bwd_w", 1, 8, 8, 2, (5, 8, 8), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), strategy="direct", label="direct"),
+    _c("grouped-fwd", "fwd", 8, 16, 16, 2, (8, 8), (3, 3), pads=((1, 1), (1, 1)),
+       label="direct[grouped]"),
+    _c("grouped-bwdd", "bwd_d", 8, 16, 16, 2, (8, 8), (3, 3), stride=(2, 2),
+       pads=((1, 1), (1, 1)), label="direct[grouped]"),
+    _c("grouped-bwdw", "bwd_w", 8, 16, 16, 2, (4, 8, 8), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), label="direct[grouped]"),
+    _c("depthwise-fwd-3x3", "fwd", 32, 32, 32, 2, (10, 10), (3, 3), pads=((1, 1), (1, 1)),
+       label="direct[depthwise]", tiles={"unrolled_3x3": True}),
+    _c("depthwise-fwd-m2", "fwd", 16, 16, 32, 2, (10, 10), (5, 5), pads=((2, 2), (2, 2)),
+       label="direct[depthwise]", tiles={"unrolled_3x3": False}),
+    _c("depthwise-bwdd-rows", "bwd_d", 32, 32, 32, 2, (10, 10), (3, 3),
+       pads=((1, 1), (1, 1)), label="direct[depthwise]", tiles={"kernel": "rows_3x3"}),
+    _c("depthwise-bwdd-unrolled", "bwd_d", 64, 64, 64, 2, (10, 10), (3, 3),
+       pads=((2, 2), (2, 2)), dilation=(1, 2), label="direct[depthwise]",
+       tiles={"kernel": "unrolled_3x3"}),
+    _c("depthwise-bwdd-spans", "bwd_d", 32, 32, 32, 2, (10, 10), (5, 5), stride=(2, 2),
+       pads=((2, 2), (2, 2)), label="direct[depthwise]", tiles={"kernel": "spans"}),
+    _c("depthwise-bwdd-m2", "bwd_d", 16, 16, 32, 2, (10, 10), (3, 3),
+       pads=((1, 1), (1, 1)), label="direct[depthwise]", tiles={"kernel": "general"}),
+    _c("depthwise-bwdw-rows", "bwd_w", 32, 32, 32, 2, (12, 12), (3, 3),
+       pads=((1, 1), (1, 1)), label="direct[depthwise]", tiles={"kernel": "rows_3x3"}),
+    _c("depthwise-bwdw-spans", "bwd_w", 32, 32, 32, 2, (12, 12), (5, 5),
+       pads=((2, 2), (2, 2)), label="direct[depthwise]", tiles={"kernel": "spans"}),
+    _c("depthwise-bwdw-m2", "bwd_w", 16, 16, 32, 2, (10, 10), (3, 3),
+       pads=((1, 1), (1, 1)), label="direct[depthwise]", tiles={"kernel": "general"}),
+]
+
+#: float16 operands take other kernels on the paths that reduce over threads or widen
+#: their operands as they go: the same problems in float16.
+_HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
+         "gemm-bwdd-claimed", "rows-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
+         "depthwise-bwdd-rows")
+CASES += [Case(**{**c.__dict__, "id": c.id + "-f16", "dtype": "float16"})
+          for c in CASES if c.id in _HALF]
+IDS = [c.id for c in CASES]
+
+
+def patch(case, monkeypatch):
+    """Apply the case's settings and the test thread count (undone by ``monkeypatch``)."""
+    import importlib
+    monkeypatch.setattr(config, "THREADS", THREADS)
+    for name, value in case.config.items():
+        monkeypatch.setattr(config, name, value)
+    for module, attrs in case.consts:
+        mod = importlib.import_module(module)
+        for name, value in attrs.items():
+            monkeypatch.setattr(mod, name, value)
+
+
+def _attrs(case):
+    nd = len(case.isz)
+    pb, pe = case.pads or ((0,) * nd, (0,) * nd)
+    return dict(strides=case.stride or (1,) * nd, dilations=case.dilation or (1,) * nd,
+                pads_begin=pb, pads_end=pe, groups=case.g, strategy=case.strategy)
+
+
+def _out_size(case):
+    nd = len(case.isz)
+    pb, pe = case.pads or ((0,) * nd, (0,) * nd)
+    st = case.stride or (1,) * nd
+    dl = case.dilation or (1,) * nd
+    return tuple((i + b + e - (k - 1) * d - 1) // s + 1
+                 for i, k, s, d, b, e in zip(case.isz, case.k, st, dl, pb, pe))
+
+
+def operands(case, seed=0):
+    """The case's operands (the op's arguments, in order) as fresh arrays."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((case.mb, *case.isz, case.ic)).astype(case.dtype)
+    w = rng.standard_normal((*case.k, case.ic // case.g, case.oc)).astype(case.dtype)
+    dy = rng.standard_normal((case.mb, *_out_size(case), case.oc)).astype(case.dtype)
+    return {"fwd": {"x": x, "w": w}, "bwd_d": {"dy": dy, "w": w},
+            "bwd_w": {"x": x, "dy": dy}}[case.direction]
+
+
+def call(case, ops):
+    a = _attrs(case)
+    if case.direction == "fwd":
+        return nc.convolution(ops["x"], ops["w"], **a)
+    if case.direction == "bwd_d":
+        return nc.convolution_backprop_data(ops["dy"], ops["w"], case.isz, **a)
+    return nc.convolution_backprop_filters(ops["x"], case.k, ops["dy"], **a)
+
+
+def plan(case, ops):
+    a = _attrs(case)
+    s = a.pop("strategy")
+    if case.direction == "fwd":
+        return nc.plan("convolution", ops["x"], ops["w"], strategy=s, **a)
+    if case.direction == "bwd_d":
+        return nc.plan("convolution_backprop_data", ops["dy"], ops["w"], case.isz,
+                       strategy=s, **a)
+    return nc.plan("convolution_backprop_filters", ops["x"], case.k, ops["dy"], strategy=s,
+                   **a)
+
+
+def check_plan(case, ops):
+    """The case reaches the path it names, on ``THREADS`` threads."""
+    p = plan(case, ops)
+    label = p.strategy + (f"[{p.variant}]" if p.variant else "")
+    assert label == case.label, f"{case.id} planned {p}"
+    for key, want in case.tiles.items():
+        ok = key in p.tiles if want is ANY else p.tiles.get(key) == want
+        assert ok, f"{case.id}: tiles[{key!r}] != {want!r}: {p}"
+    assert p.threads == THREADS, str(p)
+    return p

@@ -1,0 +1,51 @@
+"""Bitwise reproducibility: the same inputs on the same thread count and host give the same
+bits on every call, on every strategy and sub-path the planner can run (which thread runs
+which piece of work, and when, must not change which partial it is summed into nor the
+order of the sums)."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import config
+from strategy_cases import CASES, IDS, THREADS, call, check_plan, operands, patch
+
+CALLS = 5
+
+
+def _same_bits(results):
+    first = results[0].view(np.uint8)
+    return [i for i, r in enumerate(results[1:], 1) if not np.array_equal(r.view(np.uint8),
+                                                                           first)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_path_is_bitwise_reproducible(case, monkeypatch):
+    patch(case, monkeypatch)
+    ops = operands(case)
+    check_plan(case, ops)
+    results = [call(case, ops) for _ in range(CALLS)]
+    assert not _same_bits(results), f"{case.id}: calls {_same_bits(results)} differ from the first"
+
+
+@pytest.mark.parametrize("threads", [1, THREADS])
+def test_gemm_weight_gradient_resnet_size(threads, monkeypatch):
+    """A ResNet-size 3x3 weight gradient on the GEMM strategy's slab tasks (many slabs per
+    worker: the worker that takes a slab changes from call to call)."""
+    monkeypatch.setattr(config, "THREADS", threads)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 28, 28, 64), dtype=np.float32)
+    dy = rng.standard_normal((8, 28, 28, 64), dtype=np.float32)
+    results = [nc.conv2d_backprop_filter(x, (3, 3, 64, 64), dy, 1, "SAME", strategy="gemm")
+               for _ in range(CALLS)]
+    assert not _same_bits(results)
+
+
+def test_conv3d_weight_gradient_default(monkeypatch):
+    monkeypatch.setattr(config, "THREADS", THREADS)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 10, 10, 32), dtype=np.float32)
+    dy = rng.standard_normal((2, 6, 10, 10, 32), dtype=np.float32)
+    args = (x, (3, 3, 3, 32, 32), dy, (1, 1, 1, 1, 1), "SAME")
+    assert nc.plan("conv3d_backprop_filter_v2", *args).strategy == "gemm"
+    results = [nc.conv3d_backprop_filter_v2(*args) for _ in range(CALLS)]
+    assert not _same_bits(results)
