@@ -457,3 +457,54 @@ def test_masked_arrays_are_refused(name, call):
     with pytest.raises(TypeError, match=rf"^{name}: masked arrays are not supported; pass "
                                         r"np\.ma\.filled\(a, 0\) or a\.data"):
         call(x, w, dy, masked)
+
+
+# --------------------------------------------------------------------------- wrong layout
+LAYOUT_CALLS = [
+    # NHWC data read as NCHW: 8 "channels" where the filter reads 4 (groups=2 would follow,
+    # and K=5 is not divisible by it)
+    ("input", 8, 1, "NCHW", 4, "NHWC",
+     lambda: nc.conv2d(_x((1, 8, 8, 4)), _x((3, 3, 4, 5)), 1, "SAME", data_format="NCHW")),
+    ("input", 5, 1, "NCHW", 8, "NHWC",
+     lambda: nc.conv2d(_x((2, 5, 5, 8)), _x((3, 3, 8, 16)), 1, "SAME", data_format="NCHW")),
+    # NCHW data read as NHWC (the default)
+    ("input", 5, 3, "NHWC", 8, "NCHW",
+     lambda: nc.conv2d(_x((2, 8, 5, 5)), _x((3, 3, 8, 16)), 1, "SAME")),
+    ("input", 5, 3, "NHWC", 8, "NCHW",
+     lambda: nc.conv2d_backprop_filter(_x((2, 8, 5, 5)), [3, 3, 8, 16], _x((2, 8, 5, 16)), 1,
+                                       "SAME")),
+    ("input_sizes", 5, 3, "NHWC", 8, "NCHW",
+     lambda: nc.conv2d_backprop_input([2, 8, 5, 5], _x((3, 3, 8, 16)), _x((2, 8, 5, 16)), 1,
+                                      "SAME")),
+    ("input", 6, 1, "NCDHW", 4, "NDHWC",
+     lambda: nc.conv3d(_x((1, 6, 6, 6, 4)), _x((3, 3, 3, 4, 5)), [1] * 5, "SAME",
+                       data_format="NCDHW")),
+    ("input", 6, 1, "NCHW", 3, "NHWC",
+     lambda: nc.depthwise_conv2d_native(_x((1, 6, 6, 3)), _x((3, 3, 3, 2)), [1] * 4, "SAME",
+                                        data_format="NCHW")),
+    ("input", 6, 1, "NCX", 3, "NXC",
+     lambda: nc.convolution(_x((1, 6, 6, 3)), _x((3, 3, 3, 2)), strides=1, data_format="NCX")),
+]
+
+
+@pytest.mark.parametrize("name,got,axis,fmt,want,other,call", LAYOUT_CALLS,
+                         ids=[f"{i}-{c[0]}-{c[3]}" for i, c in enumerate(LAYOUT_CALLS)])
+def test_data_in_the_other_layout_is_named(name, got, axis, fmt, want, other, call):
+    """Data in the other layout: the message names the layout and the channel mismatch, not
+    a groups count the caller never passed."""
+    with pytest.raises(ValueError) as e:
+        call()
+    msg = str(e.value)
+    assert msg.startswith(f"{name}: {got} channels along axis {axis} (data_format='{fmt}') "
+                          f"but the filter expects {want} input channels"), msg
+    assert f"is the data {other}?" in msg, msg
+    assert "groups=" not in msg, msg
+
+
+def test_channel_mismatch_without_a_layout_hint():
+    """No other layout fits either: the mismatch alone, without a guess."""
+    with pytest.raises(ValueError, match=r"^input: 3 channels along axis 3 \(data_format="
+                                         r"'NHWC'\) but the filter expects 2 input channels")\
+            as e:
+        nc.conv2d(_x((1, 5, 5, 3)), _x((3, 3, 2, 2)), 1, "SAME")
+    assert "is the data" not in str(e.value)

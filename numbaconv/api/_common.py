@@ -201,6 +201,29 @@ def groups_from_filter(ic, fin, depthwise, name):
     return ic // fin
 
 
+def filter_fits(c, fin, fout, depthwise):
+    """Whether ``c`` input channels suit a filter of ``fin`` in- and ``fout`` out-channels
+    (or multiplier) with groups inferred as TF infers them (``c / fin``)."""
+    if depthwise:
+        return c == fin
+    if fin == 0:
+        return c == 0
+    return c > 0 and c % fin == 0 and fout % (c // fin) == 0
+
+
+def layout_mismatch(name, shape, fmt, user_fmt, other_fmt, want, fits, detail=""):
+    """The ValueError for data whose channel count (axis 1 for ``NCX``, the last for
+    ``NXC``) does not suit the filter: it names the argument, the axis and the layout, and
+    asks whether the data is in ``other_fmt`` where the other axis would suit (``fits``)."""
+    axis, other = (1, len(shape) - 1) if fmt == "NCX" else (len(shape) - 1, 1)
+    msg = (f"{name}: {shape[axis]} channels along axis {axis} (data_format={user_fmt!r}) "
+           f"but the filter expects {want} input channels{detail}")
+    if fits(shape[other]):
+        msg += (f"; is the data {other_fmt}? (its axis {other} has {shape[other]}: pass "
+                f"data_format={other_fmt!r})")
+    return ValueError(msg)
+
+
 def check_groups(ic, oc, g):
     if g < 1:
         raise ValueError(f"groups: expected a positive integer, got {g}")

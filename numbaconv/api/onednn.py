@@ -14,7 +14,7 @@ Conventions (oneDNN Graph ``Convolution`` / ``ConvolutionBackwardData`` /
   an int or one value per spatial dim.
 """
 from ._common import (as_float_array, common_dtype, check_rank, int_or_list, as_int, shape_vector,
-                      positive, non_negative, make_problem, split_data_shape)
+                      positive, non_negative, make_problem, split_data_shape, layout_mismatch)
 from ._op import op
 
 _AUTO_PAD = {"none": "EXPLICIT", "same_upper": "SAME_UPPER", "same_lower": "SAME_LOWER",
@@ -77,12 +77,16 @@ def _data_rank(arr, name):
     return arr.ndim - 2
 
 
-def _channels(ic, icg_filter, oc, g, what):
+def _channels(ic, icg_filter, oc, g, x_shape, dfmt):
+    """The input's channels against the filter's ``C/groups``; a mismatch names the data's
+    layout (often data in the other one)."""
     if ic % g:
         raise ValueError(f"groups: input channels C={ic} are not divisible by groups={g}")
     if icg_filter != ic // g:
-        raise ValueError(f"{what}: expected C/groups = {ic // g} input channels per group "
-                         f"(C={ic}, groups={g}), got {icg_filter}")
+        other = "NXC" if dfmt == "NCX" else "NCX"
+        detail = f" ({icg_filter} per group, {g} groups)" if g > 1 else ""
+        raise layout_mismatch("input", tuple(x_shape), dfmt, dfmt, other, icg_filter * g,
+                              lambda c: c == icg_filter * g, detail)
 
 
 @op
@@ -109,7 +113,7 @@ def convolution(input, filter, *, strides, pads_begin=None, pads_end=None, dilat
                                                auto_pad, groups)
     mb, ic, isz = split_data_shape(x.shape, dfmt)
     ksz, icg, oc = _split_filter(w.shape, ffmt, nd)
-    _channels(ic, icg, oc, g, "filter")
+    _channels(ic, icg, oc, g, x.shape, dfmt)
     problem = make_problem(op="convolution", direction="fwd", nd=nd, data_format=dfmt,
                            filter_format=ffmt, dtype=dtype, mb=mb, ic=ic, oc=oc, g=g, isz=isz,
                            ksz=ksz, stride=stride, dilation=dilation, mode=mode, pad_begin=pb,
@@ -225,7 +229,7 @@ def convolution_backprop_filters(input, filters_shape, output_delta, *, strides,
     sizes = shape_vector(filters_shape, "filters_shape", (nd, nd + 2))
     if len(sizes) == nd + 2:
         ksz, icg, oc_w = _split_filter(sizes, ffmt, nd)
-        _channels(ic, icg, oc_w, g, "filters_shape")
+        _channels(ic, icg, oc_w, g, x.shape, dfmt)
         if oc_w != oc:
             raise ValueError(f"filters_shape: expected K = {oc} output channels (from "
                              f"output_delta), got {oc_w}")

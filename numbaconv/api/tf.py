@@ -12,7 +12,7 @@ import numpy as np
 
 from ._common import (as_float_array, common_dtype, check_rank, int_list, int_or_list,
                       shape_vector, positive, non_negative, make_problem, split_data_shape,
-                      groups_from_filter)
+                      groups_from_filter, filter_fits, layout_mismatch)
 from ._op import op
 
 _FORMATS = {2: {"NHWC": "NXC", "NCHW": "NCX"}, 3: {"NDHWC": "NXC", "NCDHW": "NCX"}}
@@ -115,15 +115,32 @@ def _padding(padding, explicit_paddings, nd, fmt, takes_explicit=True):
                     f"(before, after) pairs, got {padding!r}")
 
 
+def _check_layout(x_shape, fin, fout, fmt, data_format, nd, depthwise, x_name):
+    """Data whose channels do not suit the filter, with groups inferred (``C / fin``): a
+    ValueError naming the layout and the mismatch (often data in the other layout), not
+    the groups the caller never passed."""
+    _, ic, _ = split_data_shape(x_shape, fmt)
+    if filter_fits(ic, fin, fout, depthwise):
+        return
+    user = (data_format or _DEFAULT_FORMAT[nd]).upper()
+    other = next(k for k, v in _FORMATS[nd].items() if v != fmt)
+    detail = "" if depthwise or fin == 0 else (
+        f" (or a multiple of {fin} for a grouped filter, the groups dividing its {fout} "
+        f"output channels)")
+    raise layout_mismatch(x_name, tuple(x_shape), fmt, user, other, fin,
+                          lambda c: filter_fits(c, fin, fout, depthwise), detail)
+
+
 def _tf_problem(opname, direction, nd, *, x_shape, w_shape, dy_shape, strides, padding,
                 explicit_paddings, data_format, dilations, dtype, depthwise,
-                takes_explicit=True):
+                takes_explicit=True, x_name="input"):
     fmt = _data_format(data_format, nd)
     stride = _spatial_attr(strides, "strides", nd, fmt, 1)
     dilation = _spatial_attr(dilations, "dilations", nd, fmt, 1)
     mode, pb, pe = _padding(padding, explicit_paddings, nd, fmt, takes_explicit)
     mb, ic, isz = split_data_shape(x_shape, fmt)
     ksz, fin, fout = tuple(w_shape[:nd]), w_shape[nd], w_shape[nd + 1]
+    _check_layout(x_shape, fin, fout, fmt, data_format, nd, depthwise, x_name)
     g = groups_from_filter(ic, fin, depthwise, "filter")
     oc = ic * fout if depthwise else fout
     return make_problem(
@@ -185,7 +202,8 @@ def _backprop_input(opname, nd, depthwise, input_sizes, filter, out_backprop, st
                           dy_shape=dy.shape, strides=strides, padding=padding,
                           explicit_paddings=explicit_paddings, data_format=data_format,
                           dilations=dilations, dtype=dtype, depthwise=depthwise,
-                          takes_explicit=takes_explicit)
+                          takes_explicit=takes_explicit,
+                          x_name="input" if v2 is not None else "input_sizes")
     return problem, {"dy": dy, "w": w}
 
 
