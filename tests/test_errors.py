@@ -508,3 +508,34 @@ def test_channel_mismatch_without_a_layout_hint():
             as e:
         nc.conv2d(_x((1, 5, 5, 3)), _x((3, 3, 2, 2)), 1, "SAME")
     assert "is the data" not in str(e.value)
+
+
+# --------------------------------------------------------------------------- converted lists
+def test_list_operand_converted_to_float64_is_named():
+    """NumPy makes a nested list of floats float64: the dtype clash says so, and how to
+    pass it in the other operands' dtype."""
+    x = _x().tolist()
+    w = _x((3, 3, 2, 2))
+    with pytest.raises(TypeError, match=r"input=float64 \(converted from a list\), "
+                                        r"filter=float32.*np\.asarray\(input, "
+                                        r"dtype=np\.float32\)"):
+        nc.conv2d(x, w, 1, "SAME")
+    dy = _x((1, 5, 5, 2), F64).tolist()
+    with pytest.raises(TypeError, match=r"output_delta=float64 \(converted from a list\).*"
+                                        r"np\.asarray\(output_delta, dtype=np\.float16\)"):
+        nc.convolution_backprop_filters(_x(dtype=F16), [3, 3], dy, strides=1,
+                                        auto_pad="same_upper")
+    # the same list with float64 operands is fine
+    np.testing.assert_array_equal(nc.conv2d(x, w.astype(F64), 1, "SAME"),
+                                  nc.conv2d(np.asarray(x), w.astype(F64), 1, "SAME"))
+
+
+def test_integer_operands_say_how_to_convert():
+    w = _x((3, 3, 2, 2))
+    with pytest.raises(TypeError, match=r"^input: converted from a list to int64, not a float "
+                                        r"dtype; pass np\.asarray\(input, dtype=np\.float32\)"):
+        nc.conv2d([[[[1, 2]] * 5] * 5], w, 1, "SAME")
+    with pytest.raises(TypeError, match=r"^filter: expected dtype float16, float32 or float64, "
+                                        r"got int32; pass np\.asarray\(filter, "
+                                        r"dtype=np\.float32\)"):
+        nc.conv2d(_x(), w.astype(np.int32), 1, "SAME")

@@ -37,9 +37,20 @@ def as_float_array(value, name):
         except (ValueError, TypeError) as exc:
             raise TypeError(f"{name}: expected a float array, got an object NumPy cannot "
                             f"convert to one ({exc})") from None
+        if arr.dtype.newbyteorder("=") not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: converted from a {type(value).__name__} to "
+                            f"{arr.dtype}, not a float dtype; {_fix(name)}")
     if arr.dtype.newbyteorder("=") not in FLOAT_DTYPES:  # either byte order is fine
-        raise TypeError(f"{name}: expected dtype float16, float32 or float64, got {arr.dtype}")
+        raise TypeError(f"{name}: expected dtype float16, float32 or float64, got "
+                        f"{arr.dtype}; {_fix(name)}")
     return arr
+
+
+def _fix(name, dtype=None):
+    if dtype is not None:
+        return f"pass np.asarray({name}, dtype=np.{dtype})"
+    return (f"pass np.asarray({name}, dtype=np.float32) (or the dtype of the other "
+            f"operands)")
 
 
 def shape_of(value, name):
@@ -47,15 +58,29 @@ def shape_of(value, name):
     return as_float_array(value, name).shape
 
 
-def common_dtype(**arrays):
-    """The one dtype all float operands of a call share (TypeError when they differ)."""
+def common_dtype(sources=None, **arrays):
+    """The one dtype all float operands of a call share (TypeError when they differ).
+
+    ``sources``: the caller's values of the operands, by name; the message names those
+    that NumPy converted from something other than an array (a nested list becomes
+    float64), and how to pass them in the others' dtype.
+    """
     first = next(iter(arrays.values())).dtype
     if all(a.dtype == first for a in arrays.values()):  # the common case, without names
         return np.dtype(first).name
     dtypes = {k: np.dtype(a.dtype).name for k, a in arrays.items()}
     if len(set(dtypes.values())) > 1:
-        got = ", ".join(f"{k}={d}" for k, d in dtypes.items())
-        raise TypeError(f"all arrays of one call must share one float dtype, got {got}")
+        converted = {k: type(v).__name__ for k, v in (sources or {}).items()
+                     if k in arrays and isinstance(arrays[k], np.ndarray)
+                     and not isinstance(v, np.ndarray)}
+        got = ", ".join(f"{k}={d}" + (f" (converted from a {converted[k]})"
+                                      if k in converted else "")
+                        for k, d in dtypes.items())
+        msg = f"all arrays of one call must share one float dtype, got {got}"
+        kept = {d for k, d in dtypes.items() if k not in converted}
+        if converted and len(kept) == 1:
+            msg += "; " + " and ".join(_fix(k, next(iter(kept))) for k in converted)
+        raise TypeError(msg)
     return next(iter(dtypes.values()))
 
 

@@ -104,7 +104,7 @@ def convolution(input, filter, *, strides, pads_begin=None, pads_end=None, dilat
     """
     x = as_float_array(input, "input")
     w = as_float_array(filter, "filter")
-    dtype = common_dtype(input=x, filter=w)
+    dtype = common_dtype(dict(input=input, filter=filter), input=x, filter=w)
     nd = _data_rank(x, "input")
     check_rank(w, "filter", nd + 2, f" (the input has {nd} spatial dims)")
     dfmt = _fmt(data_format, "data_format", ("NXC", "NCX"), "NXC")
@@ -144,7 +144,8 @@ def convolution_backprop_data(output_delta, filter, output_shape=None, *, stride
     """
     dy = as_float_array(output_delta, "output_delta")
     w = as_float_array(filter, "filter")
-    dtype = common_dtype(output_delta=dy, filter=w)
+    dtype = common_dtype(dict(output_delta=output_delta, filter=filter), output_delta=dy,
+                         filter=w)
     nd = _data_rank(dy, "output_delta")
     check_rank(w, "filter", nd + 2, f" (output_delta has {nd} spatial dims)")
     dfmt = _fmt(data_format, "data_format", ("NXC", "NCX"), "NXC")
@@ -217,7 +218,8 @@ def convolution_backprop_filters(input, filters_shape, output_delta, *, strides,
     """
     x = as_float_array(input, "input")
     dy = as_float_array(output_delta, "output_delta")
-    dtype = common_dtype(input=x, output_delta=dy)
+    dtype = common_dtype(dict(input=input, output_delta=output_delta), input=x,
+                         output_delta=dy)
     nd = _data_rank(x, "input")
     check_rank(dy, "output_delta", nd + 2, f" (the input has {nd} spatial dims)")
     dfmt = _fmt(data_format, "data_format", ("NXC", "NCX"), "NXC")

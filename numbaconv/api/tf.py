@@ -190,7 +190,7 @@ def _backprop_input(opname, nd, depthwise, input_sizes, filter, out_backprop, st
     arrays = {"filter": w, "out_backprop": dy}
     if v2 is not None:
         arrays["input"] = as_float_array(v2, "input")
-    dtype = common_dtype(**arrays)
+    dtype = common_dtype(dict(filter=filter, out_backprop=out_backprop, input=v2), **arrays)
     check_rank(w, "filter", nd + 2)
     check_rank(dy, "out_backprop", nd + 2)
     if v2 is not None:
@@ -215,7 +215,7 @@ def _backprop_filter(opname, nd, depthwise, input, filter_sizes, out_backprop, s
     arrays = {"input": x, "out_backprop": dy}
     if v2 is not None:
         arrays["filter"] = as_float_array(v2, "filter")
-    dtype = common_dtype(**arrays)
+    dtype = common_dtype(dict(input=input, out_backprop=out_backprop, filter=v2), **arrays)
     check_rank(x, "input", nd + 2)
     check_rank(dy, "out_backprop", nd + 2)
     if v2 is not None:
@@ -236,7 +236,7 @@ def _forward(opname, nd, depthwise, input, filter, strides, padding, data_format
     _need_strides(strides)
     x = as_float_array(input, "input")
     w = as_float_array(filter, "filter")
-    dtype = common_dtype(input=x, filter=w)
+    dtype = common_dtype(dict(input=input, filter=filter), input=x, filter=w)
     check_rank(x, "input", nd + 2)
     check_rank(w, "filter", nd + 2)
     problem = _tf_problem(opname, "fwd", nd, x_shape=x.shape, w_shape=w.shape, dy_shape=None,
