@@ -122,3 +122,97 @@ def test_zero_width_input_with_padding_gives_zero_outputs():
     dw = nc.convolution_backprop_filters(x, [3, 1], np.ones((2, 9, 2, 16), F32), strides=1,
                                          pads_begin=[1, 1], pads_end=[1, 1])
     assert dw.shape == (3, 1, 8, 16) and not dw.any()
+
+
+# --------------------------------------------------------------------------- direct in blocks
+# (C, K, input spatial, kernel, stride, dilation, pads_begin, pads_end): backward data
+# accumulates per pixel for C <= 8 and per tap above
+DIRECT_CASES = [
+    (3, 16, (9, 8), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1)),
+    (12, 8, (7, 9), (3, 2), (1, 2), (2, 1), (1, 1), (1, 0)),
+    (4, 6, (4, 5, 5), (3, 1, 2), (1, 2, 1), (1, 1, 2), (1, 0, 1), (1, 0, 0)),
+]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=["per-pixel", "per-tap", "3d"])
+def test_direct_in_row_blocks_is_the_single_call(case, direction, monkeypatch):
+    """A direct call split into row blocks (each its own kernel launch, so that Python sees
+    signals between them) gives the single launch's result bit for bit, and the
+    reference's values."""
+    from numbaconv.kernels.cpu import direct as K
+    from numbaconv.strategies import direct as D
+    from reference import assert_matches
+
+    c, k, isz, ks, st, dl, pb, pe = case
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, *isz, c)).astype(F32)
+    w = rng.standard_normal((*ks, c, k)).astype(F32)
+    geo = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geo).shape).astype(F32)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, strategy="direct")
+    launches = []
+    for name in ("fwd_direct", "bwd_d_direct", "bwd_d_direct_acc", "bwd_w_direct"):
+        kern = getattr(K, name)
+        monkeypatch.setattr(K, name, lambda *a, _k=kern: launches.append(1) or _k(*a))
+
+    def call():
+        launches.clear()
+        if direction == "fwd":
+            args = ("convolution", x, w)
+        elif direction == "bwd_d":
+            args = ("convolution_backprop_data", dy, w, isz)
+        else:
+            args = ("convolution_backprop_filters", x, ks, dy)
+        plan = nc.plan(*args, **attrs)
+        assert (plan.strategy, plan.variant) == ("direct", "")
+        return getattr(nc, args[0])(*args[1:], **attrs), len(launches)
+
+    single, n = call()
+    assert n == 1
+    monkeypatch.setattr(D, "BLOCK_FLOPS", 1)  # a row per block
+    blocked, n = call()
+    assert n > 1
+    assert np.array_equal(blocked, single)
+    if direction == "fwd":
+        assert_matches(blocked, F32, conv_fwd_ref, x, w, **geo)
+    elif direction == "bwd_d":
+        assert_matches(blocked, F32, conv_bwd_data_ref, dy, w, isz, **geo)
+    else:
+        assert_matches(blocked, F32, conv_bwd_filter_ref, x, dy, ks, **geo)
+
+
+_LONG_DIRECT_CALLS = """
+import numpy as np, numbaconv as nc
+w = np.ones((7, 7, 128, 128), np.float32)
+nc.conv2d(np.ones((1, 8, 8, 128), np.float32), w, 1, "SAME", strategy="direct")  # compiled
+x = np.ones((2, 224, 224, 128), np.float32)  # 160 GFLOP a call: half a minute or so
+print("started", flush=True)
+while True:
+    nc.conv2d(x, w, 1, "SAME", strategy="direct")
+"""
+
+
+def test_ctrl_c_interrupts_a_long_direct_call():
+    """SIGINT during a long direct call raises KeyboardInterrupt after the current row block,
+    not when the whole call ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _LONG_DIRECT_CALLS], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started", proc.stderr.read()
+        time.sleep(1.0)  # inside the first long call
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=10)
+        waited = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "KeyboardInterrupt" in err, err
+    assert waited < 10

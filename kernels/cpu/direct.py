@@ -12,6 +12,13 @@ forward pass and its two adjoints written as gathers, so no two iterations of a
   reduced once, in a fixed order, afterwards (deterministic for a given thread count).
 
 The innermost loop always runs over contiguous channels (output channels of a group).
+
+Each kernel computes a block of rows (``r0 .. r1 - 1`` of the rows it runs over; for the
+weight gradient block ``blk`` of ``nblk`` of every chunk's rows), so that a long call can
+be several launches with Python in between (where signals such as Ctrl-C are handled). A
+row's result never depends on the blocks: the blocks of a weight gradient add each chunk's
+rows into its partial in the same order as one launch does, so any blocking gives the
+same bits.
 """
 import numpy as np
 from numba import prange
@@ -20,8 +27,9 @@ from numbaconv._jit import kernel
 
 
 @kernel
-def fwd_direct(x, w, y, geo):
-    """y (zeroed, ``[mb, od, oh, ow, oc]``) = conv(x, w)."""
+def fwd_direct(x, w, y, geo, r0, r1):
+    """y (zeroed, ``[mb, od, oh, ow, oc]``) = conv(x, w), output rows ``r0 .. r1 - 1`` (of
+    the ``mb * od * oh`` rows ``(n, o_d, o_h)``)."""
     mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -29,8 +37,8 @@ def fwd_direct(x, w, y, geo):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    rows = mb * od * oh
-    for r in prange(rows):
+    for i in prange(r1 - r0):
+        r = r0 + i
         n = r // (od * oh)
         o_d = (r // oh) % od
         o_h = r % oh
@@ -55,8 +63,9 @@ def fwd_direct(x, w, y, geo):
 
 
 @kernel
-def bwd_d_direct(dy, w, dx, geo):
-    """dx (``[mb, id, ih, iw, ic]``, fully overwritten) = conv^T(dy, w)."""
+def bwd_d_direct(dy, w, dx, geo, r0, r1):
+    """dx (``[mb, id, ih, iw, ic]``) = conv^T(dy, w), input rows ``r0 .. r1 - 1`` (of the
+    ``mb * id * ih`` rows ``(n, i_d, i_h)``) fully overwritten."""
     mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -64,8 +73,8 @@ def bwd_d_direct(dy, w, dx, geo):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    rows = mb * id_ * ih
-    for r in prange(rows):
+    for i in prange(r1 - r0):
+        r = r0 + i
         n = r // (id_ * ih)
         i_d = (r // ih) % id_
         i_h = r % ih
@@ -102,7 +111,7 @@ def bwd_d_direct(dy, w, dx, geo):
 
 
 @kernel
-def bwd_d_direct_acc(dy, w, dx, geo):
+def bwd_d_direct_acc(dy, w, dx, geo, r0, r1):
     """As :func:`bwd_d_direct` for few input channels: per pixel, one vector accumulator per
     input channel runs over all taps and is reduced once (instead of one horizontal sum per
     tap and channel, which dominates when ``C/g`` is small and the taps many)."""
@@ -113,8 +122,8 @@ def bwd_d_direct_acc(dy, w, dx, geo):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    rows = mb * id_ * ih
-    for r in prange(rows):
+    for i in prange(r1 - r0):
+        r = r0 + i
         n = r // (id_ * ih)
         i_d = (r // ih) % id_
         i_h = r % ih
@@ -155,8 +164,9 @@ def bwd_d_direct_acc(dy, w, dx, geo):
 
 
 @kernel
-def bwd_w_direct(x, dy, part, geo):
-    """Per-chunk partial weight gradients: part[j] (zeroed) sums output rows of chunk j."""
+def bwd_w_direct(x, dy, part, geo, blk, nblk):
+    """Per-chunk partial weight gradients: part[j] (zeroed before the first block) adds
+    block ``blk`` of ``nblk`` of the output rows of chunk j, in row order."""
     mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -167,8 +177,10 @@ def bwd_w_direct(x, dy, part, geo):
     rows = mb * od * oh
     nchunks = part.shape[0]
     for j in prange(nchunks):
-        r0 = rows * j // nchunks
-        r1 = rows * (j + 1) // nchunks
+        c0 = rows * j // nchunks
+        c1 = rows * (j + 1) // nchunks
+        r0 = c0 + (c1 - c0) * blk // nblk
+        r1 = c0 + (c1 - c0) * (blk + 1) // nblk
         pj = part[j]
         for r in range(r0, r1):
             n = r // (od * oh)
