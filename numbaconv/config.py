@@ -37,6 +37,12 @@ GEMM_WORKERS = True
 #: see ``numbaconv.strategies.gemm.UK_MIN_ROWS``).
 GEMM_ENGINE = os.environ.get("NUMBACONV_GEMM_ENGINE", "auto")
 
+#: Problems below this many FLOPs run on strategies and engines whose kernels compile in
+#: about a second (``Strategy.compile_heavy`` false, the BLAS GEMM engine): such a kernel
+#: takes well under a millisecond either way, while a first call on an explicit-SIMD
+#: kernel spends 5-15 s compiling it. The smallest suite layer has 4 MFLOP. 0: no limit.
+SMALL_FLOPS = 2_000_000
+
 #: Fewest GEMM rows per slab (BLAS needs a tall enough slab to reach its speed).
 GEMM_MIN_ROWS = 256
 

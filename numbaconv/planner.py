@@ -13,10 +13,22 @@ import sys
 
 from . import config
 from .problem import ConvProblem
-from .strategies import label
+from .strategies import label, small
 from .strategies.direct import DIRECT
 
 STRATEGY_NAMES = ("direct", "gemm", "winograd")
+
+R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
+           "compile, more than such a problem could ever gain")
+
+
+def compile_guard(strategy, problem):
+    """The planner's own reason to pass over ``strategy`` for ``problem``, or None: small
+    problems do not pay a heavy strategy's compile time (``config.SMALL_FLOPS``)."""
+    if strategy.compile_heavy and small(problem):
+        return R_SMALL.format(mflop=problem.flops / 1e6, limit=config.SMALL_FLOPS / 1e6)
+    return None
+
 
 _STRATEGIES = []
 
@@ -50,7 +62,7 @@ PLAN_CACHE_SIZE = 512
 
 def _settings():
     return (config.GEMM_ENGINE, config.GEMM_SLAB_BYTES, config.GEMM_MIN_ROWS,
-            config.GEMM_WORKERS)
+            config.GEMM_WORKERS, config.SMALL_FLOPS)
 
 
 def clear_plan_cache():
@@ -222,6 +234,8 @@ def _plan_cpu(problem, strategy, tune, threads):
     accepted = []
     for s in cands:
         why = s.accepts(problem)
+        if why is None and strategy is None:
+            why = compile_guard(s, problem)
         if why is None:
             accepted.append(s)
         else:

@@ -25,3 +25,13 @@ def parallel_even_when_tiny(monkeypatch):
     paths."""
     from numbaconv.strategies import gemm
     monkeypatch.setattr(gemm, "SERIAL_MAX_FLOPS", 0)
+
+
+@pytest.fixture(autouse=True)
+def every_strategy_even_when_small(monkeypatch, request):
+    """The planner keeps problems under ``config.SMALL_FLOPS`` off the strategies whose
+    kernels take seconds to compile; the tests' problems are that small, and must still
+    reach every strategy. Tests of that rule itself are marked ``small_problem_rule``."""
+    if request.node.get_closest_marker("small_problem_rule") is None:
+        from numbaconv import config
+        monkeypatch.setattr(config, "SMALL_FLOPS", 0)

@@ -32,6 +32,11 @@ class Strategy:
     #: of ``direct``); ``variant`` tells them apart in plans and traces.
     variant = ""
     directions = ("fwd", "bwd_d", "bwd_w")
+    #: Whether its kernels take seconds to compile (explicit-SIMD micro-kernels and loop
+    #: nests specialised by shape): the planner keeps such strategies from small problems,
+    #: whose first call would otherwise pay a large layer's compile time (see
+    #: ``numbaconv.config.SMALL_FLOPS``).
+    compile_heavy = False
 
     def accepts(self, problem):
         return None
@@ -63,6 +68,13 @@ class Strategy:
         after it, as OpenBLAS's do after a GEMM, and fought the BLAS calls and Python
         worker threads that came next."""
         return False
+
+
+def small(p):
+    """Whether ``p`` is a small problem: below ``config.SMALL_FLOPS``, it runs on strategies
+    and engines whose kernels compile in about a second."""
+    from .. import config
+    return 0 < p.flops < config.SMALL_FLOPS
 
 
 def label(s):

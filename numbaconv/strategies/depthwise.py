@@ -95,6 +95,7 @@ class DepthwiseDirect(Direct):
     """The direct loop nests of :mod:`numbaconv.kernels.cpu.depthwise`."""
 
     variant = "depthwise"
+    compile_heavy = True
 
     def accepts(self, p):
         if not (p.g == p.ic and p.g > 1):

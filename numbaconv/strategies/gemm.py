@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from . import Strategy, canonical_shapes, itemsize, streams
+from . import Strategy, canonical_shapes, itemsize, small, streams
 from .. import config, memory
 
 #: Below this many columns in a GEMM's result (per group), BLAS runs far from its peak and
@@ -167,6 +167,8 @@ def _engine(p, machine):
     e = config.GEMM_ENGINE
     if e in ("numba", "blas"):
         return e
+    if small(p):  # the BLAS engine compiles in a second, the Numba engine in 5-10
+        return "blas"
     from ..kernels.cpu.ukernel import VECTOR_BYTES
     short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
                  and (p.oc <= UK_MAX_SHORT_K or _claims(p, machine)))
@@ -352,7 +354,7 @@ class Gemm(Strategy):
             # the workers, as BLAS splits its output; splitting the reduction would give
             # every worker a dW-sized partial to write and add (1-D k5 512x512 over 30
             # pixels: 3.1 ms before, 1.7 ms after; PyTorch 0.8-1.0)
-            if p.g == 1 and _split_m_engine(engine):
+            if p.g == 1 and _split_m_engine(engine) and not small(p):
                 # one Numba parallel region over dW's row blocks (``ukernel.gemm_split_m``)
                 engine_tiles = _numba_engine_tiles(p, machine)
             return {"slab_rows": int(max(1, rows)), "packed": True, "workers": workers,

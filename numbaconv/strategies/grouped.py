@@ -130,6 +130,7 @@ class GroupedDirect(Direct):
     """The register-blocked loop nests of :mod:`numbaconv.kernels.cpu.grouped`."""
 
     variant = "grouped"
+    compile_heavy = True
 
     def accepts(self, p):
         if p.g == 1:

@@ -81,6 +81,7 @@ def _by_panels(ntaps, K, npan, nr, item, threads, above):
 class ImplicitGemm(Strategy):
     name = "gemm"
     variant = "implicit"
+    compile_heavy = True
     directions = ("bwd_d",)
 
     def accepts(self, p):

@@ -47,6 +47,7 @@ R_BLAS = "GEMM_ENGINE is 'blas' (the rows variant runs on the Numba engine)"
 class RowGemm(Strategy):
     name = "gemm"
     variant = "rows"
+    compile_heavy = True
     directions = ("bwd_w",)
 
     def accepts(self, p):

@@ -159,6 +159,7 @@ def choose_m(p):
 
 class Winograd(Strategy):
     name = "winograd"
+    compile_heavy = True
 
     def accepts(self, p):
         if p.ksz[0] != 1:
