@@ -5,27 +5,49 @@ it with ``python -c`` in a new process, so nothing imported or compiled here lea
 """
 from . import common
 
-# A small 3x3 layer: the first call's cost is compilation (or loading the disk cache), not
-# arithmetic. Setup code (untimed) builds the arrays with NumPy only.
+# Small problems (under the planner's small-problem limit): the first call's cost is
+# compilation (or loading the disk cache), not arithmetic. Setup code (untimed) builds the
+# arrays with NumPy only, and points Numba at the cache the case needs.
 _ARRAYS = """
 import os
+import tempfile
 import numpy as np
 {env}
 rng = np.random.default_rng(0)
-x = rng.standard_normal((1, 16, 16, 16), dtype=np.float32)
-w = rng.standard_normal((3, 3, 16, 16), dtype=np.float32)
-dy = rng.standard_normal((1, 16, 16, 16), dtype=np.float32)
-attrs = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+def a(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+x2, w2, dy2 = a(2, 16, 16, 8), a(3, 3, 8, 8), a(2, 16, 16, 8)
+wd = a(3, 3, 8, 1)
+x3, w3, dy3 = a(1, 6, 8, 8, 4), a(3, 3, 3, 4, 4), a(1, 6, 8, 8, 4)
+x1, w1, dy1 = a(2, 64, 8), a(3, 8, 8), a(2, 64, 8)
+attrs = dict(strides=1, pads_begin=1, pads_end=1)
 """
+#: One small call per public op (the _v2 variants share their op's kernels).
 _CALLS = {
-    "convolution": "numbaconv.convolution(x, w, **attrs)",
-    "convolution_backprop_data": "numbaconv.convolution_backprop_data(dy, w, [16, 16], **attrs)",
+    "conv2d": "numbaconv.conv2d(x2, w2, 1, 'SAME')",
+    "conv2d_backprop_input": "numbaconv.conv2d_backprop_input(x2.shape, w2, dy2, 1, 'SAME')",
+    "conv2d_backprop_filter": "numbaconv.conv2d_backprop_filter(x2, w2.shape, dy2, 1, 'SAME')",
+    "depthwise_conv2d_native": "numbaconv.depthwise_conv2d_native(x2, wd, 1, 'SAME')",
+    "depthwise_conv2d_native_backprop_input":
+        "numbaconv.depthwise_conv2d_native_backprop_input(x2.shape, wd, dy2, 1, 'SAME')",
+    "depthwise_conv2d_native_backprop_filter":
+        "numbaconv.depthwise_conv2d_native_backprop_filter(x2, wd.shape, dy2, 1, 'SAME')",
+    "conv3d": "numbaconv.conv3d(x3, w3, 1, 'SAME')",
+    "conv3d_backprop_input_v2":
+        "numbaconv.conv3d_backprop_input_v2(x3.shape, w3, dy3, 1, 'SAME')",
+    "conv3d_backprop_filter_v2":
+        "numbaconv.conv3d_backprop_filter_v2(x3, w3.shape, dy3, 1, 'SAME')",
+    "convolution": "numbaconv.convolution(x1, w1, **attrs)",
+    "convolution_backprop_data": "numbaconv.convolution_backprop_data(dy1, w1, [64], **attrs)",
     "convolution_backprop_filters":
-        "numbaconv.convolution_backprop_filters(x, [3, 3], dy, **attrs)",
+        "numbaconv.convolution_backprop_filters(x1, [3], dy1, **attrs)",
 }
-# "disk": kernels loaded from Numba's on-disk cache (filled in setup); "none": compiled.
+# "empty": a new, empty Numba cache directory (a fresh install: compile and write the
+# cache); "disk": kernels loaded from the on-disk cache (filled in setup).
 _ENV = {"disk": "os.environ['NUMBACONV_CACHE'] = '1'",
-        "none": "os.environ['NUMBACONV_CACHE'] = '0'"}
+        "empty": "import atexit, shutil\n"
+                 "os.environ['NUMBA_CACHE_DIR'] = tempfile.mkdtemp(prefix='numbaconv-asv-')\n"
+                 "atexit.register(shutil.rmtree, os.environ['NUMBA_CACHE_DIR'], True)"}
 
 
 class _Raw:
@@ -42,7 +64,7 @@ class Import(_Raw):
 
 
 class FirstCall(_Raw):
-    params = [list(common.GENERIC_OPS), list(_ENV)]
+    params = [list(_CALLS), list(_ENV)]
     param_names = ["op", "kernel_cache"]
 
     def setup(self, op, kernel_cache):
