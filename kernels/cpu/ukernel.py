@@ -492,10 +492,10 @@ def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
     total = geo[0] * geo[10] * geo[11] * geo[12]
     none = np.empty(0, np.uint16)
     wp = xp.shape[3]
-    x1 = xp.reshape(xp.size)
+    px, py = xp.ctypes.data, dy.ctypes.data
     for j in prange(nch):
-        _rows_bwd_w(x1, none, dy, none, wp, parts[j], geo, total * j // nch,
-                    total * (j + 1) // nch, kc, nc, work[j])
+        _rows_bwd_w(px, none, work[j, :0], py, none, work[j, :0], wp, parts[j], geo,
+                    total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
 
 
 #: Elements between the stages of :func:`gemm_rows_bwd_w_half` (an odd number of cache
@@ -521,8 +521,10 @@ def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
     ny = kc * geo[3]
     nx = ((kc - 1) * geo[15] + geo[9]) * geo[2]
     for j in prange(nch):
-        _rows_bwd_w(stage[j, ny + STAGE_GAP: ny + STAGE_GAP + nx], x1, stage[j, :ny], y1, wp,
-                    parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
+        sx = stage[j, ny + STAGE_GAP: ny + STAGE_GAP + nx]
+        sy = stage[j, :ny]
+        _rows_bwd_w(sx.ctypes.data, x1, sx, sy.ctypes.data, y1, sy, wp, parts[j], geo,
+                    total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
 
 
 def rows_stage(geo, kc):
@@ -639,7 +641,7 @@ def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
 
 
 @helper
-def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
+def _rows_bwd_w(px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
     """``part += dW`` over the output pixels ``t0 .. t1`` (flat over rows of ``ow``
     pixels): backward weights as GEMMs whose A is a strided view of the input, with no
     im2col. ``xp [mb, id, ih, wp, C]`` is ``x`` padded along w only (pixel ``i`` of a row
@@ -648,11 +650,13 @@ def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
     (t_d, t_h) that keeps it inside the input, ``part[t_d, t_h] += A @ dY_row`` with
     ``A[t_w*C + c, o] = xp[row, o*sw + t_w, c]`` at element ``o*sw*C + t_w*C + c`` of the
     input row: rows of A one element apart, columns ``sw*C`` apart (``kw*C`` contiguous
-    weights per pixel: a 1-D stem's 7 taps x 3 channels). ``xp`` and ``dy`` come flat,
-    ``wp`` is ``xp``'s padded width. With float16 bits in ``xh`` and ``dyh`` (not empty),
-    ``xp`` and ``dy`` are float32 stages of ``((kc-1)*sw + kw) * C`` and ``kc * K``
-    elements: each row's share of ``dyh`` is taken ``kc`` pixels at a time and widened
-    there first, and so is each tap row's span of ``xh``."""
+    weights per pixel: a 1-D stem's 7 taps x 3 channels). ``xp`` and ``dy`` come as their
+    addresses ``px`` and ``py`` (only read: they may be read-only arrays), ``wp`` is
+    ``xp``'s padded width. With float16 bits in ``xh`` and ``dyh`` (not empty), ``px`` and
+    ``py`` are the addresses of the float32 stages ``xs`` and ``ys`` (``((kc-1)*sw + kw) *
+    C`` and ``kc * K`` elements): each row's share of ``dyh`` is taken ``kc`` pixels at a
+    time and widened there first, and so is each tap row's span of ``xh``; otherwise
+    ``xs`` and ``ys`` are empty and unused."""
     C, K = geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -661,7 +665,7 @@ def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
     dd, dh = geo[16], geo[17]
     pd, ph = geo[19], geo[20]
     it = work.itemsize
-    px, py, pc = xp.ctypes.data, dy.ctypes.data, part.ctypes.data
+    pc = part.ctypes.data
     half = dyh.size > 0
     M = kw * C
     r = t0 // ow
@@ -677,7 +681,7 @@ def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
         for q0 in range(o0, o1, step):
             q1 = min(o1, q0 + step)
             if half:
-                _widen_rows(dyh, (r * ow + q0) * K, dy, (q1 - q0) * K)
+                _widen_rows(dyh, (r * ow + q0) * K, ys, (q1 - q0) * K)
                 b = py
             else:
                 b = py + ((r * ow + q0) * K) * it
@@ -691,7 +695,7 @@ def _rows_bwd_w(xp, xh, dy, dyh, wp, part, geo, t0, t1, kc, nc, work):
                         continue
                     s0 = (((n * id_ + i_d) * ih + i_h) * wp + q0 * sw) * C
                     if half:  # the span of the input row this tap row reads
-                        _widen_rows(xh, s0, xp, ((q1 - q0 - 1) * sw + kw) * C)
+                        _widen_rows(xh, s0, xs, ((q1 - q0 - 1) * sw + kw) * C)
                         a = px
                     else:
                         a = px + s0 * it
