@@ -194,10 +194,18 @@ CASES += [Case(**{**c.__dict__, "id": c.id + "-f16", "dtype": "float16"})
 IDS = [c.id for c in CASES]
 
 
-def patch(case, monkeypatch):
-    """Apply the case's settings and the test thread count (undone by ``monkeypatch``)."""
-    import importlib
+def every_strategy(monkeypatch):
+    """``THREADS`` threads, and every strategy open to small problems (the planner keeps
+    problems under ``config.SMALL_FLOPS`` off the ones that take long to compile)."""
     monkeypatch.setattr(config, "THREADS", THREADS)
+    if hasattr(config, "SMALL_FLOPS"):
+        monkeypatch.setattr(config, "SMALL_FLOPS", 0)
+
+
+def patch(case, monkeypatch):
+    """Apply the case's settings (and :func:`every_strategy`), undone by ``monkeypatch``."""
+    import importlib
+    every_strategy(monkeypatch)
     for name, value in case.config.items():
         monkeypatch.setattr(config, name, value)
     for module, attrs in case.consts:

@@ -7,7 +7,8 @@ import pytest
 
 import numbaconv as nc
 from numbaconv import config
-from strategy_cases import CASES, IDS, THREADS, call, check_plan, operands, patch
+from strategy_cases import (CASES, IDS, THREADS, call, check_plan, every_strategy, operands,
+                            patch)
 
 CALLS = 5
 
@@ -41,7 +42,7 @@ def test_gemm_weight_gradient_resnet_size(threads, monkeypatch):
 
 
 def test_conv3d_weight_gradient_default(monkeypatch):
-    monkeypatch.setattr(config, "THREADS", THREADS)
+    every_strategy(monkeypatch)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((2, 6, 10, 10, 32), dtype=np.float32)
     dy = rng.standard_normal((2, 6, 10, 10, 32), dtype=np.float32)

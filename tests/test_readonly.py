@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 import numbaconv as nc
-from numbaconv import config
-from strategy_cases import CASES, IDS, THREADS, call, check_plan, operands, patch
+from strategy_cases import CASES, IDS, call, check_plan, every_strategy, operands, patch
 
 
 def _frozen(ops):
@@ -63,7 +62,7 @@ def _tf_calls(rng, dtype):
 def test_tf_ops_take_read_only_operands(strategy, dtype, monkeypatch):
     """Every TensorFlow-style op with every array argument read-only (2-D backward weights
     of 8 channels plans ``gemm[rows]`` by default)."""
-    monkeypatch.setattr(config, "THREADS", THREADS)
+    every_strategy(monkeypatch)
     for name, fn, args in _tf_calls(np.random.default_rng(5), dtype):
         if strategy == "gemm" and name.startswith("depthwise"):
             continue  # the GEMM strategy declines depthwise problems
@@ -82,7 +81,7 @@ def test_tf_ops_take_read_only_operands(strategy, dtype, monkeypatch):
 @pytest.mark.parametrize("nd", [2, 3])
 def test_read_only_out_backprop_alone(nd, monkeypatch):
     """Only ``out_backprop`` read-only: 2-D plans ``gemm[rows]``, as does the 3-D default."""
-    monkeypatch.setattr(config, "THREADS", THREADS)
+    every_strategy(monkeypatch)
     rng = np.random.default_rng(7)
     if nd == 2:
         fn, shape, k, s = nc.conv2d_backprop_filter, (2, 16, 16, 8), (3, 3, 8, 8), 1
@@ -100,7 +99,7 @@ def test_read_only_out_backprop_alone(nd, monkeypatch):
 
 def test_memory_mapped_operands(tmp_path, monkeypatch):
     """The weight gradient from read-only memory maps (``gemm[rows]`` and the 3-D default)."""
-    monkeypatch.setattr(config, "THREADS", THREADS)
+    every_strategy(monkeypatch)
     rng = np.random.default_rng(6)
     for shape, fn, k, s in [((2, 16, 16, 8), nc.conv2d_backprop_filter, (3, 3, 8, 8), 1),
                             ((2, 4, 8, 8, 8), nc.conv3d_backprop_filter_v2, (3, 3, 3, 8, 8),
