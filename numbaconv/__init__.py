@@ -5,7 +5,7 @@ Two families of entry points share one engine (front end -> ConvProblem -> plann
 oneDNN-Graph-style generic names (``convolution_backprop_data``, ...). Importing numbaconv
 compiles nothing and needs no GPU.
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 from . import runtime as _runtime
 
@@ -47,8 +47,7 @@ def set_num_threads(n):
 
 def get_num_threads():
     """Threads numbaconv's kernels use."""
-    from .planner import _threads
-    return _threads()
+    return _runtime.threads()
 
 
 __all__ = [

@@ -21,10 +21,11 @@ def warmup(dtypes=("float32",), verbose=False):
     Returns the seconds spent.
     """
     import numpy as np
-    import numbaconv as nc
+    from numbaconv.api import onednn
     from numbaconv.backends import cpu
     from numbaconv.machine import machine
-    from numbaconv.planner import _build, _threads, candidates
+    from numbaconv.planner import _build, candidates
+    from numbaconv.runtime import threads
     from numbaconv.strategies import label
 
     t0 = time.perf_counter()
@@ -32,15 +33,15 @@ def warmup(dtypes=("float32",), verbose=False):
         for x, w, g in _problems(dt):
             attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=g)
             dy = np.ones((1, *x.shape[1:-1], w.shape[-1]), dt)
-            calls = {"fwd": (nc.convolution, (x, w)),
-                     "bwd_d": (nc.convolution_backprop_data, (dy, w, x.shape[1:-1])),
-                     "bwd_w": (nc.convolution_backprop_filters, (x, w.shape[:-2], dy))}
+            calls = {"fwd": (onednn.convolution, (x, w)),
+                     "bwd_d": (onednn.convolution_backprop_data, (dy, w, x.shape[1:-1])),
+                     "bwd_w": (onednn.convolution_backprop_filters, (x, w.shape[:-2], dy))}
             for direction, (fn, args) in calls.items():
                 problem, operands = fn.parse(*args, **attrs)
                 for s in candidates(direction):
                     if s.accepts(problem) is not None:
                         continue
-                    plan = _build(problem, s, "warmup", (), _threads(), machine())
+                    plan = _build(problem, s, "warmup", (), threads(), machine())
                     cpu.execute(plan, operands)
                     if verbose:
                         print(f"warm {direction:<6} {label(s):<18} {dt:<8} "

@@ -25,7 +25,7 @@ import threading
 
 import numpy as np
 
-from . import config
+from . import config, runtime
 from ._jit import helper
 
 #: Arrays from this many bytes on come from the pool (below: ``np.empty``).
@@ -86,8 +86,7 @@ def limit():
     """The idle bytes the pool keeps (``config.MEMORY_POOL_BYTES`` or its default)."""
     v = config.MEMORY_POOL_BYTES
     if v is None:
-        from .backends.cpu import _phys_memory
-        phys = _phys_memory()
+        phys = runtime.phys_memory()
         return min(1 << 30, phys // 8) if phys else 1 << 30
     return int(v)
 

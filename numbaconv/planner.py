@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 import sys
 
-from . import config
+from . import config, runtime
 from .problem import ConvProblem
 from .strategies import label, small
 from .strategies.direct import DIRECT
@@ -36,14 +36,14 @@ _STRATEGIES = []
 def _strategies():
     """Best-first candidates (a new strategy is one more entry here)."""
     if not _STRATEGIES:
-        from .strategies.gemm import STRATEGY as GEMM
+        from .strategies.gemm import STRATEGIES as GEMM
         from .strategies.col2im import STRATEGY as COL2IM
         from .strategies.rowgemm import STRATEGY as ROWGEMM
         from .strategies.igemm import STRATEGY as IGEMM
         from .strategies.depthwise import STRATEGY as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
-        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, IGEMM, GEMM, COL2IM, DEPTHWISE, DIRECT]
+        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 
@@ -65,12 +65,22 @@ def _settings():
             config.GEMM_WORKERS, config.SMALL_FLOPS)
 
 
+#: Called by :func:`clear_plan_cache` after the plans are dropped: the front end registers
+#: the clearing of its memo of parsed calls here (the planner does not import it).
+_ON_CLEAR = []
+
+
+def on_clear(fn):
+    """Have :func:`clear_plan_cache` call ``fn()`` too."""
+    _ON_CLEAR.append(fn)
+
+
 def clear_plan_cache():
     """Forget the plans made so far (after changing a strategy's code at run time),
     including those the front end's memo of parsed calls keeps."""
-    from .api import _op
     _PLANS.clear()
-    _op.clear_memo()
+    for fn in _ON_CLEAR:
+        fn()
 
 
 class FrozenMapping(Mapping):
@@ -133,12 +143,6 @@ class Plan:
         return s
 
 
-def _threads():
-    import numba
-    n = config.THREADS if config.THREADS else numba.get_num_threads()
-    return int(min(n, numba.config.NUMBA_NUM_THREADS))
-
-
 def _build(problem, strat, reason, declined, threads, machine):
     """The Plan of ``strat``; ``declined`` keeps the reasons of the strategies ranked ahead
     of it (why it, and not an earlier one, runs), as oneDNN's dispatch trace does."""
@@ -188,7 +192,7 @@ def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
         device = "cuda" if on_device(operands) else "cpu"
     if device == "cuda":
         return _gpu_plan(problem, strategy)
-    threads = _threads()
+    threads = runtime.threads()
     key = None
     if not tune and not config.VERBOSE:
         key = (problem, strategy, threads, _settings())

@@ -1,6 +1,8 @@
-"""Process-wide runtime facts: Numba's threading layer and the lock around parallel code.
+"""Process-wide runtime facts: the threads kernels use, physical memory, Numba's threading
+layer and the lock around parallel code.
 
-This module depends on nothing else in numbaconv, so that any module may import it.
+This module depends on nothing else in numbaconv but :mod:`numbaconv.config`, so that any
+module may import it.
 
 **The threading layer.** Numba picks its threading layer once per process, at the first
 parallel launch. Its default on Linux is GNU OpenMP when TBB cannot be loaded, and GNU
@@ -22,15 +24,36 @@ launch) or is ``workqueue``; under ``tbb`` and ``omp`` sections run concurrently
 """
 import contextlib
 import ctypes
+import functools
 import os
 import sys
 import threading
+
+from . import config
 
 #: What :func:`select_threading_layer` did: ``None`` (not run yet), or a short sentence.
 SELECTION = None
 
 _lock = threading.RLock()
 _layer = None
+
+
+def threads():
+    """Threads numbaconv's kernels use: ``config.THREADS``, else the calling thread's Numba
+    setting, at most Numba's pool size."""
+    import numba
+    n = config.THREADS if config.THREADS else numba.get_num_threads()
+    return int(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+@functools.lru_cache(maxsize=None)
+def phys_memory():
+    """The machine's physical memory in bytes, or None (asked once: two sysconf calls per
+    launch were a few microseconds of every call)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return None
 
 
 def _libtbb_candidates():

@@ -65,7 +65,7 @@ def cache_path():
 
 def _host_key(machine, threads):
     import numba
-    from . import __version__
+    from ._version import __version__
     feats = hashlib.sha1(",".join(machine.features).encode()).hexdigest()[:12]
     return (f"{machine.cpu_name}/{feats}/numbaconv-{__version__}/numba-{numba.__version__}/"
             f"numpy-{np.__version__}/t{threads}")

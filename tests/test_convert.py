@@ -20,7 +20,7 @@ def _same_bits(a, b):
 @pytest.mark.parametrize("parallel", [False, True])
 def test_every_float16_widens_exactly(parallel):
     h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    assert _same_bits(C.to_float32(h, parallel), h.astype(np.float32))
+    assert _same_bits(cpu.to_float32(h, parallel), h.astype(np.float32))
 
 
 @pytest.mark.parametrize("parallel", [False, True])
@@ -34,7 +34,7 @@ def test_narrowing_rounds_as_numpy(n, parallel):
     x = np.concatenate([special[:n], x[len(special[:n]):]]) if n else x
     with np.errstate(over="ignore"):
         want = x.astype(np.float16)
-    got = C.to_float16(x, parallel)
+    got = cpu.to_float16(x, parallel)
     assert got.dtype == np.float16 and got.shape == x.shape
     assert _same_bits(got, want)
 
@@ -43,9 +43,9 @@ def test_layouts_and_shapes():
     rng = np.random.default_rng(3)
     a = rng.standard_normal((3, 5, 7, 2)).astype(np.float16)
     t = np.moveaxis(a, 1, -1)  # not contiguous
-    assert np.array_equal(C.to_float32(t), t.astype(np.float32))
+    assert np.array_equal(cpu.to_float32(t), t.astype(np.float32))
     b = rng.standard_normal((4, 9, 6)).astype(np.float32)[:, ::2]
-    assert np.array_equal(C.to_float16(b), b.astype(np.float16))
+    assert np.array_equal(cpu.to_float16(b), b.astype(np.float16))
 
 
 @pytest.mark.parametrize("strategy", ["gemm", "direct"])

@@ -145,11 +145,11 @@ def test_address_is_ctypes_data():
 @pytest.fixture
 def memory_limit(monkeypatch):
     """The CPU backend's memory check against a pretend machine of ``set(n)`` bytes."""
-    from numbaconv.backends import cpu
+    from numbaconv import runtime
     monkeypatch.setattr(config, "MAX_MEMORY_FRACTION", 1.0)
 
     def set_limit(n):
-        monkeypatch.setattr(cpu, "_phys_memory", lambda: n)
+        monkeypatch.setattr(runtime, "phys_memory", lambda: n)
     return set_limit
 
 

@@ -23,13 +23,11 @@ the split-K weight gradient) the parallel one runs: MobileNet's dw576_14 backwar
 float16 took 0.60 ms with it, 1.52 ms with the serial one (float32: 0.47 ms); ResNet-50's
 res4b_branch2a weight gradient 5.03 -> 4.09 ms, res2a_branch2a's 1.44 -> 1.24.
 """
-import numpy as np
 from llvmlite import ir
 from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
-from numbaconv import memory
 from numbaconv._jit import helper, kernel
 
 #: Elements per SIMD step (one 256-bit vector of float32).
@@ -119,22 +117,3 @@ def convert_parallel(src, dst, up):
     for b in prange((n + BLOCK - 1) // BLOCK):
         _convert(ps, pd, b * BLOCK, min(n, (b + 1) * BLOCK), up)
 
-
-def to_float32(a, parallel=False):
-    """A C-contiguous float32 copy of the float16 array ``a`` (any layout)."""
-    a = np.ascontiguousarray(a)
-    out = memory.empty(a.shape, np.float32)
-    if a.size:
-        (convert_parallel if parallel else convert)(a.reshape(-1).view(np.uint16),
-                                                    out.reshape(-1), True)
-    return out
-
-
-def to_float16(a, parallel=False):
-    """A C-contiguous float16 copy of the float32 array ``a`` (any layout)."""
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    out = memory.empty(a.shape, np.float16)
-    if a.size:
-        (convert_parallel if parallel else convert)(a.reshape(-1),
-                                                    out.reshape(-1).view(np.uint16), False)
-    return out

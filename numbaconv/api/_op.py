@@ -9,7 +9,7 @@ import inspect
 
 import numpy as np
 
-from .. import config, planner
+from .. import config, planner, runtime
 from ..backends import cpu, cuda
 
 REGISTRY = {}
@@ -56,6 +56,9 @@ def _value_key(v, depth=0):
 def clear_memo():
     """Forget the parsed calls (and the plans they keep)."""
     _MEMO.clear()
+
+
+planner.on_clear(clear_memo)
 
 
 def _parse(parse, args, kwargs):
@@ -134,7 +137,7 @@ def op(parse):
                 # a memoised call (host arrays only; strategy= and out's shape in the key):
                 # its plan, made for the present threads and planner settings
                 # (one slot, replaced whole: Python threads may differ in Numba's threads)
-                pkey = (planner._threads(), planner._settings())
+                pkey = (runtime.threads(), planner._settings())
                 kept = entry[2]
                 if kept is None or kept[0] != pkey:
                     kept = (pkey, planner.make_plan(problem, strategy=_arg(args, kwargs,

@@ -10,9 +10,7 @@ Thread safety: everything between the operands and the result that may run Numba
 code (float16 conversions included) runs through :func:`numbaconv.runtime.run_parallel`,
 which serialises it where the threading layer needs it (``workqueue``).
 """
-import functools
 import math
-import os
 
 import numpy as np
 
@@ -22,16 +20,6 @@ from .. import config, memory, runtime
 def threading_layer():
     """Numba's threading layer once a parallel kernel has run, else ``None``."""
     return runtime.threading_layer()
-
-
-@functools.lru_cache(maxsize=None)
-def _phys_memory():
-    """The machine's physical memory in bytes (asked once: two sysconf calls per launch
-    were a few microseconds of every call)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        return None
 
 
 #: The operands of each direction, as :func:`canonical_operands` names them.
@@ -108,7 +96,7 @@ def check_memory(plan, operands=None, out=None):
     (then each call is checked with its own).
     """
     p = plan.problem
-    phys = _phys_memory()
+    phys = runtime.phys_memory()
     if phys is None:
         return False
     limit = config.MAX_MEMORY_FRACTION * phys
@@ -145,10 +133,34 @@ def _half_kernels():
     return _fast_half[0]
 
 
+def to_float32(a, parallel=False):
+    """A C-contiguous float32 copy (from the memory pool) of the float16 array ``a`` (any
+    layout), widened by the convert kernels (hosts with F16C only)."""
+    k = _half_kernels()
+    a = np.ascontiguousarray(a)
+    out = memory.empty(a.shape, np.float32)
+    if a.size:
+        (k.convert_parallel if parallel else k.convert)(a.reshape(-1).view(np.uint16),
+                                                        out.reshape(-1), True)
+    return out
+
+
+def to_float16(a, parallel=False):
+    """A C-contiguous float16 copy (from the memory pool) of the float32 array ``a`` (any
+    layout), rounded by the convert kernels (hosts with F16C only)."""
+    k = _half_kernels()
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    out = memory.empty(a.shape, np.float16)
+    if a.size:
+        (k.convert_parallel if parallel else k.convert)(a.reshape(-1),
+                                                        out.reshape(-1).view(np.uint16), False)
+    return out
+
+
 def _as_compute(a, p, parallel=False):
     """``a`` C-contiguous in the compute dtype (float16 widened to float32 once)."""
     if a.dtype == np.float16 and _half_kernels() is not None:
-        return _half_kernels().to_float32(a, parallel)
+        return to_float32(a, parallel)
     return memory.ascontiguous(a, p.compute_dtype)
 
 
@@ -308,7 +320,7 @@ def _plain_operands(prep, operands):
         ops[name] = a.reshape(shape)
     if prep.half:
         for name, a in ops.items():
-            ops[name] = (_half_kernels().to_float32(a, prep.parallel) if name in prep.widen
+            ops[name] = (to_float32(a, prep.parallel) if name in prep.widen
                          else a.view(np.uint16))
     return ops
 
@@ -325,7 +337,7 @@ def _compute(prep, operands):
         r = r.view(np.float16)
     elif prep.half and _half_kernels() is not None:
         # rounded once, before any layout change
-        r = _half_kernels().to_float16(r, prep.parallel)
+        r = to_float16(r, prep.parallel)
     # a canonical result of a plain call is in the user's layout already
     return r.reshape(prep.shape) if plain else _to_user(r, p)
 
