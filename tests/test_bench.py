@@ -14,6 +14,7 @@ import pytest
 
 import numbaconv
 from numbaconv import bench, reference
+from numbaconv.bench import timing
 from numbaconv.planner import STRATEGY_NAMES
 from numbaconv.suites import Layer
 
@@ -35,9 +36,9 @@ ROW_FIELDS = {"suite", "layer", "descriptor", "direction", "dtype", "strategy", 
 @pytest.fixture(autouse=True)
 def small_sgemm(monkeypatch):
     """A 2048^3 sgemm is the real peak; tests only need the code path."""
-    monkeypatch.setattr(bench, "SGEMM_N", 128)
-    monkeypatch.setattr(bench, "IDLE_PAUSE", 0.0)
-    monkeypatch.setattr(bench, "MIN_BLOCK_SECONDS", 0.0)
+    monkeypatch.setattr(timing, "SGEMM_N", 128)
+    monkeypatch.setattr(timing, "IDLE_PAUSE", 0.0)
+    monkeypatch.setattr(timing, "MIN_BLOCK_SECONDS", 0.0)
 
 
 def parse(argv):
@@ -269,19 +270,19 @@ def test_blocks_last_long_enough_for_fast_calls(monkeypatch):
     """A fast call is timed more than ``repeat`` times, until its block has lasted
     MIN_BLOCK_SECONDS; a slow one exactly ``repeat`` times."""
     calls = []
-    monkeypatch.setattr(bench, "MIN_BLOCK_SECONDS", 0.05)
-    bench._blocked([lambda: calls.append(1)], repeat=3, rounds=1)
+    monkeypatch.setattr(timing, "MIN_BLOCK_SECONDS", 0.05)
+    timing.blocked([lambda: calls.append(1)], repeat=3, rounds=1)
     assert len(calls) > 4
     slow = []
-    bench._blocked([lambda: (slow.append(1), time.sleep(0.03))], repeat=3, rounds=1)
+    timing.blocked([lambda: (slow.append(1), time.sleep(0.03))], repeat=3, rounds=1)
     assert len(slow) == 4  # the untimed call and three timed ones (0.09 s > 0.05 s)
 
 
 def test_rounds_alternate_the_contenders(monkeypatch):
     """Each round gives every contender one block (an untimed call, then timed ones), in
     order; the best call of all rounds counts."""
-    monkeypatch.setattr(bench, "MIN_BLOCK_SECONDS", 0.0)
-    monkeypatch.setattr(bench, "IDLE_PAUSE", 0.0)
+    monkeypatch.setattr(timing, "MIN_BLOCK_SECONDS", 0.0)
+    monkeypatch.setattr(timing, "IDLE_PAUSE", 0.0)
     order = []
     naps = iter([0.0, 0.02, 0.02, 0.0, 0.001, 0.02, 0.0, 0.02, 0.02])
 
@@ -289,7 +290,7 @@ def test_rounds_alternate_the_contenders(monkeypatch):
         order.append("a")
         time.sleep(next(naps))
 
-    best = bench._blocked([a, lambda: order.append("b")], repeat=2, rounds=3)
+    best = timing.blocked([a, lambda: order.append("b")], repeat=2, rounds=3)
     assert "".join(order) == "aaabbb" * 3
     assert 0.001 <= best[0] < 0.015  # a's best timed call: the 0.001 s one of round 2
 

@@ -1,0 +1,91 @@
+"""Timing: the sgemm peak that defines 100 %, and the blocks in which each contender is timed."""
+from contextlib import nullcontext
+import math
+import time
+
+import numpy as np
+
+#: Size of the square float32 matmul whose best time defines "100 %" (PERF_NOTES: numpy's
+#: sgemm 2048^3 is the practical peak). Tests shrink it.
+SGEMM_N = 2048
+SGEMM_REPEAT = 3
+
+
+def sgemm_peak(threads=None, repeat=SGEMM_REPEAT, n=None):
+    """Best GFLOP/s of numpy float32 ``n x n x n`` matmuls: the practical 100 %.
+
+    Parameters
+    ----------
+    threads : int, optional
+        Limit NumPy's BLAS to this many threads (needs ``threadpoolctl``; without it the
+        BLAS runs with its default thread count, which the second result says).
+    repeat : int
+        Timed matmuls after one warm-up; the best counts.
+    n : int, optional
+        Matrix size (default :data:`SGEMM_N`).
+
+    Returns
+    -------
+    (float, str)
+        GFLOP/s and how the BLAS threads were set.
+    """
+    n = n or SGEMM_N
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    limit, how = nullcontext(), "BLAS default threads (install threadpoolctl to match --threads)"
+    if threads is not None:
+        try:
+            from threadpoolctl import threadpool_limits
+            limit, how = threadpool_limits(limits=threads, user_api="blas"), \
+                f"{threads} BLAS thread(s)"
+        except ImportError:
+            pass
+    best = math.inf
+    with limit:
+        a @ b  # warm-up: BLAS thread start-up and page faults of the result
+        for _ in range(max(repeat, 1)):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9, how
+
+
+#: Seconds of rest before each contender's block: OpenBLAS workers busy-wait for about
+#: 2^28 cycles after a call and OpenMP workers spin too; resting lets them go to sleep.
+IDLE_PAUSE = 0.3
+
+
+#: Each contender's timed calls in a block last at least this long (more calls than
+#: ``repeat`` for fast layers). After the idle pause a virtual CPU comes back slowly: a
+#: 1.3 ms call measured 2.1 ms as the best of 10 right after a 0.3 s rest, 1.6 ms as the
+#: best of 30 and 1.3 ms as the best of 100, for numbaconv and PyTorch alike.
+MIN_BLOCK_SECONDS = 0.25
+#: ... but never more calls than this per block.
+MAX_BLOCK_CALLS = 400
+
+
+def blocked(fns, repeat, rounds=2):
+    """Best ``time.perf_counter`` seconds of each function: ``rounds`` rounds in which each
+    function gets an untimed call and then timed calls in a row: ``repeat`` of them, and
+    more until the block has lasted ``MIN_BLOCK_SECONDS`` (at most ``MAX_BLOCK_CALLS``).
+
+    Timing each contender in a block of its own, after an untimed call, keeps one library's
+    idle worker threads (OpenMP and OpenBLAS pools spin for a while after each parallel
+    call) from landing in the other's timed calls: measured here, alternating call by call
+    slowed both sides by up to 1.6x. Two rounds spread a noisy neighbour over both.
+    """
+    best = [math.inf] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            if len(fns) > 1:
+                time.sleep(IDLE_PAUSE)
+            fn()
+            start, calls = time.perf_counter(), 0
+            while calls < max(repeat, 1) or (time.perf_counter() - start < MIN_BLOCK_SECONDS
+                                             and calls < MAX_BLOCK_CALLS):
+                t0 = time.perf_counter()
+                fn()
+                best[i] = min(best[i], time.perf_counter() - t0)
+                calls += 1
+    return best
