@@ -19,10 +19,16 @@ The geometry vector ``geo`` (see :func:`numbaconv.kernels.geometry`) packs
 ``mb g icg ocg id ih iw kd kh kw od oh ow sd sh sw dd dh dw pd ph pw``; index arithmetic is
 int64 throughout.
 
-Each kernel module is self-contained (its loop nests repeat the same index preamble rather
-than sharing jitted helpers across files): Numba's on-disk cache checks only the source file
-of the function it loads, so a helper changed in another file would leave stale callers in
-the cache after an upgrade.
+The sharing rule. Numba's on-disk cache checks only the source file of the function it
+loads, so jitted code compiled in from another file (a ``@kernel``/``@helper`` function, an
+``@intrinsic``) could leave stale callers in the cache. Hence: a kernel module never imports
+from another kernel module; it may import plain Python from the shared modules, whose names
+start with an underscore and which hold no jitted code: ``cpu/_host.py`` (the host's
+vector width and features, probed once; they depend only on the CPU, part of the cache key)
+and ``cpu/_ir.py`` (LLVM IR builders run while a kernel compiles). A jitted helper two
+modules need is copied into each. What ``_ir.py`` emits is compiled into its callers:
+after editing it in a checkout, clear the cache (an install rewrites every file).
+``tests/test_architecture.py`` checks the rule.
 """
 import numpy as np
 

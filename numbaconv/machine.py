@@ -1,4 +1,8 @@
-"""A small model of the machine the planner sizes its tiles for (read once, lazily)."""
+"""A small model of the machine the planner sizes its tiles for (read once, lazily).
+
+The CPU's name, features and vector width come from the kernels' one probe
+(:mod:`numbaconv.kernels.cpu._host`), so that the planner and the kernels agree.
+"""
 from dataclasses import dataclass
 import functools
 import os
@@ -10,7 +14,7 @@ class Machine:
     l1d_bytes: int
     l2_bytes: int
     l3_bytes: int
-    vector_bytes: int      # widest usable SIMD register: 64 with AVX-512, 32 with AVX2
+    vector_bytes: int      # widest usable SIMD register: 64 with AVX-512, 32 with AVX/AVX2
     cpu_name: str
     features: tuple
 
@@ -42,16 +46,10 @@ def _cache_size(level, kind=("Data", "Unified")):
 def machine():
     """The host as the planner sees it (cores = Numba's thread pool size)."""
     import numba
-    try:
-        import llvmlite.binding as llvm
-        cpu_name = llvm.get_host_cpu_name()
-        feats = llvm.get_host_cpu_features()
-        features = tuple(sorted(k for k, v in feats.items() if v))
-    except Exception:  # pragma: no cover - llvmlite without host queries
-        cpu_name, features = "generic", ()
-    vector = 64 if "avx512f" in features else 32 if "avx2" in features else 16
+    from .kernels.cpu import _host
     return Machine(cores=numba.config.NUMBA_NUM_THREADS,
                    l1d_bytes=_cache_size(1) or 32 * 1024,
                    l2_bytes=_cache_size(2) or 1024 * 1024,
                    l3_bytes=_cache_size(3) or 8 * 1024 * 1024,
-                   vector_bytes=vector, cpu_name=cpu_name, features=features)
+                   vector_bytes=_host.VECTOR_BYTES, cpu_name=_host.CPU_NAME,
+                   features=_host.FEATURES)

@@ -145,3 +145,58 @@ def test_no_import_cycle():
 def test_kernels_import_only_the_compile_wrapper(name):
     bad = [_where(name, t) for t in GRAPH[name] if not _matches(t, KERNEL_IMPORTS)]
     assert not bad, "\n".join(bad)
+
+
+# --------------------------------------------------------------------------- kernel sharing
+#: Decorators that make a function compiled code (Numba's and the compile wrapper's).
+JITTED = {"kernel", "helper", "intrinsic", "njit", "jit", "generated_jit", "vectorize",
+          "guvectorize", "cfunc", "overload"}
+
+KERNEL_MODULES = sorted(m for m in MODS if m.startswith("numbaconv.kernels.")
+                        and not MODS[m][1])
+
+
+def _shared(name):
+    """The kernels' shared modules: a leading underscore (``cpu/_host.py``, ``cpu/_ir.py``)."""
+    return name.rpartition(".")[2].startswith("_")
+
+
+def _jitted(name):
+    """Names of the functions ``name`` defines with a decorator of :data:`JITTED`."""
+    out = set()
+    for node in ast.walk(ast.parse(MODS[name][0].read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            for d in node.decorator_list:
+                d = d.func if isinstance(d, ast.Call) else d
+                last = d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", None)
+                if last in JITTED:
+                    out.add(node.name)
+    return out
+
+
+@pytest.mark.parametrize("name", KERNEL_MODULES)
+def test_kernel_modules_share_only_the_shared_modules(name):
+    """A kernel module imports from another kernels module only a shared one (see
+    ``kernels/__init__.py``): never a kernel module, whose jitted code would be compiled
+    into its callers without being part of their cache key."""
+    bad = [_where(name, t) for t in GRAPH[name]
+           if t.startswith("numbaconv.kernels.") and not _shared(t)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", [m for m in KERNEL_MODULES if _shared(m)])
+def test_shared_kernel_modules_hold_no_jitted_code(name):
+    assert not _jitted(name), f"{MODS[name][0]} defines jitted {sorted(_jitted(name))}"
+
+
+@pytest.mark.parametrize("name", KERNEL_MODULES)
+def test_no_jitted_function_is_imported_from_another_file(name):
+    """The rule as Numba's cache needs it: no kernels module imports a name that another
+    kernels module defines as jitted code."""
+    bad = []
+    for node in ast.walk(ast.parse(MODS[name][0].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            src = _resolve(node.module, MODS)
+            if src and src != name and src.startswith("numbaconv.kernels"):
+                bad += [f"{a.name} from {src}" for a in node.names if a.name in _jitted(src)]
+    assert not bad, f"{MODS[name][0]} imports jitted " + ", ".join(bad)

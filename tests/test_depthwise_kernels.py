@@ -1,14 +1,16 @@
-"""The depthwise direct kernels (``numbaconv.kernels.cpu.depthwise``) against the NumPy
-reference: the multiplier-1 span kernels (explicit SIMD, any kernel size, stride, dilation,
-padding and rank) on interior and border pixels, every stride phase (including phases no tap
-reaches), column tables of more than three taps, channel counts that are not a multiple of
-the vector width, pixel and channel blocks crossed; and the general kernels that multiplier
-2 still takes. Small shapes: the file runs in seconds once its kernels are compiled."""
+"""The depthwise kernels (``numbaconv.kernels.cpu.depthwise``, ``depthwise_spans``,
+``depthwise_rows``) against the NumPy reference: the multiplier-1 span kernels (explicit
+SIMD, any kernel size, stride, dilation, padding and rank) on interior and border pixels,
+every stride phase (including phases no tap reaches), column tables of more than three
+taps, channel counts that are not a multiple of the vector width, pixel and channel
+blocks crossed; and the general kernels that multiplier 2 still takes. Small shapes: the
+file runs in seconds once its kernels are compiled."""
 import numpy as np
 import pytest
 
 import numbaconv as nc
 from numbaconv.kernels.cpu import depthwise as k
+from numbaconv.kernels.cpu import depthwise_spans as ks
 from numbaconv.kernels.cpu import depthwise_rows as kr
 
 from reference import conv_bwd_data_ref, conv_bwd_filter_ref, normalized_error, out_shape, \
@@ -95,7 +97,7 @@ def test_depthwise_backward_matches_reference(name, dtype):
 def test_channel_blocks_are_crossed():
     """More channels than one channel block of the span kernels (float64: half as many
     lanes per byte), and a partial last vector."""
-    c = k.CB_BYTES // 8 + 13
+    c = ks.CB_BYTES // 8 + 13
     case = (c, (5, 6), (3, 3), (1, 2), (1, 1), (1, 1), (1, 1), 1)
     x, w, dy, attrs = _operands(case, "float64", seed=1)
     ref_attrs = dict(stride=attrs["strides"], dilation=attrs["dilations"],
@@ -273,7 +275,7 @@ def test_backward_data_writes_every_pixel(name):
     want = nc.convolution_backprop_data(dy, w, case[1], **attrs).reshape(xs)
     for chunks in (1, 2, 5):
         dx = np.full(xs, np.nan, np.float32)
-        k.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks)
+        ks.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks)
         assert not np.isnan(dx).any()
         # the planner's kernel may sum in another order (3x3 at stride 1: the row kernel)
         np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -294,7 +296,7 @@ def test_backward_weights_reduces_every_chunk():
     for chunks in (1, 2, 3, 64):
         part = np.full((chunks, *ws), np.nan)
         dw = np.full(ws, np.nan)
-        k.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), part, dw, geo(p))
+        ks.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), part, dw, geo(p))
         np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 
 
@@ -347,11 +349,11 @@ def test_span_kernels_where_the_row_kernels_run(name):
     geom = dict(stride=attrs["strides"], dilation=attrs["dilations"],
                 pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"], groups=case[0])
     dw = np.empty(ws)
-    k.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), np.empty((2, *ws)), dw, geo(p))
+    ks.bwd_w_depthwise_m1(x.reshape(xs), dy.reshape(ys), np.empty((2, *ws)), dw, geo(p))
     want = conv_bwd_filter_ref(x, dy, case[2], **geom)
     np.testing.assert_allclose(dw.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
     dx = np.full(xs, np.nan)
-    k.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2)
+    ks.bwd_d_depthwise_m1(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2)
     want = conv_bwd_data_ref(dy, w, case[1], **geom)
     np.testing.assert_allclose(dx.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
 

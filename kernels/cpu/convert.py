@@ -29,6 +29,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
+from numbaconv.kernels.cpu._host import F16C
 
 #: Elements per SIMD step (one 256-bit vector of float32).
 VL = 8
@@ -38,11 +39,7 @@ BLOCK = 1 << 15
 
 def available():
     """Whether this host converts in hardware (F16C)."""
-    try:
-        import llvmlite.binding as llvm
-        return bool(llvm.get_host_cpu_features().get("f16c"))
-    except Exception:  # pragma: no cover - llvmlite without host queries
-        return False
+    return F16C
 
 
 def _converter(n, widen):

@@ -1,7 +1,7 @@
 """Depthwise 3x3 row kernels (multiplier 1, kernel depth 1, column dilation 1): the filter
 or the tap accumulators in registers for a whole row.
 
-The span kernels of :mod:`numbaconv.kernels.cpu.depthwise` take one row tap at a time
+The span kernels of :mod:`numbaconv.kernels.cpu.depthwise_spans` take one row tap at a time
 (three filter vectors in registers; dX read back and added to per row tap; dW's partials
 read and written per block of pixels), and the nine-term kernels load the nine filter
 vectors again for every pixel: both issue about as many vector loads as FMAs, which bounds
@@ -35,9 +35,9 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
-from numbaconv.kernels.cpu.depthwise import (Operand, _at, _fma_fn, _ir_types, _table,
-                                             compute_type, lane_range, reduce_chunks)
-from numbaconv.kernels.cpu.ukernel import STREAMS, VECTOR_BYTES
+from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
+from numbaconv.kernels.cpu._ir import (Operand, at, compute_type, fma_fn, ir_types, lane_range,
+                                       table)
 
 #: Output pixels per register block: PB sums (backward data) or PB dY vectors (backward
 #: weights), plus nine filter vectors or nine tap sums and one loaded vector, within the
@@ -87,9 +87,9 @@ def _prologue(context, builder, work, addrs, halves):
     addresses ``addrs``; float16 bits where ``halves`` says so and the data array ``work``
     holds them) and its FMA."""
     dtype, half = compute_type(work.dtype)
-    f, vty, vl = _ir_types(context, dtype)
+    f, vty, vl = ir_types(context, dtype)
     ops = tuple(Operand(builder, a, vty, vl, half and h) for a, h in zip(addrs, halves))
-    return vty, vl, ops, _fma_fn(builder, vty, dtype, vl)
+    return vty, vl, ops, fma_fn(builder, vty, dtype, vl)
 
 
 def _drow(NR, S):
@@ -134,13 +134,13 @@ def _drow(NR, S):
                 with builder.if_else(streamed) as (yes, no):
                     with yes:
                         for v, o in zip(values, offs):
-                            st = builder.store(v, _at(builder, pout.ptr, o, vty),
+                            st = builder.store(v, at(builder, pout.ptr, o, vty),
                                                align=VECTOR_BYTES)
                             st.set_metadata("nontemporal", nontemporal)
                     with no:
                         for v, o in zip(values, offs):
                             pout.store(v, o, None)
-            rows, wrow = _table(builder, trows, NR), _table(builder, twrow, NR)
+            rows, wrow = table(builder, trows, NR), table(builder, twrow, NR)
             zero = ir.Constant(vty, None)
             acc = cgutils.alloca_once(builder, vty)
             a0lo = builder.sub(builder.mul(m0lo, _const(S)), pw)
@@ -251,7 +251,7 @@ def _wrow(NR, S):
             # float16 data: X and dY as half bits, the partial dW in float32
             vty, vl, (px, pdy, ppart), fma = _prologue(
                 context, builder, work, (xp, dyp, pp), (True, True, False))
-            rows, prow = _table(builder, trows, NR), _table(builder, tprow, NR)
+            rows, prow = table(builder, trows, NR), table(builder, tprow, NR)
             zero = ir.Constant(vty, None)
             # the nine sums as allocas in the entry block: mem2reg keeps them in registers
             acc = [[cgutils.alloca_once(builder, vty) for _ in range(3)] for _ in range(NR)]
@@ -564,6 +564,21 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch, head):
                 _wrow1s2(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
 
 
+@helper
+def _reduce_chunks(part, dwt):
+    """``dwt`` = the sum of the per-chunk partials ``part[0] + part[1] + ...`` (the span
+    kernels' own copy: this module shares no jitted code)."""
+    nchunks = part.shape[0]
+    TC = dwt.size
+    pf = part.reshape(-1)
+    df = dwt.reshape(-1)
+    for i in range(TC):
+        acc = pf[i]
+        for ch in range(1, nchunks):
+            acc += pf[ch * TC + i]
+        df[i] = acc
+
+
 @kernel
 def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
     """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
@@ -579,4 +594,4 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
     for ch in prange(nchunks):
         _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks,
                     prefetch, head)
-    reduce_chunks(part, dwt)
+    _reduce_chunks(part, dwt)

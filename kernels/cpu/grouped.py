@@ -47,9 +47,8 @@ from numba.extending import intrinsic
 from numbaconv._jit import helper, kernel
 
 
-#: Bytes of one SIMD register on this host (the lanes of a group vector), probed once in
-#: ukernel.
-from numbaconv.kernels.cpu.ukernel import VECTOR_BYTES  # noqa: E402
+#: Bytes of one SIMD register on this host (the lanes of a group vector).
+from numbaconv.kernels.cpu._host import VECTOR_BYTES  # noqa: E402
 #: Register tiles (rows x vectors) of the backward-data and backward-weights micro-kernels:
 #: rows*vectors accumulators plus the loaded operands fit the register file (16 vector
 #: registers with AVX2, 32 with AVX-512).

@@ -44,7 +44,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
 
-from numbaconv.kernels.cpu.ukernel import STREAMS, VECTOR_BYTES  # noqa: E402  (host constants)
+from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
 
 #: Rows of a register tile and the most vectors across it (as ukernel's: ``MR*NV``
 #: accumulators, ``NV`` loaded vectors and a broadcast within 32 registers with AVX-512).

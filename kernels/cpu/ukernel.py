@@ -26,11 +26,10 @@ exact: a last row tile of fewer than ``MR`` rows is copied into a padded scratch
 last panel of B is zero-padded, and columns beyond the last whole vector go through a
 scratch tile of ``C``; nothing outside the operands is read or written.
 
-The vector width comes from the host (AVX-512: 64 bytes, AVX2: 32, else 16). Numba keys its
-disk cache on the host CPU, so code cached on one machine is never loaded on another.
+The vector width comes from the host (:mod:`._host`: AVX-512 64 bytes, AVX/AVX2 32, else
+16). Numba keys its disk cache on the host CPU, so code cached on one machine is never
+loaded on another.
 """
-import platform
-
 import numpy as np
 from llvmlite import ir
 from numba import prange
@@ -38,24 +37,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel
-
-
-def _vector_bytes():
-    try:
-        import llvmlite.binding as llvm
-        feats = llvm.get_host_cpu_features()
-    except Exception:  # pragma: no cover - llvmlite without host queries
-        return 16
-    if feats.get("avx512f"):
-        return 64
-    if feats.get("avx2") or feats.get("avx"):
-        return 32
-    return 16
-
-
-VECTOR_BYTES = _vector_bytes()
-#: Non-temporal stores (``sfence`` after them) exist on every x86-64 host, not elsewhere.
-STREAMS = platform.machine().lower() in ("x86_64", "amd64")
+from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
 MR = 6
@@ -816,25 +798,6 @@ def matmul_rows(A, B, out, rows, accumulate=False, kc=256, nc=None, work=None):
             return out
         _run(A, B, out.ctypes.data, 0, rows, M, N, K, it, accumulate, kc, nc, work)
     return out
-
-
-@kernel(parallel=False)
-def transpose_taps(w, idx, k0, out):
-    """``out[j, k, c] = w[idx[j], c, k0 + k]`` for ``w`` ``[taps, C, K]`` and ``out``
-    ``[len(idx), kn, C]``: the backward-data B operand (``W_q^T``, unit column stride) built
-    in 16x16 blocks that stay in L1 (NumPy's transposing copy of 9 taps of 512x512 took
-    24 ms, this 1-2 ms)."""
-    C = w.shape[1]
-    kn = out.shape[1]
-    for j in range(idx.shape[0]):
-        t = idx[j]
-        for c0 in range(0, C, 16):
-            c1 = min(C, c0 + 16)
-            for q0 in range(0, kn, 16):
-                q1 = min(kn, q0 + 16)
-                for k in range(q0, q1):
-                    for c in range(c0, c1):
-                        out[j, k, c] = w[t, c, k0 + k]
 
 
 def pack_panels(B):

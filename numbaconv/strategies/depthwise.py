@@ -187,7 +187,7 @@ class DepthwiseDirect(Direct):
         return call
 
     def run(self, p, tiles, ops):
-        from ..kernels.cpu import depthwise as k
+        from ..kernels.cpu import depthwise as k, depthwise_spans as ks
         from ..kernels.cpu.direct import reduce_partials
 
         xs, ys, ws = canonical_shapes(p)
@@ -206,7 +206,7 @@ class DepthwiseDirect(Direct):
                 dx = self.bind(p, tiles)(ops)
             elif tiles["kernel"] == "spans":
                 dx = memory.empty(xs, ct)
-                k.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
+                ks.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
             elif tiles["kernel"] == "unrolled_3x3":
                 dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
@@ -220,7 +220,7 @@ class DepthwiseDirect(Direct):
         if tiles["kernel"] == "spans":
             # per-thread partials, zeroed and reduced inside the kernel (one launch)
             dw = np.empty(ws, ct)
-            k.bwd_w_depthwise_m1(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g)
+            ks.bwd_w_depthwise_m1(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g)
             return dw
         part = np.zeros((chunks, *ws), ct)
         k.bwd_w_depthwise(ops["x"], ops["dy"], part, g)

@@ -732,7 +732,7 @@ class Gemm(Strategy):
                     WT = W[idx[0], :, gi * ocg:(gi + 1) * ocg].T
                 elif mm.numba:  # [taps_q*K/g, C/g] itself, from contiguous 16x16 blocks
                     Wt = np.empty((len(idx), ocg, icg), ct)
-                    mm.uk.transpose_taps(W, np.asarray(idx, np.int64), np.int64(gi * ocg), Wt)
+                    k.transpose_taps(W, np.asarray(idx, np.int64), np.int64(gi * ocg), Wt)
                     WT = Wt.reshape(-1, icg)
                 else:
                     Wc = np.empty((icg, len(idx), ocg), ct)

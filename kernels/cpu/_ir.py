@@ -1,0 +1,146 @@
+"""LLVM IR builders shared by the kernel modules that write their inner loops as IR (through
+``numba.extending.intrinsic``): vector types, FMA, masked and float16 loads and stores,
+tables of offsets.
+
+Plain Python that runs while a kernel compiles, no jitted code (the sharing rule of
+:mod:`numbaconv.kernels`): what these emit is compiled into each caller, so after editing
+this file clear Numba's cache (its callers' files, which key the cache, did not change).
+"""
+from llvmlite import ir
+from numba.core import cgutils, types
+
+from numbaconv.kernels.cpu._host import VECTOR_BYTES
+
+
+def ir_types(context, dtype):
+    f = context.get_value_type(dtype)
+    vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+    return f, ir.VectorType(f, vl), vl
+
+
+def fma_fn(builder, ty, dtype, vl):
+    suffix = "f32" if dtype == types.float32 else "f64"
+    name = ("llvm.fma.v%d%s" % (vl, suffix)) if vl > 1 else ("llvm.fma." + suffix)
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
+
+
+def table(builder, addr, n):
+    """``n`` int64 loaded from the address ``addr``."""
+    i64 = ir.IntType(64)
+    p = builder.inttoptr(addr, i64.as_pointer())
+    return [builder.load(builder.gep(p, [ir.Constant(i64, k)])) for k in range(n)]
+
+
+def at(builder, base, off, ty):
+    """Pointer to a ``ty`` at element ``off`` of the float pointer ``base``."""
+    p = builder.gep(base, [off])
+    return p if ty is base.type.pointee else builder.bitcast(p, ty.as_pointer())
+
+
+def _iota_splat(builder, v, vl):
+    """``(iota, splat)``: ``<vl x i64>`` vectors ``0 .. vl - 1`` and ``v`` in every lane."""
+    i64 = ir.IntType(64)
+    vi = ir.VectorType(i64, vl)
+    iota = ir.Constant(vi, [ir.Constant(i64, i) for i in range(vl)])
+    splat = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(vi, ir.Undefined), v, ir.Constant(ir.IntType(32), 0)),
+        ir.Constant(vi, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), vl), None))
+    return iota, splat
+
+
+def lane_mask(builder, n, vl):
+    """``<vl x i1>``: lanes ``0 .. n - 1`` on, for the channels beyond the last whole vector."""
+    iota, splat = _iota_splat(builder, n, vl)
+    return builder.icmp_signed("<", iota, splat)
+
+
+def lane_range(builder, lo, hi, vl):
+    """``<vl x i1>``: lanes ``lo .. hi - 1`` on. Masked-off lanes are neither loaded nor
+    stored (``llvm.masked.load``/``store``), so they may lie outside the operand."""
+    iota, low = _iota_splat(builder, lo, vl)
+    _, high = _iota_splat(builder, hi, vl)
+    return builder.and_(builder.icmp_signed(">=", iota, low), builder.icmp_signed("<", iota, high))
+
+
+def masked_io(builder, vty, vl):
+    """``load(ptr, mask)`` and ``store(value, ptr, mask)`` of ``vty`` (no mask: plain);
+    ``vty`` a vector of float, double or i16 (float16 bits)."""
+    elem = vty.element
+    name = ("f32" if isinstance(elem, ir.FloatType) else
+            "f64" if isinstance(elem, ir.DoubleType) else "i%d" % elem.width)
+    suffix = "v%d%s" % (vl, name)
+    mty = ir.VectorType(ir.IntType(1), vl)
+    vp = vty.as_pointer()
+    mload = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vty, [vp, ir.IntType(32), mty, vty]),
+        "llvm.masked.load.%s.p0" % suffix)
+    mstore = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [vty, vp, ir.IntType(32), mty]),
+        "llvm.masked.store.%s.p0" % suffix)
+    one = ir.Constant(ir.IntType(32), 1)
+    zero = ir.Constant(vty, None)
+
+    def load(ptr, mask):
+        if mask is None:
+            return builder.load(ptr, align=1)
+        return builder.call(mload, [ptr, one, mask, zero])
+
+    def store(value, ptr, mask):
+        if mask is None:
+            builder.store(value, ptr, align=1)
+        else:
+            builder.call(mstore, [value, ptr, one, mask])
+
+    return load, store
+
+
+def half_io(builder, vl):
+    """``load(ptr, mask)`` -> ``<vl x float>`` from float16 bits at ``ptr`` (a ``<vl x i16>``
+    pointer) and ``store(value, ptr, mask)`` rounding a ``<vl x float>`` to them: the
+    float16 conversion fused into a kernel's loads and stores (``fpext``/``fptrunc``, which
+    F16C turns into ``vcvtph2ps``/``vcvtps2ph``, round to nearest even, as NumPy's casts)."""
+    ity = ir.VectorType(ir.IntType(16), vl)
+    hty = ir.VectorType(ir.HalfType(), vl)
+    fty = ir.VectorType(ir.FloatType(), vl)
+    raw_load, raw_store = masked_io(builder, ity, vl)
+
+    def load(ptr, mask):
+        return builder.fpext(builder.bitcast(raw_load(ptr, mask), hty), fty)
+
+    def store(value, ptr, mask):
+        raw_store(builder.bitcast(builder.fptrunc(value, hty), ity), ptr, mask)
+
+    return load, store
+
+
+class Operand:
+    """One operand of an IR kernel at the integer address ``addr``: ``load(off, mask)``
+    and ``store(value, off, mask)`` of the compute vector ``vty`` at element ``off``, the
+    storage either ``vty``'s own element type or, when ``half``, float16 bits widened on
+    load and rounded on store (see :func:`half_io`)."""
+
+    def __init__(self, builder, addr, vty, vl, half=False):
+        self.builder = builder
+        if half:
+            elem = ir.IntType(16)
+            self.sty = ir.VectorType(elem, vl)
+            self._load, self._store = half_io(builder, vl)
+        else:
+            elem = vty.element
+            self.sty = vty
+            self._load, self._store = masked_io(builder, vty, vl)
+        self.ptr = builder.inttoptr(addr, elem.as_pointer())
+
+    def load(self, off, mask):
+        return self._load(at(self.builder, self.ptr, off, self.sty), mask)
+
+    def store(self, value, off, mask):
+        self._store(value, at(self.builder, self.ptr, off, self.sty), mask)
+
+
+def compute_type(dtype):
+    """``(compute dtype, half)`` of a kernel whose data arrays have element type
+    ``dtype``: uint16 arrays are float16 bits computed in float32."""
+    if dtype == types.uint16:
+        return types.float32, True
+    return dtype, False

@@ -1,0 +1,528 @@
+"""Depthwise span kernels for multiplier 1, with explicit SIMD: any kernel size, stride,
+dilation, padding and rank (backward data and backward weights).
+
+Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[kd, kh, kw, 1, C]``.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from numbaconv._jit import helper, kernel
+from numbaconv.kernels.cpu._host import VECTOR_BYTES
+from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io, table
+
+
+# ---------------------------------------------------------------------------------------
+# Both backward passes use these for every multiplier-1 problem except 3x3 filters at
+# column stride 1 or 2 without column dilation (the row kernels of ``depthwise_rows``) and
+# backward data's 3x3 stride 1 with column dilation and wide channels (the nine-term
+# kernel of ``depthwise``): see the strategy.
+#
+# The loop vectoriser keeps accumulators in memory (PERF_NOTES), so the inner loops are
+# written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``. A "span" is a
+# run of pixels that one table of taps reaches in full: the interior of a stride phase of a
+# dX row (input columns q, q+s, ...: each phase has its own fixed column taps, so strided
+# backward data is a gather with no modulo tests and no scatter), or the interior of a dY
+# row; border pixels are spans of one pixel with the taps that reach them. A span's table is
+# row taps (runtime count) x column taps (``NT`` = 3, 2 or 1, unrolled; longer kernel rows
+# are cut into chunks). The IR walks the span in blocks of ``PB`` pixels, and per block each
+# channel vector, then each row tap, then the block's pixels:
+#
+# * backward data: the row tap's ``NT`` filter vectors stay in registers while each pixel
+#   of the block sums its products in a register; the first row tap stores dX, later ones
+#   add to the block, which is in L1. Every dX element is written by the kernel (pixels no
+#   tap reaches get zeros): no zero-fill, no read-modify-write outside L1.
+# * backward weights: the ``NT`` accumulators of a row tap stay in registers across the
+#   block and are added to the thread's partial dW once per block. Threads take contiguous
+#   ranges of dY rows with private partials, zeroed and reduced inside the kernel.
+#
+# Channels beyond the last whole vector run the same code with masked loads and stores.
+# The drivers are serial helpers called from a one-line prange, which keeps the parallel
+# region (slow to compile) small.
+# ---------------------------------------------------------------------------------------
+
+#: Pixels per block of a span (backward data, backward weights): a block's slices of the
+#: operands stay in L1 while its channel vectors sweep it. Backward weights adds its
+#: register accumulators to the partial dW once per block: 8 pixels halve that traffic
+#: against 4 (MobileNet-V2 bwd_w geomean of the 14 layers, 2 threads, runs of best-of
+#: blocks: 4 pixels 0.84-1.03 ms, median 0.94; 8 pixels 0.79-1.06, median 0.86; 16 pixels
+#: 0.93-1.06, the block no longer in L1).
+PB_D = 8
+PB_W = 8
+#: Channel vectors per block, in bytes of one pixel's slice (wider channels are cut).
+CB_BYTES = 4096
+
+
+def _loops(builder, npix, C, vl, pb, cbv, emit):
+    """``emit(c, p0, cnt, mask)`` over blocks of ``cbv`` channel vectors x ``pb`` pixels:
+    per channel block, per pixel block (the last may be shorter), per channel vector
+    starting at channel ``c`` (``mask`` None); then the channels beyond the last whole
+    vector as one vector with a lane mask (``<vl x i1>``). A block's slices of every operand
+    stay in L1 while its channel vectors sweep it."""
+    i64 = ir.IntType(64)
+
+    def const(v):
+        return ir.Constant(i64, v)
+
+    def pixel_blocks(body):
+        nblk = builder.sdiv(builder.add(npix, const(pb - 1)), const(pb))
+        with cgutils.for_range(builder, nblk) as lp:
+            p0 = builder.mul(lp.index, const(pb))
+            left = builder.sub(npix, p0)
+            body(p0, builder.select(builder.icmp_signed("<", left, const(pb)), left, const(pb)))
+
+    nfull = builder.sdiv(C, const(vl))
+    cfull = builder.mul(nfull, const(vl))
+    with cgutils.for_range(builder, builder.sdiv(builder.add(nfull, const(cbv - 1)),
+                                                 const(cbv))) as cb:
+        v0 = builder.mul(cb.index, const(cbv))
+        left = builder.sub(nfull, v0)
+        nv = builder.select(builder.icmp_signed("<", left, const(cbv)), left, const(cbv))
+
+        def vec_body(p0, cnt):
+            with cgutils.for_range(builder, nv) as lp:
+                emit(builder.mul(builder.add(v0, lp.index), const(vl)), p0, cnt, None)
+
+        pixel_blocks(vec_body)
+    rem = builder.sub(C, cfull)
+    with builder.if_then(builder.icmp_signed(">", rem, const(0))):
+        mask = lane_mask(builder, rem, vl)
+        pixel_blocks(lambda p0, cnt: emit(cfull, p0, cnt, mask))
+
+
+def _block_loader(builder, load, base_ptr, base, C, mask, ty):
+    """``get(j)``: the ``ty`` vector at element ``base + j*C`` of ``base_ptr`` (pixel ``j``
+    of a block), loaded on first use and reused by every later tap that reads it."""
+    cache = {}
+
+    def get(j):
+        if j not in cache:
+            off = builder.add(base, builder.mul(C, ir.Constant(ir.IntType(64), j)))
+            cache[j] = load(at(builder, base_ptr, off, ty), mask)
+        return cache[j]
+
+    return get
+
+
+def _dspan(NT):
+    """Backward-data span over ``nr`` row taps x ``NT`` column taps: for each pixel
+    p < npix and channel c < C, ``dx[p*sdx + c] (+)= sum_r sum_k
+    dy[trd[r] + tdy[k] + p*sdy + c] * w[trw[r] + tw[k] + c]``, added to dX when ``beta``.
+    Addresses: ``dyp``, ``wp``, ``dxp`` (floats), ``trd``, ``trw`` (nr int64 each),
+    ``tdy``, ``tw`` (NT int64 each). Per block of pixels and channel vector, the row taps
+    follow one another, each adding its NT products to the block of dX, in L1."""
+
+    @intrinsic
+    def span(typingctx, dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, work):
+        sig = types.void(*([types.intp] * 13), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, _ = args
+            f, vty, vl = ir_types(context, dtype)
+            fp = f.as_pointer()
+            i64 = ir.IntType(64)
+            pdy, pw, pdx = (builder.inttoptr(a, fp) for a in (dyp, wp, dxp))
+            prd, prw = (builder.inttoptr(a, i64.as_pointer()) for a in (trd, trw))
+            ody, ow_ = table(builder, tdy, NT), table(builder, tw, NT)
+            add0 = builder.icmp_signed("!=", beta, ir.Constant(i64, 0))
+
+            fma = fma_fn(builder, vty, dtype, vl)
+            load, store = masked_io(builder, vty, vl)
+            ty = vty
+
+            # column taps of one stride phase one dY pixel apart (dilation 1, the usual
+            # case): pixel p's tap k reads dY pixel p - k of the block, so a full block
+            # loads PB_D + NT - 1 dY vectors once instead of PB_D*NT
+            slide = builder.icmp_signed("==", sdy, C)
+            for k in range(1, NT):
+                want = builder.sub(ody[0], builder.mul(C, ir.Constant(i64, k)))
+                slide = builder.and_(slide, builder.icmp_signed("==", ody[k], want))
+
+            def slide_block(c, p0, dyc, wv, acc_on, mask, zero):
+                dyload = _block_loader(builder, load, pdy,
+                                       builder.add(dyc[0], builder.mul(p0, sdy)), C, mask, ty)
+                for q in range(PB_D):
+                    p = builder.add(p0, ir.Constant(i64, q))
+                    px = at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
+                    a = builder.select(acc_on, load(px, mask), zero)
+                    for k in range(NT):
+                        a = builder.call(fma, [dyload(q - k), wv[k], a])
+                    store(a, px, mask)
+
+            def loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero):
+                with cgutils.for_range(builder, cnt) as lp:
+                    p = builder.add(p0, lp.index)
+                    px = at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
+                    a = builder.select(acc_on, load(px, mask), zero)
+                    py = builder.mul(p, sdy)
+                    for k in range(NT):
+                        v = load(at(builder, pdy, builder.add(dyc[k], py), ty), mask)
+                        a = builder.call(fma, [v, wv[k], a])
+                    store(a, px, mask)
+
+            def emit(c, p0, cnt, mask):
+                zero = ir.Constant(ty, None)
+                full = builder.and_(slide, builder.icmp_signed("==", cnt,
+                                                               ir.Constant(i64, PB_D)))
+                with cgutils.for_range(builder, nr) as rl:
+                    r = rl.index
+                    rdy = builder.load(builder.gep(prd, [r]))
+                    rw = builder.add(builder.load(builder.gep(prw, [r])), c)
+                    acc_on = builder.or_(add0, builder.icmp_signed("!=", r, ir.Constant(i64, 0)))
+                    wv = [load(at(builder, pw, builder.add(ow_[k], rw), ty), mask)
+                          for k in range(NT)]
+                    dyc = [builder.add(builder.add(ody[k], c), rdy) for k in range(NT)]
+                    if NT > 1:
+                        with builder.if_else(full) as (fast, rest):
+                            with fast:
+                                slide_block(c, p0, dyc, wv, acc_on, mask, zero)
+                            with rest:
+                                loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero)
+                    else:
+                        loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero)
+
+            _loops(builder, npix, C, vl, PB_D, max(1, CB_BYTES // VECTOR_BYTES), emit)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return span
+
+
+def _wspan(NT):
+    """Backward-weights span over ``nr`` row taps x ``NT`` column taps: for each channel
+    c < C, ``part[trp[r] + tp[k] + c] += sum_{p < npix} x[trx[r] + tx[k] + p*sx + c] *
+    dy[p*sdy + c]``, the NT sums of a row tap in registers over a block of pixels.
+    Addresses: ``xp``, ``dyp``, ``pp`` (floats), ``trx``, ``trp`` (nr int64), ``tx``,
+    ``tp`` (NT int64)."""
+
+    @intrinsic
+    def span(typingctx, xp, dyp, pp, trx, trp, nr, tx, tp, npix, sx, sdy, C, work):
+        sig = types.void(*([types.intp] * 12), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            xp, dyp, pp, trx, trp, nr, tx, tp, npix, sx, sdy, C, _ = args
+            f, vty, vl = ir_types(context, dtype)
+            fp = f.as_pointer()
+            i64 = ir.IntType(64)
+            px_, pdy, pp_ = (builder.inttoptr(a, fp) for a in (xp, dyp, pp))
+            prx, prp = (builder.inttoptr(a, i64.as_pointer()) for a in (trx, trp))
+            ox, op = table(builder, tx, NT), table(builder, tp, NT)
+            # accumulators as allocas in the entry block: mem2reg makes them registers
+            acc = [cgutils.alloca_once(builder, vty) for _ in range(NT)]
+            fma = fma_fn(builder, vty, dtype, vl)
+            load, store = masked_io(builder, vty, vl)
+            ty = vty
+
+            # column taps one pixel apart (dilation 1) at stride 1 or 2: pixel p's tap k
+            # reads input pixel p*S + k of the block, so a full block loads each of its
+            # (PB_W - 1)*S + NT input vectors once instead of PB_W*NT times
+            contig = ir.Constant(ir.IntType(1), 1)
+            for k in range(1, NT):
+                want = builder.add(ox[0], builder.mul(C, ir.Constant(i64, k)))
+                contig = builder.and_(contig, builder.icmp_signed("==", ox[k], want))
+            slide = {S: builder.and_(contig, builder.icmp_signed(
+                "==", sx, builder.mul(C, ir.Constant(i64, S)))) for S in (1, 2)}
+
+            def slide_block(S, c, p0, xc, mask):
+                xload = _block_loader(builder, load, px_,
+                                      builder.add(xc[0], builder.mul(p0, sx)), C, mask, ty)
+                accv = [builder.load(acc[k]) for k in range(NT)]
+                for q in range(PB_W):
+                    p = builder.add(p0, ir.Constant(i64, q))
+                    g = load(at(builder, pdy, builder.add(builder.mul(p, sdy), c), ty), mask)
+                    for k in range(NT):
+                        accv[k] = builder.call(fma, [xload(q * S + k), g, accv[k]])
+                for k in range(NT):
+                    builder.store(accv[k], acc[k])
+
+            def loop_block(c, p0, cnt, xc, mask):
+                with cgutils.for_range(builder, cnt) as lp:
+                    p = builder.add(p0, lp.index)
+                    g = load(at(builder, pdy, builder.add(builder.mul(p, sdy), c), ty),
+                             mask)
+                    pxo = builder.mul(p, sx)
+                    for k in range(NT):
+                        v = load(at(builder, px_, builder.add(xc[k], pxo), ty), mask)
+                        builder.store(builder.call(fma, [v, g, builder.load(acc[k])]),
+                                      acc[k])
+
+            def emit(c, p0, cnt, mask):
+                full = builder.icmp_signed("==", cnt, ir.Constant(i64, PB_W))
+                with cgutils.for_range(builder, nr) as rl:
+                    r = rl.index
+                    rx = builder.add(builder.load(builder.gep(prx, [r])), c)
+                    rp = builder.add(builder.load(builder.gep(prp, [r])), c)
+                    for k in range(NT):
+                        builder.store(ir.Constant(ty, None), acc[k])
+                    xc = [builder.add(ox[k], rx) for k in range(NT)]
+                    if NT > 1:
+                        with builder.if_else(builder.and_(full, slide[1])) as (s1, other):
+                            with s1:
+                                slide_block(1, c, p0, xc, mask)
+                            with other:
+                                with builder.if_else(builder.and_(full, slide[2])) as (s2, rest):
+                                    with s2:
+                                        slide_block(2, c, p0, xc, mask)
+                                    with rest:
+                                        loop_block(c, p0, cnt, xc, mask)
+                    else:
+                        loop_block(c, p0, cnt, xc, mask)
+                    for k in range(NT):
+                        q = at(builder, pp_, builder.add(op[k], rp), ty)
+                        store(builder.fadd(load(q, mask), builder.load(acc[k])), q, mask)
+
+            _loops(builder, npix, C, vl, PB_W, max(1, CB_BYTES // VECTOR_BYTES), emit)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return span
+
+
+_dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (3, 2, 1))
+_wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
+
+
+@helper
+def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, nt, npix, sdx, sdy, C, work):
+    """A backward-data span over ``nr`` row taps and ``nt`` column taps (column chunks of
+    3, 2 and 1): the first chunk stores dX, the others add to it."""
+    ra, rb = trd.ctypes.data, trw.ctypes.data
+    a, b = tdy.ctypes.data, tw.ctypes.data
+    k = 0
+    beta = 0
+    while k < nt:
+        r = nt - k
+        if r >= 3:
+            _dspan3(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                    work)
+            k += 3
+        elif r == 2:
+            _dspan2(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                    work)
+            k += 2
+        else:
+            _dspan1(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                    work)
+            k += 1
+        beta = 1
+
+
+@helper
+def _w_chunks(xb, dyp, pb, trx, trp, nr, tx, tp, nt, npix, sx, sdy, C, work):
+    """A backward-weights span over ``nr`` row taps and ``nt`` column taps (column chunks
+    of 3, 2 and 1)."""
+    ra, rb = trx.ctypes.data, trp.ctypes.data
+    a, b = tx.ctypes.data, tp.ctypes.data
+    k = 0
+    while k < nt:
+        r = nt - k
+        if r >= 3:
+            _wspan3(xb, dyp, pb, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sx, sdy, C, work)
+            k += 3
+        elif r == 2:
+            _wspan2(xb, dyp, pb, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sx, sdy, C, work)
+            k += 2
+        else:
+            _wspan1(xb, dyp, pb, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sx, sdy, C, work)
+            k += 1
+
+
+@intrinsic
+def _store_zero(typingctx, base, index, work):
+    """``base[index] = 0`` for an address ``base`` of ``work``'s dtype."""
+    sig = types.void(types.intp, types.intp, work)
+    dtype = work.dtype
+
+    def codegen(context, builder, signature, args):
+        f = context.get_value_type(dtype)
+        p = builder.gep(builder.inttoptr(args[0], f.as_pointer()), [args[1]])
+        builder.store(ir.Constant(f, None), p)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@helper
+def _bwd_d_rows(dy, w, dx, geo, r0, r1):
+    """Rows ``r0 .. r1 - 1`` of dX (see :func:`bwd_d_depthwise_m1`)."""
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = dx.itemsize
+    dyb, wb, dxb = dy.ctypes.data, w.ctypes.data, dx.ctypes.data
+    nq = min(sw, iw)
+    big = (kw - 1) * dw // sw + 1  # keeps column arithmetic non-negative
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    cb = np.empty(kw, np.int64)
+    ct = np.empty(kw, np.int64)
+    tdy = np.empty(kw, np.int64)
+    tw = np.empty(kw, np.int64)
+    for r in range(r0, r1):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        nr = 0
+        for t_d in range(kd):
+            a_d = i_d + pd - t_d * dd
+            if a_d < 0:
+                break
+            if a_d % sd != 0 or a_d // sd >= od:
+                continue
+            for t_h in range(kh):
+                a_h = i_h + ph - t_h * dh
+                if a_h < 0:
+                    break
+                if a_h % sh != 0 or a_h // sh >= oh:
+                    continue
+                roff[nr] = ((n * od + a_d // sd) * oh + a_h // sh) * ow * C
+                rw[nr] = (t_d * kh + t_h) * kw * C
+                nr += 1
+        dxrow = r * iw * C
+        for q in range(nq):
+            npx = (iw - q + sw - 1) // sw  # input columns q, q + sw, ...
+            nc = 0
+            lo = 0
+            hi = npx
+            for t_w in range(kw):
+                e = q + pw - t_w * dw + big * sw
+                if e % sw != 0:
+                    continue
+                base = e // sw - big  # column j of the phase reads dy column j + base
+                cb[nc] = base
+                ct[nc] = t_w
+                nc += 1
+                lo = max(lo, -base)
+                hi = min(hi, ow - base)
+            lo = min(lo, npx)
+            hi = max(hi, lo)
+            j = 0
+            while j < npx:
+                j1 = hi if lo <= j < hi else j + 1
+                nt = 0
+                for b in range(nc):
+                    o_w = j + cb[b]
+                    if 0 <= o_w < ow:
+                        tdy[nt] = o_w * C
+                        tw[nt] = ct[b] * C
+                        nt += 1
+                dxp = dxb + (dxrow + (q + j * sw) * C) * it
+                if nr == 0 or nt == 0:
+                    for p in range(j1 - j):
+                        for c in range(C):
+                            _store_zero(dxp, p * sw * C + c, dx)
+                else:
+                    _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, nt, j1 - j, sw * C, C, C,
+                              dx)
+                j = j1
+
+
+@kernel
+def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
+    """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
+    padding. Per dX row: the row taps that reach it; per column stride phase of the row:
+    its column taps; the phase's interior (every column tap in range) is one span, its
+    border pixels spans of one pixel. Threads take ``nchunks`` contiguous ranges of rows
+    (the loop nest is a serial helper: the parallel region stays small to compile)."""
+    rows = geo[0] * geo[4] * geo[5]
+    for chunk in prange(nchunks):
+        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks)
+
+
+@helper
+def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
+    """Output rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here)."""
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = x.itemsize
+    xb, dyb, pb = x.ctypes.data, dy.ctypes.data, part.ctypes.data
+    T = kd * kh * kw
+    pf = part.reshape(-1)
+    pf[ch * T * C:(ch + 1) * T * C] = 0
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    lo_t = np.empty(kw, np.int64)
+    hi_t = np.empty(kw, np.int64)
+    tx = np.empty(kw, np.int64)
+    tp = np.empty(kw, np.int64)
+    lo = 0
+    hi = ow
+    for t_w in range(kw):
+        a = pw - t_w * dw  # input column o_w*sw - a
+        lo_t[t_w] = (a + sw - 1) // sw if a > 0 else 0
+        hi_t[t_w] = min(ow, (iw - 1 + a) // sw + 1) if iw - 1 + a >= 0 else 0
+        lo = max(lo, lo_t[t_w])
+        hi = min(hi, hi_t[t_w])
+    lo = min(lo, ow)
+    hi = max(hi, lo)
+    for r in range(r0, r1):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        nr = 0
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                roff[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
+                rw[nr] = (ch * T + (t_d * kh + t_h) * kw) * C
+                nr += 1
+        j = 0
+        while nr > 0 and j < ow:
+            j1 = hi if lo <= j < hi else j + 1
+            nt = 0
+            for t_w in range(kw):
+                if lo_t[t_w] <= j < hi_t[t_w]:
+                    tx[nt] = (j * sw - pw + t_w * dw) * C
+                    tp[nt] = t_w * C
+                    nt += 1
+            dyp = dyb + (r * ow + j) * C * it
+            _w_chunks(xb, dyp, pb, roff, rw, nr, tx, tp, nt, j1 - j, sw * C, C, C, x)
+            j = j1
+
+
+@helper
+def reduce_chunks(part, dwt):
+    """``dwt`` = the sum of the per-chunk partials ``part[0] + part[1] + ...``."""
+    nchunks = part.shape[0]
+    TC = dwt.size
+    pf = part.reshape(-1)
+    df = dwt.reshape(-1)
+    for i in range(TC):
+        acc = pf[i]
+        for ch in range(1, nchunks):
+            acc += pf[ch * TC + i]
+        df[i] = acc
+
+
+@kernel
+def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
+    """dwt (``[kd, kh, kw, 1, C]``) = dW of multiplier 1, any kernel, stride, dilation and
+    padding. part[j] (scratch, ``[nchunks, kd, kh, kw, 1, C]``): chunk j's sum over its
+    contiguous range of output rows, zeroed and reduced here. Per dY row, the row taps in
+    range; its interior (every column tap in range) is one span, border pixels spans of
+    one (the loop nest is a serial helper: the parallel region stays small to compile)."""
+    rows = geo[0] * geo[10] * geo[11]
+    nchunks = part.shape[0]
+    for ch in prange(nchunks):
+        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
+    reduce_chunks(part, dwt)
