@@ -23,8 +23,8 @@ def parallel_even_when_tiny(monkeypatch):
     """The GEMM and Winograd strategies run problems under 8 MFLOP on the calling thread
     alone; the tests' problems are that small, and must still cross the worker-pool code
     paths."""
-    from numbaconv.strategies import gemm
-    monkeypatch.setattr(gemm, "SERIAL_MAX_FLOPS", 0)
+    from numbaconv.strategies import _gemm_common
+    monkeypatch.setattr(_gemm_common, "SERIAL_MAX_FLOPS", 0)
 
 
 @pytest.fixture(autouse=True)

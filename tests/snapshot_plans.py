@@ -49,7 +49,7 @@ def cases():
     import pytest
     import strategy_cases as sc
     from numbaconv import planner
-    from numbaconv.strategies import gemm
+    from numbaconv.strategies import _gemm_common as gemm
     out = {}
     for case in sc.CASES:
         with pytest.MonkeyPatch.context() as mp:
@@ -68,7 +68,7 @@ def conditions():
     from numbaconv import config
     from numbaconv.machine import machine
     from numbaconv.kernels.cpu import ukernel
-    from numbaconv.strategies import gemm
+    from numbaconv.strategies import _gemm_common as gemm
     return {"machine": dataclasses.asdict(machine()), "vector_bytes": ukernel.VECTOR_BYTES,
             "small_flops": config.SMALL_FLOPS, "serial_max_flops": gemm.SERIAL_MAX_FLOPS}
 

@@ -176,7 +176,7 @@ def test_implicit_variant_declines_the_blas_engine(monkeypatch):
 def test_padded_extent_covers_every_tap():
     """Every phase pixel's every tap reads inside the padded dY (the kernel does no bounds
     checks)."""
-    from numbaconv.strategies.gemm import _phases
+    from numbaconv.strategies._gemm_common import stride_phases as _phases
     dy = np.zeros((1, 4, 5, 3, 8), np.float32)
     w = np.zeros((3, 2, 3, 16, 8), np.float32)
     plan = nc.plan("convolution_backprop_data", dy, w, (7, 6, 5), strides=(2, 1, 2),

@@ -7,7 +7,8 @@ import numbaconv as nc
 from numbaconv import config
 from numbaconv import reference as R
 from numbaconv.planner import candidates
-from numbaconv.strategies import gemm as G
+from numbaconv import planner
+from numbaconv.strategies import _gemm_common as GC, gemm as G
 
 # (groups, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
@@ -104,10 +105,10 @@ def test_gemm_backward_data_w_per_tap_or_copied(case, engine, per_tap, monkeypat
                        strategy="gemm")
     except ValueError:
         return  # declined: test_forced_strategy_matches_reference covers the reason
-    if plan.variant:
-        return  # col2im's case
+    if plan.variant in ("col2im", "implicit"):
+        return  # not a phase GEMM
     many_taps = int(np.prod(k)) > 1
-    assert (plan.tiles.get("taps") == "per-tap") == (per_tap and many_taps), str(plan)
+    assert (plan.variant == "per-tap") == (per_tap and many_taps), str(plan)
     err = _run("bwd_d", case, "float64", "gemm", np.random.default_rng(3))
     assert err <= R.TOLERANCE["float64"]
 
@@ -139,8 +140,8 @@ def test_gemm_packed_float16_widens_as_it_packs(direction, engine, monkeypatch):
         w = rng.standard_normal((*k, ic // g, oc)).astype(np.float16)
         attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
                      strategy="gemm")
-        if G.STRATEGY.accepts(nc.plan("convolution", x, w, **{**attrs, "strategy": None})
-                              .problem) is not None:
+        if GC.gemm_guard(nc.plan("convolution", x, w, **{**attrs, "strategy": None})
+                         .problem) is not None:
             continue
         dy = rng.standard_normal(nc.convolution(x, w, **attrs).shape).astype(np.float16)
         if direction == "fwd":
@@ -149,11 +150,11 @@ def test_gemm_packed_float16_widens_as_it_packs(direction, engine, monkeypatch):
         else:
             args, fn = (x, k, dy), nc.convolution_backprop_filters
             plan = nc.plan("convolution_backprop_filters", x, k, dy, **attrs)
-        if plan.strategy != "gemm" or not plan.tiles.get("packed"):
+        if plan.variant not in ("slabs", "split-dw"):
             continue
-        half = G.STRATEGY.half_operands(plan.problem, plan.tiles)
+        half = planner.implementation(plan).half_operands(plan.problem, plan.tiles)
         assert "x" in half
-        split_dw = plan.tiles.get("split") == "dw"
+        split_dw = plan.variant == "split-dw"
         assert ("dy" in half) == (direction == "bwd_w" and g == 1 and not split_dw)
         assert ("result" in half) == (direction == "bwd_w" and g == 1 and split_dw)
         saved = [a.copy() for a in args if isinstance(a, np.ndarray)]
@@ -195,7 +196,7 @@ def test_gemm_numba_1x1_backward_data_claims_rows(dtype, monkeypatch):
     plan = nc.plan("convolution_backprop_data", dy, np.zeros((1, 1, ic, oc), np.float32),
                    isz, strides=st, dilations=dl, pads_begin=pb, pads_end=pe,
                    strategy="gemm")
-    assert plan.tiles.get("claim"), plan
+    assert plan.variant == "claimed" and plan.tiles.get("claim"), plan
     if nc.get_num_threads() > 1:
         assert plan.tiles["claim"] < 2 * 41 * 40 // 4, plan
     err = _run("bwd_d", case, dtype, "gemm", np.random.default_rng(6))
@@ -218,7 +219,7 @@ def test_gemm_numba_1x1_weight_gradient_splits_the_reduction(dtype, threads, mon
         x = np.zeros((2, *isz, ic), np.float32)
         plan = nc.plan("convolution_backprop_filters", x, k, np.zeros((2, *isz, oc), np.float32),
                        strides=st, dilations=dl, pads_begin=pb, pads_end=pe, strategy="gemm")
-        assert plan.tiles.get("split") == "k", plan
+        assert plan.variant == "split-k", plan
         assert plan.tiles["workers"] == nc.get_num_threads()
         err = _run("bwd_w", case, dtype, "gemm", np.random.default_rng(7))
     finally:
@@ -245,7 +246,7 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
         plan = nc.plan("convolution_backprop_filters", x, k, dy, strides=st, dilations=dl,
                        pads_begin=pb, pads_end=pe, groups=g, strategy="gemm")
         if nc.get_num_threads() > 1:
-            assert plan.tiles.get("split") == "dw", plan
+            assert plan.variant == "split-dw", plan
             if engine == "auto" and g == 1:
                 assert plan.tiles["engine"] == (
                     "numba" if ukernel.VECTOR_BYTES >= 64 else "blas"), plan
@@ -286,10 +287,10 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
     engines = [p.tiles["engine"] for p in (tall, short, short1, data, wide, huge)]
     if vector_bytes == 64:
         assert engines == ["numba", "blas", "numba", "numba", "numba", "blas"]
-        assert tall.tiles.get("split") == short1.tiles.get("split") == "k"
+        assert tall.variant == short1.variant == "split-k"
     else:
         assert engines == ["blas", "blas", "blas", "numba", "numba", "blas"]
-    assert wide.tiles.get("claim") and not huge.tiles.get("claim")
+    assert wide.variant == "claimed" and huge.variant != "claimed"
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"
     monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
@@ -309,7 +310,7 @@ def test_gemm_declines_with_reason():
     w = np.zeros((1, 1, 3, 16), np.float32)
     # 3 input channels: the phase GEMMs decline (3 columns), and so does col2im (3 taps x
     # channels); a 3x3 kernel would give col2im 27 columns (tests/test_col2im.py)
-    with pytest.raises(ValueError, match=r"gemm.*declines.*gemm: result has 3 column"):
+    with pytest.raises(ValueError, match=r"gemm.*declines.*gemm\[slabs\]: result has 3 column"):
         nc.conv2d_backprop_input(x.shape, w, dy, 1, "SAME", strategy="gemm")
     # depthwise: batched 1x1-channel GEMMs are declined
     with pytest.raises(ValueError, match=r"gemm.*declines.*(groups|column)"):
@@ -348,7 +349,7 @@ def test_direct_variants_and_generic_direct_agree(direction, groups, variant, mo
 
 
 def test_gemm_tap_runs():
-    from numbaconv.strategies.gemm import _runs
+    from numbaconv.strategies._gemm_common import tap_runs as _runs
     # 2x3 taps at dilation 1: two rows of three w-neighbours
     boff = np.array([[0, h - 1, w - 1] for h in range(2) for w in range(3)], np.int64)
     assert _runs(boff).tolist() == [[0, 3], [3, 3]]
@@ -358,16 +359,16 @@ def test_gemm_tap_runs():
 
 
 def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch):
-    monkeypatch.setattr(G, "SERIAL_MAX_FLOPS", 8_000_000)
+    monkeypatch.setattr(GC, "SERIAL_MAX_FLOPS", 8_000_000)
     x = np.zeros((1, 8, 8, 16), np.float32)
     dy = np.zeros((1, 8, 8, 16), np.float32)
     tiny = nc.plan("convolution_backprop_filters", x, (3, 3), dy, strides=1, pads_begin=1,
                    pads_end=1, strategy="gemm")
-    assert tiny.flops < G.SERIAL_MAX_FLOPS and tiny.tiles["workers"] == 1
+    assert tiny.flops < GC.SERIAL_MAX_FLOPS and tiny.tiles["workers"] == 1
     big = np.zeros((8, 32, 32, 16), np.float32)
     plan = nc.plan("convolution_backprop_filters", big, (3, 3), big, strides=1, pads_begin=1,
                    pads_end=1, strategy="gemm")
-    assert plan.flops >= G.SERIAL_MAX_FLOPS and plan.tiles["workers"] == nc.get_num_threads()
+    assert plan.flops >= GC.SERIAL_MAX_FLOPS and plan.tiles["workers"] == nc.get_num_threads()
     err = _run("bwd_w", CASES[0], "float64", "gemm", np.random.default_rng(8))
     assert err <= R.TOLERANCE["float64"]
 
@@ -391,7 +392,7 @@ def test_gemm_blas_1x1_backward_passes_split_among_workers(strides, monkeypatch)
         for plan in plans:  # (a strided weight gradient packs its subsampled x anyway)
             unpacked = strides == 1 or plan.problem.direction == "bwd_d"
             assert plan.tiles.get("workers", 1) > 1, str(plan)
-            assert plan.tiles["packed"] is not unpacked, str(plan)
+            assert (plan.variant == "identity") is unpacked, str(plan)
     for direction in ("bwd_w", "bwd_d"):
         for dtype in ("float64", "float32"):
             err = _run(direction, case, dtype, "gemm", np.random.default_rng(9))

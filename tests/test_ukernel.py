@@ -226,15 +226,15 @@ def test_split_k_weight_gradient_float16_widens_in_the_kernel(mb, hw, ic, oc):
     rounded once (several blocks and a partial one, a share with one pixel, B rows wide
     enough to be packed); the user's arrays are left alone."""
     import numbaconv as nc
-    from numbaconv.strategies import gemm
+    from numbaconv import planner
     rng = np.random.default_rng(3)
     x = rng.standard_normal((mb, hw, hw, ic)).astype(np.float16)
     dy = rng.standard_normal((mb, hw, hw, oc)).astype(np.float16)
     kw = dict(strides=1, pads_begin=0, pads_end=0, strategy="gemm")
     plan = nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw)
-    if plan.tiles.get("split") != "k":
+    if plan.variant != "split-k":
         pytest.skip("the split-K weight gradient is the Numba engine's (AVX-512 hosts)")
-    assert gemm.STRATEGY.half_operands(plan.problem, plan.tiles) == {"x", "dy"}
+    assert planner.implementation(plan).half_operands(plan.problem, plan.tiles) == {"x", "dy"}
     saved = x.copy(), dy.copy()
     got = nc.convolution_backprop_filters(x, (1, 1), dy, **kw)
     want = nc.convolution_backprop_filters(x.astype(np.float32), (1, 1),
@@ -364,7 +364,7 @@ def test_claimed_backward_data_float16_converts_in_the_kernel(layout, monkeypatc
     the widened operands rounded once; the user's arrays are left alone."""
     import numbaconv as nc
     from numbaconv import config
-    from numbaconv.strategies import gemm
+    from numbaconv import planner
     monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
     rng = np.random.default_rng(4)
     dy = rng.standard_normal((2, 41, 40, 100)).astype(np.float16)
@@ -373,8 +373,8 @@ def test_claimed_backward_data_float16_converts_in_the_kernel(layout, monkeypatc
         dy = np.ascontiguousarray(dy.transpose(0, 3, 1, 2))
     kw = dict(strides=1, pads_begin=0, pads_end=0, data_format=layout, strategy="gemm")
     plan = nc.plan("convolution_backprop_data", dy, w, (41, 40), **kw)
-    assert plan.tiles.get("claim"), plan
-    assert gemm.STRATEGY.half_operands(plan.problem, plan.tiles) == {"dy"}
+    assert plan.variant == "claimed" and plan.tiles.get("claim"), plan
+    assert planner.implementation(plan).half_operands(plan.problem, plan.tiles) == {"dy"}
     saved = dy.copy(), w.copy()
     got = nc.convolution_backprop_data(dy, w, (41, 40), **kw)
     want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32), (41, 40),

@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize
-from .gemm import MIN_N, UK_KC, _Buffers, _Multiply, _workers, run_tasks
+from ._gemm_common import MIN_N, UK_KC, Buffers, Multiply, run_tasks, task_workers
 from .. import config, memory
 
 #: Fewest GEMM columns (taps * input channels) worth a GEMM.
@@ -82,7 +82,7 @@ class Col2imGemm(Strategy):
         busy. Workers and engine."""
         item = itemsize(p)
         ncol = math.prod(p.ksz) * p.ic
-        workers = _workers(p)
+        workers = task_workers(p)
         budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
         image_bytes = math.prod(p.osz) * ncol * item
         t = {"workers": workers, "engine": _engine()}
@@ -139,12 +139,12 @@ class Col2imGemm(Strategy):
         # float16 bits in and out: dY widened block by block, dX rounded task by task
         half = dy.dtype == np.uint16
         dxh = memory.empty(xs, np.uint16) if half else None
-        abuf = _Buffers(self._block_rows(p, tiles) * p.oc if half else 0, ct)
+        abuf = Buffers(self._block_rows(p, tiles) * p.oc if half else 0, ct)
         OD, OH, OW = p.osz
         H = p.isz[1]
         nw = int(tiles["workers"])
-        mm = _Multiply(tiles, ct, nw)
-        cols = _Buffers(self._block_rows(p, tiles) * ncol, ct)
+        mm = Multiply(tiles, ct, nw)
+        cols = Buffers(self._block_rows(p, tiles) * ncol, ct)
         geom = [np.asarray(v, np.int64) for v in (p.ksz, p.stride, p.dilation, p.pad_begin)]
         i64 = np.int64
 

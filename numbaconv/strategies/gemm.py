@@ -17,57 +17,32 @@ packed slab by slab, each slab bounded by ``config.GEMM_SLAB_BYTES``, so that a 
 problem never builds its full im2col matrix. The GEMMs go to NumPy's BLAS, which owns all
 cores during the call; packing runs serially between calls, so Numba's and BLAS's thread
 pools never fight over the cores (see :mod:`numbaconv.blas`).
+
+Each path is its own planner entry, in this best-first order:
+
+* ``gemm[split-k]``: 1x1 backward weights on the Numba engine, the reduction split among
+  the threads of one parallel region;
+* ``gemm[claimed]``: 1x1 stride-1 backward data on the Numba engine, W^T packed once, the
+  threads claiming blocks of dY's rows;
+* ``gemm[identity]``: any other 1x1 GEMM on the arrays themselves (no packing);
+* ``gemm[per-tap]``: backward data with few rows per stride phase, one GEMM per tap on W's
+  own rows;
+* ``gemm[split-dw]``: backward weights with a short reduction into a larger dW, packed
+  once, dW's rows split among the workers;
+* ``gemm[slabs]``: im2col slabs, for every problem the common guards let through.
+
+The engine (``engine=numba|blas`` in the tiles) is chosen per problem by
+:func:`._gemm_common.choose_engine`.
 """
-import itertools
 import math
 
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize, small, streams
+from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard, identity,
+                           kernel_taps, numba_engine_tiles, packed_wt_elems, run_tasks,
+                           split_m_engine, stride_phases, tap_runs, task_workers)
 from .. import config, memory
-
-#: Below this many columns in a GEMM's result (per group), BLAS runs far from its peak and
-#: the direct kernels win (measured: N=3 in ResNet's stem backward data).
-MIN_N = 8
-#: Grouped GEMMs are batched small GEMMs; below this many channels per group they lose.
-MIN_GROUP_CHANNELS = 16
-
-R_SMALL_N = "result has {n} column(s) per GEMM (< %d): BLAS far from peak" % MIN_N
-R_GROUPS = "{g} groups of {icg}x{ocg} channels: batched small GEMMs (< %d per group)" % (
-    MIN_GROUP_CHANNELS)
-
-
-def _taps(p):
-    return list(itertools.product(range(p.ksz[0]), range(p.ksz[1]), range(p.ksz[2])))
-
-
-def _phases(p):
-    """Backward-data stride phases: (q, grid, [(tap index, offsets)])."""
-    out = []
-    for q in itertools.product(*(range(s) for s in p.stride)):
-        grid = tuple(-(-(i - qa) // s) for i, qa, s in zip(p.isz, q, p.stride))
-        taps = []
-        for ti, t in enumerate(_taps(p)):
-            num = [qa + pb - ta * d for qa, pb, ta, d in zip(q, p.pad_begin, t, p.dilation)]
-            if all(v % s == 0 for v, s in zip(num, p.stride)):
-                taps.append((ti, tuple(v // s for v, s in zip(num, p.stride))))
-        out.append((q, grid, taps))
-    return out
-
-
-def _runs(boff):
-    """``[(t0, L)]``: maximal runs of consecutive taps whose offsets differ only in w, by +1
-    from one tap to the next (their columns are one contiguous block: see ``im2col``)."""
-    runs = []
-    for t in range(len(boff)):
-        if runs:
-            t0, n = runs[-1]
-            if (boff[t, 0] == boff[t0, 0] and boff[t, 1] == boff[t0, 1]
-                    and boff[t, 2] == boff[t0, 2] + n):
-                runs[-1][1] += 1
-                continue
-        runs.append([t, 1])
-    return np.array(runs, np.int64).reshape(len(runs), 2)
 
 
 #: Backward data with at most this many rows per stride phase multiplies tap by tap on W's
@@ -81,7 +56,7 @@ PER_TAP_MAX_ROWS = 512
 
 def _max_phase_taps(p):
     """Taps of backward data's largest stride phase (ceil(k/s) per axis at dilation 1)."""
-    return max((len(t) for _, _, t in _phases(p)), default=1) or 1
+    return max((len(t) for _, _, t in stride_phases(p)), default=1) or 1
 
 
 def _phase_rows(p):
@@ -92,105 +67,6 @@ def _phase_rows(p):
 def _is_identity(ntaps, a, boff, grid, src, cn):
     return (ntaps == 1 and all(v == 1 for v in a) and not np.any(boff)
             and tuple(grid) == src.shape[1:4] and cn == src.shape[4])
-
-
-#: Reduction block of the Numba GEMM engine: an MR x KC tile of A stays in L1.
-UK_KC = 256
-
-
-#: "auto" on AVX-512 hosts picks the Numba engine for backward weights over at least this
-#: many GEMM rows (pixels summed over): measured in one process against OpenBLAS, 2 threads,
-#: float32, it won every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs
-#: 10.2 ms, res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers
-#: (res5b_branch2a 5.2 vs 4.6 ms), where OpenBLAS splits the output across threads instead
-#: of the reduction. float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs
-#: 24.3 ms). Backward data and forward stay on BLAS there, except the short or claimed 1x1
-#: backward data below, which the Numba engine wins on AVX-512 as on AVX2 (Zen 4, 2
-#: threads, ResNet-50 suite run per engine: res2a_branch1 5.55 -> 4.44 ms, res2a_branch2a
-#: 1.36 -> 1.07, res3a_branch2a 9.41 -> 8.93, res3a_branch2c 4.51 -> 4.39, res4b_branch2a
-#: stays on BLAS: its 1 MB W^T does not fit; res5a_branch2c lost there, 4.30 -> 4.95).
-UK_MIN_ROWS = 16384
-#: "auto" on AVX2 hosts (a 6 x 16 register tile instead of 6 x 64) keeps backward weights on
-#: BLAS, which won every ResNet-50 GEMM layer in one process (res2a_branch1 7.2 vs 10.0 ms,
-#: res4a_branch1 13.1 vs 25.2, res5a_branch2c 5.1 vs 10.8), and picks the Numba engine for
-#: 1x1 backward data with at most this many output channels (the GEMM's reduction), where
-#: OpenBLAS's packing of the tall dY outweighs a short reduction (res2a_branch2a 2.8 vs 3.3
-#: and 1.70 vs 1.80 ms, res2b_branch2a 7.7 vs 9.1 and 6.1 vs 8.1, res3b_branch2a 7.3 vs 7.8;
-#: 256 output channels and more: BLAS, res4a_branch2a 13.4 vs 16.5, res5a_branch2c 5.7 vs 9.3).
-#: Longer reductions take the Numba engine too where its workers claim row blocks of one
-#: packed W^T (``_claims``): res2a_branch1 6.88 -> 6.09 ms, res3a_branch2c 5.33 -> 4.92
-#: (PyTorch 5.60, 4.43; same process, best of 10 in 5 rounds); where W^T does not fit,
-#: BLAS stays (res4a_branch2a 10.3 either way, res4b_branch2a 5.0).
-UK_MAX_SHORT_K = 128
-
-
-def _claims(p, machine):
-    """Whether 1x1 backward data on the Numba engine packs all of W^T once and lets the
-    threads claim blocks of dY's rows (``ukernel.gemm_claimed_parallel``): at stride 1, when
-    the packed W^T fits half of L2, where every row tile meets all of it."""
-    if any(s != 1 for s in p.stride):  # dX's rows are every s-th pixel: not one stride
-        return False
-    return _packed_wt_elems(p) * itemsize(p) <= machine.l2_bytes // 2
-
-
-def _packed_wt_elems(p):
-    """Elements of 1x1 backward data's W^T as ``ukernel.pack_panels`` packs it: K output
-    channels by the input channels padded to whole panels."""
-    from ..kernels.cpu import ukernel as uk
-    nr = uk.panel(itemsize(p))
-    return p.oc * (-(-p.ic // nr) * nr)
-
-
-def _numba_engine_tiles(p, machine):
-    """The Numba engine's tiles: reduction block ``kc`` and a column block ``nc`` whose
-    ``kc x nc`` block of B fills half of one core's L2."""
-    from ..kernels.cpu import ukernel as uk
-    item, panel = itemsize(p), uk.panel(itemsize(p))
-    nc = max(panel, machine.l2_bytes // 2 // (UK_KC * item) // panel * panel)
-    return {"engine": "numba", "kc": UK_KC, "nc": int(nc)}
-
-
-def _split_m_engine(engine):
-    """Whether a one-group backward weights split over dW's rows (a short reduction into
-    a tall dW) runs as one Numba parallel region (``ukernel.gemm_split_m``) rather than
-    as tasks on Python worker threads: on AVX-512 hosts unless the BLAS engine is forced.
-    Measured (Zen 4, 2 threads, float32, same process, the GEMM alone): conv1d:19's
-    2560x30 @ 30x512 0.39 ms (NumPy's BLAS 0.45, PyTorch's mm 0.43), conv1d_gemm:3's
-    1536x152 @ 152x1024 2.13 ms (2.51, 2.39); the whole weight gradient on BLAS tasks took
-    0.62 and 3.1 ms (PyTorch 0.45, 2.76)."""
-    from ..kernels.cpu.ukernel import VECTOR_BYTES
-    return engine == "numba" or (VECTOR_BYTES >= 64 and config.GEMM_ENGINE == "auto")
-
-
-def _engine(p, machine):
-    """The GEMM engine for a problem: ``config.GEMM_ENGINE``, "auto" as measured above."""
-    e = config.GEMM_ENGINE
-    if e in ("numba", "blas"):
-        return e
-    if small(p):  # the BLAS engine compiles in a second, the Numba engine in 5-10
-        return "blas"
-    from ..kernels.cpu.ukernel import VECTOR_BYTES
-    short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
-                 and (p.oc <= UK_MAX_SHORT_K or _claims(p, machine)))
-    if short_1x1:
-        return "numba"
-    if VECTOR_BYTES >= 64:
-        if p.direction == "bwd_w" and _identity(p):  # split-K in one parallel region
-            return "numba"
-        rows = p.mb * math.prod(p.osz)
-        return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
-    return "blas"
-
-
-def _identity(p):
-    """True when every GEMM operand is the channels-last array itself (no packing): 1x1,
-    one group, no leading pad, and the GEMM grid equal to the source's spatial size
-    (a trailing pad or a stride would add rows that read only padding)."""
-    if p.g != 1 or math.prod(p.ksz) != 1 or any(p.pad_begin):
-        return False
-    if p.direction == "bwd_d":  # one live phase (q = 0), grid ceil(i/s) rows per axis
-        return all(-(-i // s) == o for i, s, o in zip(p.isz, p.stride, p.osz))
-    return all(s == 1 for s in p.stride) and p.osz == p.isz
 
 
 #: 1x1 backward passes on BLAS over at least this many pixels run as worker tasks (one-thread
@@ -218,152 +94,96 @@ SPLIT_K_PREFETCH_L3_FRACTION = 0.45
 SPLIT_K_PREFETCH_ROW_BYTES = 1024
 
 
-def _blas_threads():
-    from ..planner import _threads
-    return _threads()
-
-
-def run_tasks(tasks, nw):
-    """Run ``task(slot)`` for every task: on ``nw`` worker threads with a one-thread BLAS
-    each, or on the calling thread with every BLAS thread."""
-    from .. import blas, workers
-    if nw > 1 and len(tasks) > 1:
-        with blas.threads(1):
-            workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
-    else:
-        with blas.threads(_blas_threads()):
-            for t in tasks:
-                t(0)
-
-
 #: Rows of dY a worker claims at a time in 1x1 backward data on the Numba engine (2 threads,
 #: 25088x64 @ 64x64, best of 3x3 blocks: 4 tasks 1.31-1.36 ms, blocks of 48 rows 1.28-1.32,
 #: 96 1.28-1.31, 192 1.24-1.27).
 CLAIM_ROWS = 192
 
-#: Problems below this many FLOPs run on the calling thread alone: handing tasks to the
-#: worker pool and waiting for them costs about 80 us (a 3x3 8-channel weight gradient:
-#: 250 us on two workers, 170 us on one), more than a second core saves on them.
-SERIAL_MAX_FLOPS = 8_000_000
+
+R_NOT_IDENTITY = ("{k} kernel, {g} group(s), leading pads {pb}, stride {s}: the GEMM "
+                  "operands are not the arrays themselves (1x1, one group, no leading pad, "
+                  "the GEMM grid equal to the array's)")
+R_NUMBA_ONLY = ("the {v} path runs on the Numba engine; this problem's engine is {e} "
+                "(GEMM_ENGINE={cfg!r})")
+R_BWD_W = "backward weights only"
+R_BWD_D = "backward data only"
+R_STRIDE = "stride {s}: dX's rows are not one stride apart"
+R_WT_L2 = ("the packed W^T ({kib} KiB) does not fit half of L2 ({half} KiB): every row "
+           "tile would read it from memory")
+R_ONE_TAP = "one tap: nothing to sum tap by tap"
+R_PHASE_ROWS = ("{rows} rows per stride phase (> %d): a transposed copy of W costs less "
+                "than streaming W once per tap" % PER_TAP_MAX_ROWS)
+R_ONE_WORKER = "one worker: no rows of dW to share out"
+R_LONG_REDUCTION = ("a long reduction ({rows} rows x {row_bytes} B > 4 x the {budget} B "
+                    "slab budget): slabs of it")
+R_SMALL_DW = ("dW ({dw} elements) smaller than the packed columns ({cols}): slabs split "
+              "the reduction")
 
 
-def _workers(p):
-    return 1 if p.flops < SERIAL_MAX_FLOPS else _blas_threads()
+def _not_identity(p):
+    """Why ``p``'s GEMMs need packed operands, or None (see ``identity``)."""
+    if identity(p):
+        return None
+    return R_NOT_IDENTITY.format(k="x".join(map(str, p.ksz)), g=p.g, pb=p.pad_begin,
+                                 s=p.stride)
 
 
-class Gemm(Strategy):
+def _engine_setup(p, machine):
+    """``(engine, engine tiles, workers)`` of ``p``."""
+    engine = choose_engine(p, machine)
+    engine_tiles = (numba_engine_tiles(p, machine) if engine == "numba"
+                    else {"engine": engine})
+    workers = task_workers(p) if config.GEMM_WORKERS or engine == "numba" else 1
+    return engine, engine_tiles, workers
+
+
+def _numba_only(p, variant):
+    """The reason a Numba-engine-only path declines ``p``, or None."""
+    from ..machine import machine
+    e = choose_engine(p, machine())
+    if e != "numba":
+        return R_NUMBA_ONLY.format(v=variant, e=e, cfg=config.GEMM_ENGINE)
+    return None
+
+
+class _Gemm(Strategy):
+    """What this module's variants share: the guards of every GEMM, the packing of
+    columns (``_col``) and the worker tasks that multiply them (``_tasks``)."""
+
     name = "gemm"
+    #: Whether the GEMM operands are packed columns (im2col) rather than the arrays.
+    packed = True
+    #: Backward data: one GEMM per tap on W's own rows (no transposed copy of W).
+    per_tap = False
+    #: Backward weights: dW's rows split among the workers (the columns packed once).
+    split_dw = False
 
     def accepts(self, p):
-        n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
-        if n < MIN_N:
-            return R_SMALL_N.format(n=n)
-        if p.g > 1 and min(p.icg, p.ocg) < MIN_GROUP_CHANNELS:
-            return R_GROUPS.format(g=p.g, icg=p.icg, ocg=p.ocg)
-        return None
+        return gemm_guard(p)
 
     def _packed_channels(self, p):
         return p.ocg if p.direction == "bwd_d" else p.icg
 
-    _identity = staticmethod(_identity)
-
-    def numba_parallel(self, p, tiles):
-        # the split reduction and the claimed 1x1 backward data are one Numba parallel
-        # region each; the rest are worker tasks
-        return bool(tiles.get("claim")) or (tiles.get("engine") == "numba"
-                                            and tiles.get("split") == "k")
-
     def half_operands(self, p, tiles):
-        """The split-K weight gradient widens X and dY one reduction block of pixels at a
-        time (``ukernel.gemm_split_k_half``); claimed 1x1 backward data widens each
-        claimed block of dY's rows and rounds its dX rows (``ukernel.gemm_claimed_half``);
-        packed forward and backward weights widen X as they pack its columns
-        (``gemm.im2col``), and one group's backward weights dY slab by slab."""
-        if tiles.get("split") == "k":
-            return frozenset({"x", "dy"})
-        if tiles.get("claim"):
-            return frozenset({"dy"})
-        return frozenset(_half_packed(p, tiles))
+        """Packed forward and backward weights widen X as they pack its columns
+        (``gemm.im2col``; never the identity: it packs nothing); one group's backward
+        weights also dY, slab by slab into a float32 buffer per worker, or with dW's rows
+        split among the tasks the result, each block rounded by its task."""
+        if not self.packed or p.direction == "bwd_d":
+            return frozenset()
+        if p.direction == "bwd_w" and p.g == 1:
+            # split dW: dY is read whole by every task (the backend widens it)
+            return frozenset(("x", "result") if self.split_dw else ("x", "dy"))
+        return frozenset(("x",))
 
-    def tiles(self, p, machine):
-        """Slab rows and workers; with the Numba engine also its reduction block ``kc``
-        and column block ``nc`` (a ``kc x nc`` block of B fills half of one core's L2)."""
+    def _slab_budget(self, p, machine):
+        """``(rows, bytes per row, budget)`` of the packed GEMMs: backward data packs one
+        stride phase at a time (its taps, not the kernel's)."""
         ntaps = math.prod(p.ksz)
-        cn = self._packed_channels(p)
         rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
-        engine = _engine(p, machine)
-        engine_tiles = (_numba_engine_tiles(p, machine) if engine == "numba"
-                        else {"engine": engine})
-        workers = _workers(p) if config.GEMM_WORKERS or engine == "numba" else 1
-        if self._identity(p):
-            if p.direction == "bwd_w" and engine == "numba":
-                # dW = X^T @ dY, its reduction split among the threads of one parallel
-                # region (``ukernel.gemm_split_k``)
-                foot = rows * (p.ic + p.oc) * itemsize(p)
-                return {"slab_rows": int(rows), "packed": False, "workers": workers,
-                        "split": "k", **engine_tiles,
-                        "prefetch": bool(
-                            foot >= machine.l3_bytes * SPLIT_K_PREFETCH_L3_FRACTION
-                            and p.ic * itemsize(p) >= SPLIT_K_PREFETCH_ROW_BYTES)}
-            split = workers > 1 and rows >= BLAS_SPLIT_MIN_ROWS and p.direction != "fwd"
-            if engine == "blas" and not split:  # one GEMM on every BLAS thread
-                return {"slab_rows": rows, "packed": False, **engine_tiles}
-            # two blocks per worker: row slabs (reduction slabs for backward weights), for
-            # backward data times column blocks where that moves less: each row slab reads
-            # all of B, each column block all of A (late layers: 392 rows, 2048 columns)
-            n, col_parts = 2 * workers, 1
-            if p.direction == "bwd_d":  # the GEMM's rows: dy's pixels, one live phase
-                rows = p.mb * math.prod(p.osz)
-            if p.direction == "bwd_d" and engine == "numba" and _claims(p, machine):
-                # W^T packed once, row blocks claimed by the workers as they go
-                chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
-                return {"slab_rows": int(rows), "packed": False, "workers": workers,
-                        "claim": int(chunk),
-                        # float16's dX is rounded from a float32 stage, never streamed
-                        "stream": p.dtype != "float16" and streams(
-                            rows * p.oc + p.oc * p.ic + p.mb * math.prod(p.isz) * p.ic,
-                            p, machine),
-                        **engine_tiles}
-            if p.direction == "bwd_d" and engine == "numba":
-                a_size, b_size = rows * p.oc, p.oc * p.ic
-                fits = [c for c in range(1, n + 1)
-                        if n % c == 0 and p.ic // c >= engine_tiles["nc"] // 8]
-                col_parts = min(fits or [1], key=lambda c: (n // c) * b_size + c * a_size)
-            tiles = {"slab_rows": int(max(1, -(-rows // (n // col_parts)))), "packed": False,
-                     "workers": workers, **engine_tiles}
-            if col_parts > 1:
-                tiles["col_parts"] = col_parts
-            return tiles
-        # backward data packs one stride phase at a time: its taps, not the kernel's
         ptaps = _max_phase_taps(p) if p.direction == "bwd_d" else ntaps
-        row_bytes = max(ptaps * cn * itemsize(p), 1)
-        budget = config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
-        slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
-        if p.direction == "bwd_d" and ntaps > 1 and _phase_rows(p) <= PER_TAP_MAX_ROWS:
-            # few rows per phase: the GEMMs stream W once, so W^T's copy would cost as much
-            # as they do; one GEMM per tap on W's own rows instead, dX's columns split
-            # among the workers (each reads its share of W once)
-            parts = max(1, min(workers, p.icg // 8))
-            return {"slab_rows": int(max(1, _phase_rows(p))), "packed": True,
-                    "workers": workers, "taps": "per-tap", "col_parts": parts,
-                    **engine_tiles}
-        dw_elems = ntaps * p.icg * p.oc
-        if (p.direction == "bwd_w" and workers > 1 and rows * row_bytes <= 4 * budget
-                and dw_elems >= rows * ntaps * cn):
-            # a short reduction into a larger dW: pack it once and split dW's rows among
-            # the workers, as BLAS splits its output; splitting the reduction would give
-            # every worker a dW-sized partial to write and add (1-D k5 512x512 over 30
-            # pixels: 3.1 ms before, 1.7 ms after; PyTorch 0.8-1.0)
-            if p.g == 1 and _split_m_engine(engine) and not small(p):
-                # one Numba parallel region over dW's row blocks (``ukernel.gemm_split_m``)
-                engine_tiles = _numba_engine_tiles(p, machine)
-            return {"slab_rows": int(max(1, rows)), "packed": True, "workers": workers,
-                    "split": "dw", **engine_tiles}
-        # slabs in a multiple of the workers, so that they finish together
-        n = -(-rows // slab)
-        n = -(-n // workers) * workers
-        return {"slab_rows": int(max(1, min(rows, -(-rows // n)))), "packed": True,
-                "workers": workers, **engine_tiles}
+        row_bytes = max(ptaps * self._packed_channels(p) * itemsize(p), 1)
+        return rows, row_bytes, config.GEMM_SLAB_BYTES or 2 * machine.l2_bytes
 
     def workspace_bytes(self, p, tiles):
         item = itemsize(p)
@@ -371,30 +191,20 @@ class Gemm(Strategy):
         r = tiles["slab_rows"]
         nw = tiles.get("workers", 1)
         numba_engine = tiles.get("engine") == "numba"
-        ws = nw * r * ntaps * self._packed_channels(p) * item if tiles["packed"] else 0
-        if tiles.get("claim"):  # W^T's panels, and one row tile of scratch per worker
-            from ..kernels.cpu import ukernel as uk
-            ws = (_packed_wt_elems(p) + nw * uk.claimed_workspace(p.oc, item)) * item
-            if np.dtype(p.dtype) == np.float16:  # and a float32 stage of claimed rows each
-                ws += nw * uk.claimed_stage(tiles["claim"], p.oc, p.ic) * item
-            return ws
+        ws = nw * r * ntaps * self._packed_channels(p) * item if self.packed else 0
         if numba_engine:
             from ..kernels.cpu import ukernel as uk
             ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
-        if tiles.get("split") == "k":  # a partial dW per thread but the first
-            if np.dtype(p.dtype) == np.float16:  # and a float32 stage of kc pixels each
-                ws += nw * tiles["kc"] * (p.ic + p.oc) * item
-            return ws + (nw - 1) * p.ic * p.oc * item
-        if tiles.get("split") == "dw":  # every group's columns packed once; no partials
-            if np.dtype(p.dtype) == np.float16 and "result" in _half_packed(p, tiles):
+        if self.split_dw:  # every group's columns packed once; no partials
+            if np.dtype(p.dtype) == np.float16 and "result" in self.half_operands(p, tiles):
                 ws += ntaps * p.icg * p.oc * 2  # the rounded dW beside the float32 one
             return ws + (p.g - 1) * r * ntaps * p.icg * item
         if p.direction == "bwd_w":
             # per worker: the accumulator of every group (and one slab product for BLAS)
             ws += nw * (p.g + (0 if numba_engine else 1)) * ntaps * p.icg * p.ocg * item
-            if np.dtype(p.dtype) == np.float16 and "dy" in _half_packed(p, tiles):
+            if np.dtype(p.dtype) == np.float16 and "dy" in self.half_operands(p, tiles):
                 ws += nw * r * p.oc * item  # and a float32 slab of dY
-        elif tiles.get("taps") == "per-tap":  # one product per worker (BLAS adds it)
+        elif self.per_tap:  # one product per worker (BLAS adds it)
             ws += nw * r * p.icg * item
         else:
             if p.direction == "bwd_d" and numba_engine:  # W_q^T, every group
@@ -403,6 +213,7 @@ class Gemm(Strategy):
                 n = p.icg if p.direction == "bwd_d" else p.ocg
                 ws += nw * r * n * item
         return ws
+
 
     # -- running ----------------------------------------------------------------------------
     def _col(self, src, grid, a, boff, c0, cn, r0, r1, buf, runs):
@@ -424,22 +235,15 @@ class Gemm(Strategy):
         R = tiles["slab_rows"]
         ct = np.dtype(p.compute_dtype)
         nw = int(tiles.get("workers", 1))
-        if tiles.get("claim"):
-            return self._bwd_d_claimed(p, ops, ct, nw, int(tiles["claim"]),
-                                       bool(tiles.get("stream")))
-        if tiles.get("split") == "k":
-            return self._bwd_w_split_k(p, ops, ct, nw, int(tiles["kc"]), int(tiles["nc"]),
-                                       bool(tiles.get("prefetch")))
-        cols = _Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if tiles["packed"]
-                        else 0, ct)
-        tasks, finish = self._tasks(p, ops, R, cols, ct, _Multiply(tiles, ct, nw),
-                                    int(tiles.get("col_parts", 1)),
-                                    tiles.get("taps") == "per-tap")
+        cols = Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if self.packed
+                       else 0, ct)
+        tasks, finish = self._tasks(p, ops, R, cols, ct, Multiply(tiles, ct, nw),
+                                    int(tiles.get("col_parts", 1)), self.per_tap)
         run_tasks(tasks, nw)
         return finish()
 
     def _bwd_d_claimed(self, p, ops, ct, nw, chunk, stream):
-        """1x1 backward data at stride 1 (see ``_identity``): ``dX = dY @ W^T`` with W^T
+        """1x1 backward data at stride 1 (see ``identity``): ``dX = dY @ W^T`` with W^T
         packed once and every thread of one Numba parallel region claiming blocks of
         ``chunk`` rows of dY until none are left, so that a thread that starts late or
         runs slow takes fewer blocks. Measured against the same claims on Python worker
@@ -466,7 +270,7 @@ class Gemm(Strategy):
         return dx
 
     def _bwd_w_split_k(self, p, ops, ct, nw, kc, nc, prefetch=False):
-        """1x1 backward weights at stride 1 (see ``_identity``): ``dW = X^T @ dY`` over every
+        """1x1 backward weights at stride 1 (see ``identity``): ``dW = X^T @ dY`` over every
         pixel, the reduction split into one share per thread inside one Numba parallel
         region. Measured against the slab tasks on Python worker threads (2 threads,
         float32, same process): ResNet-50 res2a_branch2a 1.25 -> 1.01 ms (PyTorch 0.95),
@@ -493,10 +297,10 @@ class Gemm(Strategy):
         if p.direction == "bwd_d":
             return self._bwd_d(p, ops, R, cols, ct, mm, col_parts, per_tap)
         xs, ys, ws = canonical_shapes(p)
-        taps = _taps(p)
+        taps = kernel_taps(p)
         boff = np.array([[t[a] * p.dilation[a] - p.pad_begin[a] for a in range(3)]
                          for t in taps], np.int64).reshape(len(taps), 3)
-        runs = _runs(boff)
+        runs = tap_runs(boff)
         x = ops["x"]
         M = p.mb * math.prod(p.osz)
         icg, ocg, g = p.icg, p.ocg, p.g
@@ -524,11 +328,11 @@ class Gemm(Strategy):
             return [fwd_task(*s) for s in slabs], lambda: y
 
         dy2 = ops["dy"].reshape(M, p.oc)
-        if tiles_split_dw(mm):
+        if self.split_dw:
             return self._bwd_w_split_dw(p, ops, M, taps, col, dy2, ws, ct, mm)
         from ..kernels.cpu import convert
         half_dy = dy2.dtype == np.uint16  # float16 bits (one group): widened slab by slab
-        dbuf = _Buffers(R * p.oc if half_dy else 0, ct)
+        dbuf = Buffers(R * p.oc if half_dy else 0, ct)
         # fixed ownership: each group's slabs in ``nruns`` contiguous runs, one task per run
         # summing its slabs in order into its own partial dW (the first slab's product
         # written, later ones added), the partials added in run order: the same bits
@@ -536,7 +340,7 @@ class Gemm(Strategy):
         nslabs = -(-M // R)
         nruns = max(1, min(mm.workers, nslabs))
         acc = {}
-        prod = _Buffers(0 if mm.numba else len(taps) * icg * ocg, ct)
+        prod = Buffers(0 if mm.numba else len(taps) * icg * ocg, ct)
 
         def bwd_w_task(gi, run):
             s0, s1 = nslabs * run // nruns, nslabs * (run + 1) // nruns
@@ -638,7 +442,7 @@ class Gemm(Strategy):
         dx = memory.empty(xs, ct)
         dx2 = dx.reshape(-1, p.ic)
         stride = np.asarray(p.stride, np.int64)
-        tmp = _Buffers(R * icg, ct)
+        tmp = Buffers(R * icg, ct)
         tasks = []
 
         def rowmap(grid, q, r0, r1, c0):
@@ -696,8 +500,8 @@ class Gemm(Strategy):
                                 np.int64(r0))
             return task
 
-        ptmp = _Buffers(R * icg if per_tap else 0, ct)
-        for q, grid, taps in _phases(p):
+        ptmp = Buffers(R * icg if per_tap else 0, ct)
+        for q, grid, taps in stride_phases(p):
             if 0 in grid:
                 continue
             sl = (slice(None), *(slice(qa, None, sa) for qa, sa in zip(q, p.stride)))
@@ -711,7 +515,7 @@ class Gemm(Strategy):
             taps = sorted(taps, key=lambda t: t[1])
             idx = [ti for ti, _ in taps]
             boff = np.array([off for _, off in taps], np.int64).reshape(len(taps), 3)
-            runs = _runs(boff)
+            runs = tap_runs(boff)
             Mq = p.mb * math.prod(grid)
             whole = _is_identity(len(taps), (1, 1, 1), boff, grid, dy, p.oc) and g == 1
             if per_tap and len(idx) > 1:
@@ -760,63 +564,228 @@ class Gemm(Strategy):
         return tasks, lambda: dx
 
 
-def _half_packed(p, tiles):
-    """The operands packed forward and backward weights take as float16 bits: X, widened
-    by ``im2col`` as it packs (never the identity: packed problems always pack), and for
-    one group's slab tasks dY, widened slab by slab into a float32 buffer per worker, or
-    with dW's rows split among the tasks the result, each block rounded by its task."""
-    if not tiles.get("packed") or p.direction == "bwd_d":
-        return ()
-    if p.direction == "bwd_w" and p.g == 1:
-        # split "dw": dY is read whole by every task (the backend widens it), and each
-        # task rounds its block of dW's rows
-        return ("x", "result") if tiles.get("split") == "dw" else ("x", "dy")
-    return ("x",)
+class GemmSplitK(_Gemm):
+    """1x1 backward weights at stride 1 (see ``identity``): ``dW = X^T @ dY`` over every
+    pixel, the reduction split into one share per thread inside one Numba parallel region
+    (``ukernel.gemm_split_k``)."""
+
+    variant = "split-k"
+    directions = ("bwd_w",)
+    packed = False
+    compile_heavy = True
+
+    def accepts(self, p):
+        if p.direction != "bwd_w":
+            return R_BWD_W
+        why = gemm_guard(p) or _not_identity(p)
+        if why:
+            return why
+        return _numba_only(p, self.variant)
+
+    def tiles(self, p, machine):
+        _, engine_tiles, workers = _engine_setup(p, machine)
+        rows = p.mb * math.prod(p.osz)
+        foot = rows * (p.ic + p.oc) * itemsize(p)
+        return {"slab_rows": int(rows), "workers": workers, **engine_tiles,
+                "prefetch": bool(foot >= machine.l3_bytes * SPLIT_K_PREFETCH_L3_FRACTION
+                                 and p.ic * itemsize(p) >= SPLIT_K_PREFETCH_ROW_BYTES)}
+
+    def workspace_bytes(self, p, tiles):
+        from ..kernels.cpu import ukernel as uk
+        item, nw = itemsize(p), tiles.get("workers", 1)
+        ws = nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
+        if np.dtype(p.dtype) == np.float16:  # and a float32 stage of kc pixels each
+            ws += nw * tiles["kc"] * (p.ic + p.oc) * item
+        return ws + (nw - 1) * p.ic * p.oc * item  # a partial dW per thread but the first
+
+    def numba_parallel(self, p, tiles):
+        return True
+
+    def half_operands(self, p, tiles):
+        """X and dY widened one reduction block of pixels at a time
+        (``ukernel.gemm_split_k_half``)."""
+        return frozenset({"x", "dy"})
+
+    def run(self, p, tiles, ops):
+        return self._bwd_w_split_k(p, ops, np.dtype(p.compute_dtype),
+                                   int(tiles.get("workers", 1)), int(tiles["kc"]),
+                                   int(tiles["nc"]), bool(tiles.get("prefetch")))
 
 
-def tiles_split_dw(mm):
-    """Whether backward weights splits dW's rows among the workers (see ``tiles``)."""
-    return mm.split_dw
+class GemmClaimed(_Gemm):
+    """1x1 backward data at stride 1: W^T packed once, the threads of one Numba parallel
+    region claiming blocks of dY's rows (``ukernel.gemm_claimed_parallel``), when the
+    packed W^T fits half of L2, where every row tile meets all of it."""
+
+    variant = "claimed"
+    directions = ("bwd_d",)
+    packed = False
+    compile_heavy = True
+
+    def accepts(self, p):
+        from ..machine import machine
+        if p.direction != "bwd_d":
+            return R_BWD_D
+        why = gemm_guard(p) or _not_identity(p)
+        if why:
+            return why
+        if any(s != 1 for s in p.stride):
+            return R_STRIDE.format(s=p.stride)
+        if not claims(p, machine()):
+            return R_WT_L2.format(kib=packed_wt_elems(p) * itemsize(p) // 1024,
+                                  half=machine().l2_bytes // 2 // 1024)
+        return _numba_only(p, self.variant)
+
+    def tiles(self, p, machine):
+        _, engine_tiles, workers = _engine_setup(p, machine)
+        rows = p.mb * math.prod(p.osz)
+        chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
+        return {"slab_rows": int(rows), "workers": workers, "claim": int(chunk),
+                # float16's dX is rounded from a float32 stage, never streamed
+                "stream": p.dtype != "float16" and streams(
+                    rows * p.oc + p.oc * p.ic + p.mb * math.prod(p.isz) * p.ic, p, machine),
+                **engine_tiles}
+
+    def workspace_bytes(self, p, tiles):
+        """W^T's panels, and one row tile of scratch per worker."""
+        from ..kernels.cpu import ukernel as uk
+        item, nw = itemsize(p), tiles.get("workers", 1)
+        ws = (packed_wt_elems(p) + nw * uk.claimed_workspace(p.oc, item)) * item
+        if np.dtype(p.dtype) == np.float16:  # and a float32 stage of claimed rows each
+            ws += nw * uk.claimed_stage(tiles["claim"], p.oc, p.ic) * item
+        return ws
+
+    def numba_parallel(self, p, tiles):
+        return True
+
+    def half_operands(self, p, tiles):
+        """Each claimed block of dY's rows widened, its dX rows rounded
+        (``ukernel.gemm_claimed_half``)."""
+        return frozenset({"dy"})
+
+    def run(self, p, tiles, ops):
+        return self._bwd_d_claimed(p, ops, np.dtype(p.compute_dtype),
+                                   int(tiles.get("workers", 1)), int(tiles["claim"]),
+                                   bool(tiles.get("stream")))
 
 
-class _Multiply:
-    """``mm(a, b, out, slot, accumulate=False)``: ``out = a @ b`` (``out += a @ b``) with the
-    plan's engine; returns ``out``. ``mm.numba`` says whether it is the Numba micro-kernel
-    (any operand strides, in-place accumulation) or NumPy's BLAS (no accumulation)."""
+class GemmIdentity(_Gemm):
+    """1x1 GEMMs on the channels-last arrays themselves: one GEMM on every BLAS thread, or
+    worker tasks over row slabs (reduction slabs for backward weights; for backward data
+    on the Numba engine also column blocks)."""
 
-    def __init__(self, tiles, ct, workers=1):
-        self.split_dw = tiles.get("split") == "dw"
-        self.workers = workers
-        self.numba = tiles.get("engine") == "numba"
-        if self.numba:
-            from ..kernels.cpu import ukernel
-            self.uk = ukernel
-            self.kc, self.nc = int(tiles["kc"]), int(tiles["nc"])
-            self.work = _Buffers(ukernel.workspace(self.kc, ct.itemsize, self.nc), ct)
+    variant = "identity"
+    packed = False
 
-    def rows(self, a, b, out, rowmap, slot):
-        """Row i of ``a @ b`` to ``out.flat[rowmap[i]:]`` (Numba engine only)."""
-        return self.uk.matmul_rows(a, b, out, rowmap, False, self.kc, self.nc, self.work[slot])
+    def accepts(self, p):
+        return gemm_guard(p) or _not_identity(p)
 
-    def __call__(self, a, b, out, slot, accumulate=False):
-        if self.numba:
-            return self.uk.matmul(a, b, out, accumulate, self.kc, self.nc, self.work[slot])
-        assert not accumulate
-        return np.matmul(a, b, out=out)
-
-
-class _Buffers:
-    """One lazily allocated flat buffer of ``n`` elements per worker slot."""
-
-    def __init__(self, n, dtype):
-        self.n, self.dtype = n, dtype
-        self.bufs = {}
-
-    def __getitem__(self, slot):
-        b = self.bufs.get(slot)
-        if b is None:
-            b = self.bufs[slot] = memory.empty(self.n, self.dtype)
-        return b
+    def tiles(self, p, machine):
+        engine, engine_tiles, workers = _engine_setup(p, machine)
+        rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
+        split = workers > 1 and rows >= BLAS_SPLIT_MIN_ROWS and p.direction != "fwd"
+        if engine == "blas" and not split:  # one GEMM on every BLAS thread
+            return {"slab_rows": rows, **engine_tiles}
+        # two blocks per worker: row slabs (reduction slabs for backward weights), for
+        # backward data times column blocks where that moves less: each row slab reads
+        # all of B, each column block all of A (late layers: 392 rows, 2048 columns)
+        n, col_parts = 2 * workers, 1
+        if p.direction == "bwd_d":  # the GEMM's rows: dy's pixels, one live phase
+            rows = p.mb * math.prod(p.osz)
+        if p.direction == "bwd_d" and engine == "numba":
+            a_size, b_size = rows * p.oc, p.oc * p.ic
+            fits = [c for c in range(1, n + 1)
+                    if n % c == 0 and p.ic // c >= engine_tiles["nc"] // 8]
+            col_parts = min(fits or [1], key=lambda c: (n // c) * b_size + c * a_size)
+        tiles = {"slab_rows": int(max(1, -(-rows // (n // col_parts)))),
+                 "workers": workers, **engine_tiles}
+        if col_parts > 1:
+            tiles["col_parts"] = col_parts
+        return tiles
 
 
-STRATEGY = Gemm()
+class GemmPerTap(_Gemm):
+    """Backward data with few rows per stride phase: the GEMMs stream W once, so W^T's
+    copy would cost as much as they do; one GEMM per tap on W's own rows instead, dX's
+    columns split among the workers (each reads its share of W once)."""
+
+    variant = "per-tap"
+    directions = ("bwd_d",)
+    per_tap = True
+
+    def accepts(self, p):
+        if p.direction != "bwd_d":
+            return R_BWD_D
+        why = gemm_guard(p)
+        if why:
+            return why
+        if math.prod(p.ksz) == 1:
+            return R_ONE_TAP
+        if _phase_rows(p) > PER_TAP_MAX_ROWS:
+            return R_PHASE_ROWS.format(rows=_phase_rows(p))
+        return None
+
+    def tiles(self, p, machine):
+        _, engine_tiles, workers = _engine_setup(p, machine)
+        parts = max(1, min(workers, p.icg // 8))
+        return {"slab_rows": int(max(1, _phase_rows(p))), "workers": workers,
+                "col_parts": parts, **engine_tiles}
+
+
+class GemmSplitDw(_Gemm):
+    """Backward weights with a short reduction into a larger dW: the columns packed once,
+    dW's rows split among the workers, as BLAS splits its output; splitting the reduction
+    would give every worker a dW-sized partial to write and add (1-D k5 512x512 over 30
+    pixels: 3.1 ms before, 1.7 ms after; PyTorch 0.8-1.0). One group on AVX-512 hosts
+    (``split_m_engine``): one Numba parallel region over dW's row blocks
+    (``ukernel.gemm_split_m``)."""
+
+    variant = "split-dw"
+    directions = ("bwd_w",)
+    split_dw = True
+
+    def accepts(self, p):
+        from ..machine import machine
+        if p.direction != "bwd_w":
+            return R_BWD_W
+        why = gemm_guard(p)
+        if why:
+            return why
+        m = machine()
+        if _engine_setup(p, m)[2] < 2:
+            return R_ONE_WORKER
+        rows, row_bytes, budget = self._slab_budget(p, m)
+        if rows * row_bytes > 4 * budget:
+            return R_LONG_REDUCTION.format(rows=rows, row_bytes=row_bytes, budget=budget)
+        dw, cols = math.prod(p.ksz) * p.icg * p.oc, rows * math.prod(p.ksz) * p.icg
+        if dw < cols:
+            return R_SMALL_DW.format(dw=dw, cols=cols)
+        return None
+
+    def tiles(self, p, machine):
+        engine, engine_tiles, workers = _engine_setup(p, machine)
+        if p.g == 1 and split_m_engine(engine) and not small(p):
+            engine_tiles = numba_engine_tiles(p, machine)
+        rows = p.mb * math.prod(p.osz)
+        return {"slab_rows": int(max(1, rows)), "workers": workers, **engine_tiles}
+
+
+class GemmSlabs(_Gemm):
+    """im2col slabs: columns packed slab by slab, each within the slab budget, the slabs
+    in a multiple of the workers so that they finish together."""
+
+    variant = "slabs"
+
+    def tiles(self, p, machine):
+        _, engine_tiles, workers = _engine_setup(p, machine)
+        rows, row_bytes, budget = self._slab_budget(p, machine)
+        slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
+        n = -(-rows // slab)
+        n = -(-n // workers) * workers
+        return {"slab_rows": int(max(1, min(rows, -(-rows // n)))), "workers": workers,
+                **engine_tiles}
+
+
+#: Best first (see the module's docstring).
+STRATEGIES = (GemmSplitK(), GemmClaimed(), GemmIdentity(), GemmPerTap(), GemmSplitDw(),
+              GemmSlabs())

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from . import Strategy, itemsize, result_dtype, streams
-from .gemm import MIN_N, STRATEGY as GEMM, UK_MAX_SHORT_K, _phases
+from ._gemm_common import MIN_N, UK_MAX_SHORT_K, identity, stride_phases
 from .. import config, memory
 
 #: Packed filter bytes per micro-kernel call (``taps * K * NR``): a chunk of taps stays in
@@ -32,8 +32,8 @@ R_GROUPS = "{g} groups (one group only)"
 R_NARROW = "{c} input channels (< %d): too few GEMM columns" % MIN_N
 R_LANES = "{c} input channels: not a whole number of {vl}-lane vectors"
 R_SHORT = ("1x1 at stride 1 without pads over {k} output channels (<= %d): the GEMM "
-           "strategy's claimed row blocks store dX once per tile too, with no copies" %
-           UK_MAX_SHORT_K)
+           "on the arrays themselves (gemm[claimed] or gemm[identity]) stores dX once per "
+           "tile too, with no copies" % UK_MAX_SHORT_K)
 R_BLAS = "GEMM_ENGINE is 'blas' (the implicit variant runs on the Numba engine)"
 
 
@@ -52,7 +52,7 @@ def _pads(p, phases):
 
 def _footprint(p):
     """Elements of dY, dX and the padded dY where there is one (see ``streams``)."""
-    pads = _pads(p, _phases(p))
+    pads = _pads(p, stride_phases(p))
     dyp = (p.mb * math.prod(e for _, e in pads) * p.oc
            if any(lead for lead, _ in pads) or tuple(e for _, e in pads) != tuple(p.osz)
            else 0)
@@ -95,7 +95,7 @@ class ImplicitGemm(Strategy):
         vl = igemm.lanes(itemsize(p))
         if p.ic % vl:
             return R_LANES.format(c=p.ic, vl=vl)
-        if GEMM._identity(p) and p.oc <= UK_MAX_SHORT_K:
+        if identity(p) and p.oc <= UK_MAX_SHORT_K:
             return R_SHORT.format(k=p.oc)
         if config.GEMM_ENGINE == "blas":
             return R_BLAS
@@ -103,7 +103,7 @@ class ImplicitGemm(Strategy):
 
     def tiles(self, p, machine):
         from ..kernels.cpu import igemm
-        from ..planner import _threads
+        from ..runtime import threads as _threads
         nr = igemm.panel(itemsize(p))
         chunk = max(1, CHUNK_BYTES // (p.oc * nr * itemsize(p)))
         return {"chunk": int(chunk), "block_tiles": BLOCK_TILES,
@@ -115,7 +115,7 @@ class ImplicitGemm(Strategy):
         from ..kernels.cpu import igemm
         item = itemsize(p)
         nr = igemm.panel(item)
-        phases = _phases(p)
+        phases = stride_phases(p)
         pads = _pads(p, phases)
         dyp = p.mb * math.prod(e for _, e in pads) * p.oc
         npan = -(-p.ic // nr)
@@ -144,7 +144,7 @@ class ImplicitGemm(Strategy):
         C, K = p.ic, p.oc
         nr = igemm.panel(ct.itemsize)
         npan = -(-C // nr)
-        phases = _phases(p)
+        phases = stride_phases(p)
         pads = _pads(p, phases)
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]

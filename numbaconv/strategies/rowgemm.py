@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize, w_padding
-from .gemm import MIN_N, STRATEGY as GEMM, UK_KC, _workers
+from ._gemm_common import MIN_N, UK_KC, identity, task_workers
 from .. import config, memory
 
 #: Most weights per output pixel and tap row (``kw * C/g``) and most output channels:
@@ -40,7 +40,8 @@ R_DILATION = "dilation {d} along w (the view needs 1)"
 R_WIDE = ("{n} weights per tap row x {k} output channels (> %d or > %d): im2col slabs "
           "and a GEMM win" % (MAX_ROW_WEIGHTS, MAX_OUTPUT_CHANNELS))
 R_NARROW = "{k} output channels (< %d): too few GEMM columns" % MIN_N
-R_IDENTITY = "1x1 at stride 1 without pads: the GEMM strategy packs nothing either"
+R_IDENTITY = ("1x1 at stride 1 without pads: gemm[split-k] or gemm[identity] packs nothing "
+              "either")
 R_BLAS = "GEMM_ENGINE is 'blas' (the rows variant runs on the Numba engine)"
 
 
@@ -59,7 +60,7 @@ class RowGemm(Strategy):
             return R_DILATION.format(d=p.dilation[2])
         if p.oc < MIN_N:
             return R_NARROW.format(k=p.oc)
-        if GEMM._identity(p):
+        if identity(p):
             return R_IDENTITY
         if config.GEMM_ENGINE == "blas":
             return R_BLAS
@@ -71,7 +72,7 @@ class RowGemm(Strategy):
         from ..kernels.cpu import ukernel as uk
         panel = uk.panel(itemsize(p))
         nc = max(panel, -(-p.oc // panel) * panel)
-        return {"engine": "numba", "workers": _workers(p), "kc": UK_KC, "nc": int(nc)}
+        return {"engine": "numba", "workers": task_workers(p), "kc": UK_KC, "nc": int(nc)}
 
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import ukernel as uk

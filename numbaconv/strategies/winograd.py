@@ -48,7 +48,7 @@ may come out as NaN where a direct sum would give Inf (``Inf - Inf``); NaN propa
 import numpy as np
 
 from . import Strategy, itemsize, result_dtype
-from .gemm import _workers
+from ._gemm_common import Buffers, run_tasks, task_workers
 from .. import memory
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
@@ -185,10 +185,10 @@ class Winograd(Strategy):
         return None
 
     def tiles(self, p, machine):
-        from ..planner import _threads
+        from ..runtime import threads as _threads
         m = choose_m(p)
         T = n_tiles(p, m)
-        workers = _workers(p)
+        workers = task_workers(p)
         nblocks = -(-T // TILE_ROWS) if TILE_ROWS else 1
         if workers > 1:  # whole rounds of blocks: the workers end together
             nblocks = -(-nblocks // workers) * workers
@@ -227,8 +227,7 @@ class Winograd(Strategy):
         loop nests run on every core."""
         from ..kernels.cpu import winograd as k
         from .. import blas
-        from ..planner import _threads
-        from .gemm import _Buffers as Buffers, run_tasks
+        from ..runtime import threads as _threads
 
         ct = np.dtype(p.compute_dtype)
         m = int(tiles["m"])

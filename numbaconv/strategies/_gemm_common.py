@@ -1,0 +1,234 @@
+"""What the GEMM variants share: the guards every GEMM takes, the engine choice (Numba
+micro-kernel or BLAS), the 1x1 identity test, taps and stride phases, worker tasks and
+their per-worker buffers, and the multiply of either engine.
+
+Each GEMM variant (``strategies/gemm.py``, ``rowgemm.py``, ``igemm.py``, ``col2im.py``) and
+Winograd's batched GEMMs import from here; no strategy imports another's internals.
+"""
+import itertools
+import math
+
+import numpy as np
+
+from . import itemsize, small
+from .. import config, memory, runtime
+
+#: Below this many columns in a GEMM's result (per group), BLAS runs far from its peak and
+#: the direct kernels win (measured: N=3 in ResNet's stem backward data).
+MIN_N = 8
+#: Grouped GEMMs are batched small GEMMs; below this many channels per group they lose.
+MIN_GROUP_CHANNELS = 16
+
+R_SMALL_N = "result has {n} column(s) per GEMM (< %d): BLAS far from peak" % MIN_N
+R_GROUPS = "{g} groups of {icg}x{ocg} channels: batched small GEMMs (< %d per group)" % (
+    MIN_GROUP_CHANNELS)
+
+
+def gemm_guard(p):
+    """The reason every GEMM of ``p``'s direction declines it, or None: too few result
+    columns, or groups too narrow for batched GEMMs."""
+    n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
+    if n < MIN_N:
+        return R_SMALL_N.format(n=n)
+    if p.g > 1 and min(p.icg, p.ocg) < MIN_GROUP_CHANNELS:
+        return R_GROUPS.format(g=p.g, icg=p.icg, ocg=p.ocg)
+    return None
+
+
+def kernel_taps(p):
+    return list(itertools.product(range(p.ksz[0]), range(p.ksz[1]), range(p.ksz[2])))
+
+
+def stride_phases(p):
+    """Backward-data stride phases: (q, grid, [(tap index, offsets)])."""
+    out = []
+    for q in itertools.product(*(range(s) for s in p.stride)):
+        grid = tuple(-(-(i - qa) // s) for i, qa, s in zip(p.isz, q, p.stride))
+        taps = []
+        for ti, t in enumerate(kernel_taps(p)):
+            num = [qa + pb - ta * d for qa, pb, ta, d in zip(q, p.pad_begin, t, p.dilation)]
+            if all(v % s == 0 for v, s in zip(num, p.stride)):
+                taps.append((ti, tuple(v // s for v, s in zip(num, p.stride))))
+        out.append((q, grid, taps))
+    return out
+
+
+def tap_runs(boff):
+    """``[(t0, L)]``: maximal runs of consecutive taps whose offsets differ only in w, by +1
+    from one tap to the next (their columns are one contiguous block: see ``im2col``)."""
+    runs = []
+    for t in range(len(boff)):
+        if runs:
+            t0, n = runs[-1]
+            if (boff[t, 0] == boff[t0, 0] and boff[t, 1] == boff[t0, 1]
+                    and boff[t, 2] == boff[t0, 2] + n):
+                runs[-1][1] += 1
+                continue
+        runs.append([t, 1])
+    return np.array(runs, np.int64).reshape(len(runs), 2)
+
+
+#: Reduction block of the Numba GEMM engine: an MR x KC tile of A stays in L1.
+UK_KC = 256
+
+
+#: "auto" on AVX-512 hosts picks the Numba engine for backward weights over at least this
+#: many GEMM rows (pixels summed over): measured in one process against OpenBLAS, 2 threads,
+#: float32, it won every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs
+#: 10.2 ms, res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers
+#: (res5b_branch2a 5.2 vs 4.6 ms), where OpenBLAS splits the output across threads instead
+#: of the reduction. float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs
+#: 24.3 ms). Backward data and forward stay on BLAS there, except the short or claimed 1x1
+#: backward data below, which the Numba engine wins on AVX-512 as on AVX2 (Zen 4, 2
+#: threads, ResNet-50 suite run per engine: res2a_branch1 5.55 -> 4.44 ms, res2a_branch2a
+#: 1.36 -> 1.07, res3a_branch2a 9.41 -> 8.93, res3a_branch2c 4.51 -> 4.39, res4b_branch2a
+#: stays on BLAS: its 1 MB W^T does not fit; res5a_branch2c lost there, 4.30 -> 4.95).
+UK_MIN_ROWS = 16384
+#: "auto" on AVX2 hosts (a 6 x 16 register tile instead of 6 x 64) keeps backward weights on
+#: BLAS, which won every ResNet-50 GEMM layer in one process (res2a_branch1 7.2 vs 10.0 ms,
+#: res4a_branch1 13.1 vs 25.2, res5a_branch2c 5.1 vs 10.8), and picks the Numba engine for
+#: 1x1 backward data with at most this many output channels (the GEMM's reduction), where
+#: OpenBLAS's packing of the tall dY outweighs a short reduction (res2a_branch2a 2.8 vs 3.3
+#: and 1.70 vs 1.80 ms, res2b_branch2a 7.7 vs 9.1 and 6.1 vs 8.1, res3b_branch2a 7.3 vs 7.8;
+#: 256 output channels and more: BLAS, res4a_branch2a 13.4 vs 16.5, res5a_branch2c 5.7 vs 9.3).
+#: Longer reductions take the Numba engine too where its workers claim row blocks of one
+#: packed W^T (``claims``): res2a_branch1 6.88 -> 6.09 ms, res3a_branch2c 5.33 -> 4.92
+#: (PyTorch 5.60, 4.43; same process, best of 10 in 5 rounds); where W^T does not fit,
+#: BLAS stays (res4a_branch2a 10.3 either way, res4b_branch2a 5.0).
+UK_MAX_SHORT_K = 128
+
+
+def claims(p, machine):
+    """Whether 1x1 backward data on the Numba engine packs all of W^T once and lets the
+    threads claim blocks of dY's rows (``ukernel.gemm_claimed_parallel``): at stride 1, when
+    the packed W^T fits half of L2, where every row tile meets all of it."""
+    if any(s != 1 for s in p.stride):  # dX's rows are every s-th pixel: not one stride
+        return False
+    return packed_wt_elems(p) * itemsize(p) <= machine.l2_bytes // 2
+
+
+def packed_wt_elems(p):
+    """Elements of 1x1 backward data's W^T as ``ukernel.pack_panels`` packs it: K output
+    channels by the input channels padded to whole panels."""
+    from ..kernels.cpu import ukernel as uk
+    nr = uk.panel(itemsize(p))
+    return p.oc * (-(-p.ic // nr) * nr)
+
+
+def numba_engine_tiles(p, machine):
+    """The Numba engine's tiles: reduction block ``kc`` and a column block ``nc`` whose
+    ``kc x nc`` block of B fills half of one core's L2."""
+    from ..kernels.cpu import ukernel as uk
+    item, panel = itemsize(p), uk.panel(itemsize(p))
+    nc = max(panel, machine.l2_bytes // 2 // (UK_KC * item) // panel * panel)
+    return {"engine": "numba", "kc": UK_KC, "nc": int(nc)}
+
+
+def split_m_engine(engine):
+    """Whether a one-group backward weights split over dW's rows (a short reduction into
+    a tall dW) runs as one Numba parallel region (``ukernel.gemm_split_m``) rather than
+    as tasks on Python worker threads: on AVX-512 hosts unless the BLAS engine is forced.
+    Measured (Zen 4, 2 threads, float32, same process, the GEMM alone): conv1d:19's
+    2560x30 @ 30x512 0.39 ms (NumPy's BLAS 0.45, PyTorch's mm 0.43), conv1d_gemm:3's
+    1536x152 @ 152x1024 2.13 ms (2.51, 2.39); the whole weight gradient on BLAS tasks took
+    0.62 and 3.1 ms (PyTorch 0.45, 2.76)."""
+    from ..kernels.cpu.ukernel import VECTOR_BYTES
+    return engine == "numba" or (VECTOR_BYTES >= 64 and config.GEMM_ENGINE == "auto")
+
+
+def choose_engine(p, machine):
+    """The GEMM engine for a problem: ``config.GEMM_ENGINE``, "auto" as measured above."""
+    e = config.GEMM_ENGINE
+    if e in ("numba", "blas"):
+        return e
+    if small(p):  # the BLAS engine compiles in a second, the Numba engine in 5-10
+        return "blas"
+    from ..kernels.cpu.ukernel import VECTOR_BYTES
+    short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
+                 and (p.oc <= UK_MAX_SHORT_K or claims(p, machine)))
+    if short_1x1:
+        return "numba"
+    if VECTOR_BYTES >= 64:
+        if p.direction == "bwd_w" and identity(p):  # split-K in one parallel region
+            return "numba"
+        rows = p.mb * math.prod(p.osz)
+        return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
+    return "blas"
+
+
+def identity(p):
+    """True when every GEMM operand is the channels-last array itself (no packing): 1x1,
+    one group, no leading pad, and the GEMM grid equal to the source's spatial size
+    (a trailing pad or a stride would add rows that read only padding)."""
+    if p.g != 1 or math.prod(p.ksz) != 1 or any(p.pad_begin):
+        return False
+    if p.direction == "bwd_d":  # one live phase (q = 0), grid ceil(i/s) rows per axis
+        return all(-(-i // s) == o for i, s, o in zip(p.isz, p.stride, p.osz))
+    return all(s == 1 for s in p.stride) and p.osz == p.isz
+
+
+def blas_threads():
+    return runtime.threads()
+
+
+def run_tasks(tasks, nw):
+    """Run ``task(slot)`` for every task: on ``nw`` worker threads with a one-thread BLAS
+    each, or on the calling thread with every BLAS thread."""
+    from .. import blas, workers
+    if nw > 1 and len(tasks) > 1:
+        with blas.threads(1):
+            workers.run(len(tasks), lambda t, slot: tasks[t](slot), nw)
+    else:
+        with blas.threads(blas_threads()):
+            for t in tasks:
+                t(0)
+
+
+#: Problems below this many FLOPs run on the calling thread alone: handing tasks to the
+#: worker pool and waiting for them costs about 80 us (a 3x3 8-channel weight gradient:
+#: 250 us on two workers, 170 us on one), more than a second core saves on them.
+SERIAL_MAX_FLOPS = 8_000_000
+
+
+def task_workers(p):
+    """Worker threads for ``p``'s tasks: one below ``SERIAL_MAX_FLOPS``."""
+    return 1 if p.flops < SERIAL_MAX_FLOPS else blas_threads()
+
+
+class Multiply:
+    """``mm(a, b, out, slot, accumulate=False)``: ``out = a @ b`` (``out += a @ b``) with the
+    plan's engine; returns ``out``. ``mm.numba`` says whether it is the Numba micro-kernel
+    (any operand strides, in-place accumulation) or NumPy's BLAS (no accumulation)."""
+
+    def __init__(self, tiles, ct, workers=1):
+        self.workers = workers
+        self.numba = tiles.get("engine") == "numba"
+        if self.numba:
+            from ..kernels.cpu import ukernel
+            self.uk = ukernel
+            self.kc, self.nc = int(tiles["kc"]), int(tiles["nc"])
+            self.work = Buffers(ukernel.workspace(self.kc, ct.itemsize, self.nc), ct)
+
+    def rows(self, a, b, out, rowmap, slot):
+        """Row i of ``a @ b`` to ``out.flat[rowmap[i]:]`` (Numba engine only)."""
+        return self.uk.matmul_rows(a, b, out, rowmap, False, self.kc, self.nc, self.work[slot])
+
+    def __call__(self, a, b, out, slot, accumulate=False):
+        if self.numba:
+            return self.uk.matmul(a, b, out, accumulate, self.kc, self.nc, self.work[slot])
+        assert not accumulate
+        return np.matmul(a, b, out=out)
+
+
+class Buffers:
+    """One lazily allocated flat buffer of ``n`` elements per worker slot."""
+
+    def __init__(self, n, dtype):
+        self.n, self.dtype = n, dtype
+        self.bufs = {}
+
+    def __getitem__(self, slot):
+        b = self.bufs.get(slot)
+        if b is None:
+            b = self.bufs[slot] = memory.empty(self.n, self.dtype)
+        return b
