@@ -6,6 +6,44 @@ ending in ``direct``, which accepts everything. Each strategy's ``accepts(proble
 forced strategy that declines is a ValueError naming it and its reason) or ``tune=True``
 times every accepted candidate once and caches the winner on disk (as cuDNN's benchmark
 mode, Triton's autotune or FFTW's wisdom). ``NUMBACONV_VERBOSE=1`` prints the dispatch trace.
+
+Every kernel choice is one entry, ``family[variant]`` (``Plan.strategy`` is the family,
+``Plan.variant`` the variant); the tiles only size it (and pick the GEMM engine, Numba
+micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
+
+* ``fwd``: winograd, direct[grouped], gemm[identity], gemm[slabs],
+  direct[depthwise-unrolled], direct[depthwise], direct
+* ``bwd_d``: winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
+  gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
+  direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
+* ``bwd_w``: winograd, direct[grouped], gemm[rows], gemm[split-k], gemm[identity],
+  gemm[split-dw], gemm[slabs], direct[depthwise-rows], direct[depthwise-spans],
+  direct[depthwise], direct
+
+What each takes, in brief (its ``accepts`` has the guards and the reasons):
+
+* ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
+* ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
+* ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
+* ``gemm[implicit]``: one group, whole vectors of input channels (Numba engine);
+* ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;
+* ``gemm[claimed]``: 1x1 at stride 1, W^T within half of L2, the Numba engine;
+* ``gemm[identity]``: any other 1x1 GEMM on the arrays themselves (no packing);
+* ``gemm[per-tap]``: <= 512 rows per stride phase, several taps;
+* ``gemm[split-dw]``: several workers, a short reduction into a dW at least as large as
+  its packed columns;
+* ``gemm[slabs]``: im2col slabs, any problem with >= 8 result columns per GEMM (groups of
+  >= 16 channels), as every ``gemm`` entry requires;
+* ``gemm[col2im]``: one group, < 8 input channels, >= 16 taps x channels;
+* ``direct[depthwise-rows]``: depthwise 3x3, multiplier 1, column stride 1 or 2, column
+  dilation 1;
+* ``direct[depthwise-unrolled]``: depthwise 3x3, multiplier 1 (backward data: stride 1,
+  no depth padding, >= 256 bytes of channels per pixel);
+* ``direct[depthwise-spans]``: depthwise, multiplier 1;
+* ``direct[depthwise]``: any depthwise problem;
+* ``direct``: everything.
+
+``strategy=`` takes a family (its first accepting entry) or one entry's label.
 """
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +54,15 @@ from .problem import ConvProblem
 from .strategies import label, small
 from .strategies.direct import DIRECT
 
-STRATEGY_NAMES = ("direct", "gemm", "winograd")
+#: ``strategy=`` with a family name runs that family's first accepting entry, best first.
+FAMILIES = ("direct", "gemm", "winograd")
+#: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
+#: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
+LABELS = ("winograd", "direct[grouped]", "gemm[rows]", "gemm[implicit]", "gemm[split-k]",
+          "gemm[claimed]", "gemm[identity]", "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]",
+          "gemm[col2im]", "direct[depthwise-rows]", "direct[depthwise-unrolled]",
+          "direct[depthwise-spans]", "direct[depthwise]", "direct")
+STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
 R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
            "compile, more than such a problem could ever gain")
@@ -40,11 +86,19 @@ def _strategies():
         from .strategies.col2im import STRATEGY as COL2IM
         from .strategies.rowgemm import STRATEGY as ROWGEMM
         from .strategies.igemm import STRATEGY as IGEMM
-        from .strategies.depthwise import STRATEGY as DEPTHWISE
+        from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
-        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, DEPTHWISE, DIRECT]
+        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, *DEPTHWISE,
+                          DIRECT]
     return list(_STRATEGIES)
+
+
+def _forced(cands, strategy):
+    """The entries of ``cands`` that ``strategy=`` names: a family's, or one entry."""
+    if strategy in FAMILIES:
+        return [s for s in cands if s.name == strategy]
+    return [s for s in cands if label(s) == strategy]
 
 
 def candidates(direction):
@@ -183,14 +237,18 @@ def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
     (the same object for a problem planned before with the same settings)."""
     if strategy is not None and (not isinstance(strategy, str)
                                  or strategy not in STRATEGY_NAMES):
-        raise ValueError(f"strategy: expected one of {list(STRATEGY_NAMES)} or None, got "
-                         f"{strategy!r}")
+        raise ValueError(f"strategy: expected a family {list(FAMILIES)}, one entry "
+                         f"{[n for n in STRATEGY_NAMES if n not in FAMILIES]} or None, "
+                         f"got {strategy!r}")
     if not isinstance(tune, (bool, int)) or isinstance(tune, float):
         raise TypeError(f"tune: expected a bool, got {tune!r}")
     if device is None and operands:
         from .backends.cuda import on_device
         device = "cuda" if on_device(operands) else "cpu"
     if device == "cuda":
+        if strategy is not None and strategy not in FAMILIES:
+            raise ValueError(f"strategy: {strategy!r} is a CPU entry; on the GPU strategy= "
+                             f"takes a family name {list(FAMILIES)}")
         return _gpu_plan(problem, strategy)
     threads = runtime.threads()
     key = None
@@ -213,8 +271,7 @@ def _empty_plan(problem, strategy, threads):
     strategy, so no strategy sizes tiles or a workspace for it (their tile arithmetic
     divides by the rows and channels). A forced strategy must still implement the
     direction; whether it would accept the geometry does not matter."""
-    if strategy is not None and not any(s.name == strategy
-                                        for s in candidates(problem.direction)):
+    if strategy is not None and not _forced(candidates(problem.direction), strategy):
         raise ValueError(f"strategy: {strategy!r} does not implement direction "
                          f"{problem.direction!r} ({problem.op})")
     why = "empty problem: the result is zeros, nothing runs"
@@ -245,7 +302,7 @@ def _plan_cpu(problem, strategy, tune, threads):
         else:
             trace.append((label(s), why))
     if strategy is not None:
-        forced = [s for s in cands if s.name == strategy]
+        forced = _forced(cands, strategy)
         if not forced:
             raise ValueError(f"strategy: {strategy!r} does not implement direction "
                              f"{problem.direction!r} ({problem.op})")

@@ -58,15 +58,25 @@ def _operands(case, dtype, seed=0):
     return x, w, dy, attrs
 
 
+#: The depthwise entries of ``direct`` and the loop nest each runs.
+KERNELS = {"depthwise-rows": "rows_3x3", "depthwise-unrolled": "unrolled_3x3",
+           "depthwise-spans": "spans", "depthwise": "general"}
+
+
+def _kernel(plan):
+    """The depthwise loop nest ``plan`` runs."""
+    assert plan.strategy == "direct" and plan.variant in KERNELS, str(plan)
+    return KERNELS[plan.variant]
+
+
 def _check_plan(op, args, attrs, multiplier=1):
     plan = nc.plan(op, *args, **attrs)
-    assert (plan.strategy, plan.variant) == ("direct", "depthwise"), str(plan)
     if multiplier != 1:
-        assert plan.tiles["kernel"] == "general"
+        assert _kernel(plan) == "general"
     elif op == "convolution_backprop_filters":
-        assert plan.tiles["kernel"] in ("spans", "rows_3x3")
+        assert _kernel(plan) in ("spans", "rows_3x3")
     else:
-        assert plan.tiles["kernel"] in ("spans", "unrolled_3x3", "rows_3x3")
+        assert _kernel(plan) in ("spans", "unrolled_3x3", "rows_3x3")
     return plan
 
 
@@ -140,7 +150,7 @@ def test_float16_row_kernels_convert_in_their_loads(name, data_format):
     attrs["data_format"] = data_format
     saved = [a.copy() for a in (x, w, dy)]
     plan = nc.plan("convolution_backprop_data", dy, w, isz, **attrs)
-    assert plan.tiles["kernel"] == "rows_3x3"
+    assert _kernel(plan) == "rows_3x3"
     got = nc.convolution_backprop_data(dy, w, isz, **attrs)
     want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32), isz,
                                         **attrs).astype(np.float16)
@@ -156,17 +166,17 @@ def test_float16_row_kernels_convert_in_their_loads(name, data_format):
 
 
 def test_float16_operands_the_row_kernels_take():
-    from numbaconv.strategies.depthwise import STRATEGY
+    from numbaconv.planner import implementation
     case = CASES["3x3_s1_p1_odd"]
     x, w, dy, attrs = _operands(case, "float16")
     plan = nc.plan("convolution_backprop_data", dy, w, case[1], **attrs)
-    assert STRATEGY.half_operands(plan.problem, plan.tiles) == {"dy", "result"}
+    assert implementation(plan).half_operands(plan.problem, plan.tiles) == {"dy", "result"}
     plan = nc.plan("convolution_backprop_filters", x, case[2], dy, **attrs)
-    assert STRATEGY.half_operands(plan.problem, plan.tiles) == {"x", "dy"}
+    assert implementation(plan).half_operands(plan.problem, plan.tiles) == {"x", "dy"}
     case = CASES["5x2_mixed"]
     x, w, dy, attrs = _operands(case, "float16")
     plan = nc.plan("convolution_backprop_data", dy, w, case[1], **attrs)
-    assert STRATEGY.half_operands(plan.problem, plan.tiles) == frozenset()
+    assert implementation(plan).half_operands(plan.problem, plan.tiles) == frozenset()
 
 
 def test_row_kernels_prefetch_only_operands_beyond_l3():
@@ -183,7 +193,7 @@ def test_row_kernels_prefetch_only_operands_beyond_l3():
             x, w, dy, attrs = _operands(case, dtype)
             args = (dy, w, (40, 40)) if op == "convolution_backprop_data" else (x, (3, 3), dy)
             plan = nc.plan(op, *args, **attrs)
-            assert plan.tiles["kernel"] == "rows_3x3" and "prefetch" in plan.tiles
+            assert _kernel(plan) == "rows_3x3" and "prefetch" in plan.tiles
             nbytes = reads * 2 * 40 * 40 * 64 * item
             for l3, want in ((3 * nbytes, True), (3 * nbytes + 3, False)):
                 m = dataclasses.replace(machine(), l3_bytes=l3)
@@ -206,8 +216,8 @@ def test_kernel_choice():
         w = np.zeros((k, k, 1, c), dtype)
         kw = dict(strides=s, dilations=(1, dilation), groups=c, strategy="direct",
                   pads_begin=pad, pads_end=pad)
-        return (nc.plan("convolution_backprop_data", dy, w, (8, 8), **kw).tiles["kernel"],
-                nc.plan("convolution_backprop_filters", x, (k, k), dy, **kw).tiles["kernel"])
+        return (_kernel(nc.plan("convolution_backprop_data", dy, w, (8, 8), **kw)),
+                _kernel(nc.plan("convolution_backprop_filters", x, (k, k), dy, **kw)))
 
     wide = UNROLLED_MIN_BYTES // 4
     assert kernels(3, np.float32, 1) == ("rows_3x3", "rows_3x3")
@@ -322,7 +332,7 @@ def test_rows_backward_weights_kernel(geometry, dtype):
     case = (c, isz, (3, 3), st, dl, pb, pe, 1)
     x, w, dy, attrs = _operands(case, dtype, seed=6)
     plan = _check_plan("convolution_backprop_filters", (x, (3, 3), dy), attrs)
-    assert plan.tiles["kernel"] == "rows_3x3"
+    assert _kernel(plan) == "rows_3x3"
     p = plan.problem
     xs, ys, ws = canonical_shapes(p)
     want = conv_bwd_filter_ref(x, dy, (3, 3), st, dl, pb, pe, c)
@@ -381,7 +391,7 @@ def test_rows_backward_data_kernel(geometry, dtype):
     case = (c, isz, (3, 3), st, dl, pb, pe, 1)
     _, w, dy, attrs = _operands(case, dtype, seed=8)
     plan = _check_plan("convolution_backprop_data", (dy, w, isz), attrs)
-    assert plan.tiles["kernel"] == "rows_3x3"
+    assert _kernel(plan) == "rows_3x3"
     p = plan.problem
     xs, ys, ws = canonical_shapes(p)
     want = conv_bwd_data_ref(dy, w, isz, st, dl, pb, pe, c).reshape(xs)
@@ -412,8 +422,8 @@ def test_row_kernels_every_row_width(stride, pads):
             continue
         x, w, dy, attrs = _operands(case, "float64", seed=width)
         p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
-        assert nc.plan("convolution_backprop_data", dy, w, isz,
-                       **attrs).tiles["kernel"] == "rows_3x3"
+        assert _kernel(nc.plan("convolution_backprop_data", dy, w, isz,
+                               **attrs)) == "rows_3x3"
         xs, ys, ws = canonical_shapes(p)
         dx = np.full(xs, np.nan)
         kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2, False)

@@ -1,4 +1,14 @@
-"""Direct strategy, depthwise variant: groups == channels, vectorised across channels."""
+"""Direct strategy, depthwise variants: groups == channels, vectorised across channels.
+
+One planner entry per loop nest, best first:
+
+* ``direct[depthwise-rows]``: backward passes, 3x3 at column stride 1 or 2 and column
+  dilation 1: the register-blocked row kernels (:mod:`numbaconv.kernels.cpu.depthwise_rows`);
+* ``direct[depthwise-unrolled]``: forward 3x3, and backward data 3x3 at stride 1 over
+  wide pixels: the nine-term kernels;
+* ``direct[depthwise-spans]``: backward passes with multiplier 1, any geometry;
+* ``direct[depthwise]``: every depthwise problem (any channel multiplier).
+"""
 import math
 
 import numpy as np
@@ -54,21 +64,6 @@ def _prefetch(p, machine):
     return read >= machine.l3_bytes * PREFETCH_L3_FRACTION
 
 
-def _bwd_d_kernel(p, machine):
-    """Which backward-data loop nest runs: ``rows_3x3`` (3x3, column stride 1 or 2,
-    column dilation 1: the filter in registers for a whole row; it replaced the nine-term
-    kernel's two-pixel form, 8x14x14x576 0.254 -> 0.152 ms, 8x28x28x192 0.322 -> 0.174 ms
-    in one process), ``unrolled_3x3`` (3x3 stride 1 with column dilation, wide channels),
-    ``spans`` (multiplier 1, any geometry) or ``general``."""
-    if p.oc != p.ic:
-        return "general"
-    if _rows_3x3(p):
-        return "rows_3x3"
-    if _unrolled_3x3(p) and p.ic * itemsize(p) >= UNROLLED_MIN_BYTES:
-        return "unrolled_3x3"
-    return "spans"
-
-
 #: The row kernels align an operand that starts off a vector boundary (``row_head``: a
 #: masked head of channels, so that the whole vectors after it are aligned; the plan's
 #: ``align``) only where a pixel spans at least this many whole vectors: the head and the
@@ -91,47 +86,42 @@ def _wide(p, machine):
     return p.ic * itemsize(p) >= HEAD_MIN_VECTORS * machine.vector_bytes
 
 
+R_DIRECTION = "{d} is not one of this kernel's directions ({ds})"
+R_MULTIPLIER = "channel multiplier {m} (the kernel needs 1)"
+R_NOT_ROWS = ("kernel {k}, column stride {s}, column dilation {d}: the row kernels need "
+              "3x3 with column stride 1 or 2 and column dilation 1")
+R_NOT_UNROLLED = ("kernel {k}, stride {s}, depth pad {pd}: the nine-term kernels need 3x3 "
+                  "(backward data also stride 1 and no depth padding)")
+R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
+            % UNROLLED_MIN_BYTES)
+
+
 class DepthwiseDirect(Direct):
-    """The direct loop nests of :mod:`numbaconv.kernels.cpu.depthwise`."""
+    """The general loop nests of :mod:`numbaconv.kernels.cpu.depthwise` (any channel
+    multiplier); the variants below take the geometries their kernels suit."""
 
     variant = "depthwise"
     compile_heavy = True
+    #: Which loop nest runs: ``rows_3x3``, ``unrolled_3x3``, ``spans`` or ``general``.
+    kernel = "general"
 
     def accepts(self, p):
         if not (p.g == p.ic and p.g > 1):
             return R_NOT_DEPTHWISE.format(g=p.g, ic=p.ic)
+        if p.direction not in self.directions:
+            return R_DIRECTION.format(d=p.direction, ds=", ".join(self.directions))
         return None
 
     def tiles(self, p, machine):
         t = super().tiles(p, machine)
         t.pop("accumulate", None)  # the generic direct kernels' choice; not used here
-        if p.direction == "fwd":
-            t["unrolled_3x3"] = _unrolled_3x3(p)
-        elif p.direction == "bwd_d":
-            t["kernel"] = _bwd_d_kernel(p, machine)
-            if t["kernel"] in ("spans", "rows_3x3"):
-                # one contiguous range of dX rows per thread
-                t["chunks"] = max(1, min(machine.cores, t["rows"]))
-            if t["kernel"] == "rows_3x3":
-                t["prefetch"] = _prefetch(p, machine)
-                # a large dX streamed past the caches (float16 dX: half lines, not streamed)
-                t["stream"] = (p.dtype != "float16" and streams(
-                    p.mb * (math.prod(p.isz) + math.prod(p.osz)) * p.ic, p, machine))
-                dx_bytes = p.mb * math.prod(p.isz) * p.ic * itemsize(p)
-                t["align"] = (_wide(p, machine)
-                              and dx_bytes < machine.l3_bytes * ALIGN_DX_L3_FRACTION)
-        elif _rows_3x3(p):
-            t["kernel"] = "rows_3x3"
-            t["prefetch"] = _prefetch(p, machine)
-            t["align"] = _wide(p, machine)
-        else:
-            t["kernel"] = "spans" if p.oc == p.ic else "general"
         return t
+
 
     def half_operands(self, p, tiles):
         """The row kernels load float16 data and store a float16 dX themselves (the
         filter, the partial dW and the result dW stay float32: 9 x C elements)."""
-        if tiles.get("kernel") != "rows_3x3":
+        if self.kernel != "rows_3x3":
             return frozenset()
         return frozenset(("dy", "result") if p.direction == "bwd_d" else ("x", "dy"))
 
@@ -139,7 +129,7 @@ class DepthwiseDirect(Direct):
         """The row kernels bound to the plan: shapes, geometry and flags derived once, so
         that a call is an address, an allocation and the kernel (a 7x7 or 14x14 layer's
         kernel takes 50-90 us; the Python of a call took 20-30 more)."""
-        if tiles.get("kernel") != "rows_3x3" or p.direction == "fwd":
+        if self.kernel != "rows_3x3" or p.direction == "fwd":
             return super().bind(p, tiles)
         from ..kernels.cpu import depthwise_rows as kr
 
@@ -194,7 +184,7 @@ class DepthwiseDirect(Direct):
         ct = p.compute_dtype
         g = geo(p)
         if p.direction == "fwd":
-            if tiles.get("unrolled_3x3"):
+            if self.kernel == "unrolled_3x3":
                 y = memory.empty(ys, ct)
                 k.fwd_depthwise_3x3(ops["x"], ops["w"], y, g)
             else:
@@ -202,12 +192,12 @@ class DepthwiseDirect(Direct):
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
             return y
         if p.direction == "bwd_d":
-            if tiles["kernel"] == "rows_3x3":
+            if self.kernel == "rows_3x3":
                 dx = self.bind(p, tiles)(ops)
-            elif tiles["kernel"] == "spans":
+            elif self.kernel == "spans":
                 dx = memory.empty(xs, ct)
                 ks.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
-            elif tiles["kernel"] == "unrolled_3x3":
+            elif self.kernel == "unrolled_3x3":
                 dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
             else:
@@ -215,9 +205,9 @@ class DepthwiseDirect(Direct):
                 k.bwd_d_depthwise(ops["dy"], ops["w"], dx, g)
             return dx
         chunks = tiles["chunks"]
-        if tiles["kernel"] == "rows_3x3":
+        if self.kernel == "rows_3x3":
             return self.bind(p, tiles)(ops)
-        if tiles["kernel"] == "spans":
+        if self.kernel == "spans":
             # per-thread partials, zeroed and reduced inside the kernel (one launch)
             dw = np.empty(ws, ct)
             ks.bwd_w_depthwise_m1(ops["x"], ops["dy"], np.empty((chunks, *ws), ct), dw, g)
@@ -231,4 +221,88 @@ class DepthwiseDirect(Direct):
         return dw
 
 
-STRATEGY = DepthwiseDirect()
+class DepthwiseRows(DepthwiseDirect):
+    """3x3 at column stride 1 or 2, column dilation 1, multiplier 1, backward passes: the
+    filter in registers for a whole row (it replaced the nine-term kernel's two-pixel form
+    for backward data: 8x14x14x576 0.254 -> 0.152 ms, 8x28x28x192 0.322 -> 0.174 ms in one
+    process)."""
+
+    variant = "depthwise-rows"
+    directions = ("bwd_d", "bwd_w")
+    kernel = "rows_3x3"
+
+    def accepts(self, p):
+        why = super().accepts(p)
+        if why:
+            return why
+        if p.oc != p.ic:
+            return R_MULTIPLIER.format(m=p.oc // p.ic)
+        if not _rows_3x3(p):
+            return R_NOT_ROWS.format(k="x".join(map(str, p.ksz)), s=p.stride[2],
+                                     d=p.dilation[2])
+        return None
+
+    def tiles(self, p, machine):
+        t = super().tiles(p, machine)
+        t["prefetch"] = _prefetch(p, machine)
+        if p.direction == "bwd_w":
+            t["align"] = _wide(p, machine)
+            return t
+        t["chunks"] = max(1, min(machine.cores, t["rows"]))  # dX rows per thread
+        # a large dX streamed past the caches (float16 dX: half lines, not streamed)
+        t["stream"] = (p.dtype != "float16" and streams(
+            p.mb * (math.prod(p.isz) + math.prod(p.osz)) * p.ic, p, machine))
+        dx_bytes = p.mb * math.prod(p.isz) * p.ic * itemsize(p)
+        t["align"] = (_wide(p, machine)
+                      and dx_bytes < machine.l3_bytes * ALIGN_DX_L3_FRACTION)
+        return t
+
+
+class DepthwiseUnrolled(DepthwiseDirect):
+    """The nine-term 3x3 kernels: forward, and backward data at stride 1 from
+    ``UNROLLED_MIN_BYTES`` of channels per pixel on (with column dilation: the row
+    kernels take the rest)."""
+
+    variant = "depthwise-unrolled"
+    directions = ("fwd", "bwd_d")
+    kernel = "unrolled_3x3"
+
+    def accepts(self, p):
+        why = super().accepts(p)
+        if why:
+            return why
+        if not _unrolled_3x3(p):
+            if p.oc != p.ic:
+                return R_MULTIPLIER.format(m=p.oc // p.ic)
+            return R_NOT_UNROLLED.format(k="x".join(map(str, p.ksz)), s=p.stride,
+                                         pd=p.pad_begin[0])
+        if p.direction == "bwd_d" and p.ic * itemsize(p) < UNROLLED_MIN_BYTES:
+            return R_NARROW.format(b=p.ic * itemsize(p))
+        return None
+
+
+class DepthwiseSpans(DepthwiseDirect):
+    """Backward passes with multiplier 1, any geometry: one row tap at a time over spans
+    of channels, one contiguous range of rows per thread."""
+
+    variant = "depthwise-spans"
+    directions = ("bwd_d", "bwd_w")
+    kernel = "spans"
+
+    def accepts(self, p):
+        why = super().accepts(p)
+        if why:
+            return why
+        if p.oc != p.ic:
+            return R_MULTIPLIER.format(m=p.oc // p.ic)
+        return None
+
+    def tiles(self, p, machine):
+        t = super().tiles(p, machine)
+        if p.direction == "bwd_d":  # one contiguous range of dX rows per thread
+            t["chunks"] = max(1, min(machine.cores, t["rows"]))
+        return t
+
+
+#: Best first (see the module's docstring).
+STRATEGIES = (DepthwiseRows(), DepthwiseUnrolled(), DepthwiseSpans(), DepthwiseDirect())
