@@ -21,13 +21,14 @@ from .planner import Plan
 from .problem import ConvProblem
 
 
-def warmup(dtypes=("float32",), verbose=False):
-    """Compile (and cache on disk) every strategy's kernels for ``dtypes`` ahead of time.
+def warmup(dtypes=("float32",), verbose=False, processes=None):
+    """Compile (and cache on disk) every strategy's kernels for ``dtypes`` ahead of time,
+    on ``processes`` worker processes (default: one per core).
 
     Returns the seconds spent. Later processes load the cached kernels instead of compiling.
     """
     from ._warmup import warmup as _warmup
-    return _warmup(dtypes=dtypes, verbose=verbose)
+    return _warmup(dtypes=dtypes, verbose=verbose, processes=processes)
 
 
 def set_num_threads(n):

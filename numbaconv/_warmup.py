@@ -3,47 +3,117 @@ import time
 
 
 def _problems(dt):
-    """Small problems that, together, every implementation accepts in every direction."""
+    """Small problems that, together, every implementation accepts in every direction:
+    ``(x, w, groups, pad)``."""
     import numpy as np
     w3 = np.ones((3, 3, 64, 64), dt)
-    dense4 = (np.ones((1, 24, 24, 64), dt), w3, 1)   # gemm, winograd F(4x4): 36 tiles
-    dense2 = (np.ones((1, 12, 12, 64), dt), w3, 1)   # winograd F(2x2): 36 tiles (F(4x4): 9)
-    narrow = (np.ones((1, 9, 9, 3), dt), np.ones((3, 3, 3, 16), dt), 1)      # per-pixel direct
-    depthwise = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 1, 16), dt), 16)
-    grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8)
-    return dense4, dense2, narrow, depthwise, grouped
+    dense4 = (np.ones((1, 24, 24, 64), dt), w3, 1, 1)  # gemm, winograd F(4x4): 36 tiles
+    dense2 = (np.ones((1, 12, 12, 64), dt), w3, 1, 1)  # winograd F(2x2): 36 tiles (F(4x4): 9)
+    narrow = (np.ones((1, 9, 9, 3), dt), np.ones((3, 3, 3, 16), dt), 1, 1)   # per-pixel direct
+    depthwise = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 1, 16), dt), 16, 1)
+    grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8, 1)
+    pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0)  # 1x1 paths
+    # a short reduction into a larger dW (the split-dW weight gradient)
+    short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1)
+    return dense4, dense2, narrow, depthwise, grouped, pointwise, short
 
 
-def warmup(dtypes=("float32",), verbose=False):
-    """Compile every implementation's kernels for ``dtypes`` by running small problems.
-
-    With the on-disk cache enabled, later processes load them instead of compiling.
-    Returns the seconds spent.
-    """
+def _calls(dt):
+    """Per warm-up problem: its parse function and arguments per direction, its attributes."""
     import numpy as np
     from numbaconv.api import onednn
+    calls = []
+    for x, w, g, pad in _problems(dt):
+        dy = np.ones((x.shape[0], *x.shape[1:-1], w.shape[-1]), dt)
+        calls.append(({"fwd": (onednn.convolution.parse, (x, w)),
+                       "bwd_d": (onednn.convolution_backprop_data.parse,
+                                 (dy, w, x.shape[1:-1])),
+                       "bwd_w": (onednn.convolution_backprop_filters.parse,
+                                 (x, w.shape[:-2], dy))},
+                      dict(strides=1, pads_begin=pad, pads_end=pad, groups=g)))
+    return calls
+
+
+def _tasks(dtypes):
+    """``(dtype, problem index, direction, label)`` of every implementation that accepts one
+    of the warm-up problems, grouped by ``(label, dtype)``: a group's kernels share helpers,
+    so one process compiles them together."""
+    from numbaconv.planner import candidates
+    from numbaconv.strategies import label
+
+    groups = {}
+    for dt in dtypes:
+        for i, (fns, attrs) in enumerate(_calls(dt)):
+            for direction, (parse, args) in fns.items():
+                problem, _ = parse(*args, **attrs)
+                for s in candidates(direction):
+                    if s.accepts(problem) is None:
+                        groups.setdefault((label(s), dt), []).append((dt, i, direction, label(s)))
+    return list(groups.values())
+
+
+def _run_group(group):
+    """Run every task of one group in this process; ``[(task, seconds)]``."""
     from numbaconv.backends import cpu
     from numbaconv.machine import machine
     from numbaconv.planner import _build, candidates
     from numbaconv.runtime import threads
     from numbaconv.strategies import label
 
+    done = []
+    calls = {}
+    for task in group:
+        dt, i, direction, name = task
+        if dt not in calls:
+            calls[dt] = _calls(dt)
+        fns, attrs = calls[dt][i]
+        parse, args = fns[direction]
+        problem, operands = parse(*args, **attrs)
+        s = next(c for c in candidates(direction) if label(c) == name)
+        t0 = time.perf_counter()
+        plan = _build(problem, s, "warmup", (), threads(), machine())
+        cpu.execute(plan, operands)
+        done.append((task, time.perf_counter() - t0))
+    return done
+
+
+def _processes(n_groups):
+    import os
+    from numbaconv import _jit
+    if not _jit.cache_enabled():  # nothing a child compiles would reach this process
+        return 1
+    return max(1, min(n_groups, os.cpu_count() or 1))
+
+
+def warmup(dtypes=("float32",), verbose=False, processes=None):
+    """Compile every implementation's kernels for ``dtypes`` by running small problems.
+
+    With the on-disk cache enabled, the work is spread over ``processes`` worker processes
+    (default: one per core), which fill the cache; this and later processes then load the
+    kernels instead of compiling them. Without a disk cache everything is compiled here.
+    Returns the seconds spent.
+    """
     t0 = time.perf_counter()
-    for dt in dtypes:
-        for x, w, g in _problems(dt):
-            attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=g)
-            dy = np.ones((1, *x.shape[1:-1], w.shape[-1]), dt)
-            calls = {"fwd": (onednn.convolution, (x, w)),
-                     "bwd_d": (onednn.convolution_backprop_data, (dy, w, x.shape[1:-1])),
-                     "bwd_w": (onednn.convolution_backprop_filters, (x, w.shape[:-2], dy))}
-            for direction, (fn, args) in calls.items():
-                problem, operands = fn.parse(*args, **attrs)
-                for s in candidates(direction):
-                    if s.accepts(problem) is not None:
-                        continue
-                    plan = _build(problem, s, "warmup", (), threads(), machine())
-                    cpu.execute(plan, operands)
-                    if verbose:
-                        print(f"warm {direction:<6} {label(s):<18} {dt:<8} "
-                              f"{problem.descriptor():<48} {time.perf_counter() - t0:6.2f} s")
+    groups = _tasks(dtypes)
+    # the families whose kernels take longest to compile first, so that the pool ends even
+    heavy = ("depthwise", "grouped", "rows", "implicit", "winograd", "split", "claimed")
+    groups.sort(key=lambda g: not any(h in g[0][3] for h in heavy))
+    n = _processes(len(groups)) if processes is None else max(1, int(processes))
+
+    def report(results):
+        if verbose:
+            for (dt, i, direction, name), sec in results:
+                print(f"warm {direction:<6} {name:<24} {dt:<8} problem {i}  {sec:6.2f} s  "
+                      f"(total {time.perf_counter() - t0:6.2f} s)", flush=True)
+
+    if n == 1:
+        for g in groups:
+            report(_run_group(g))
+        return time.perf_counter() - t0
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    ctx = multiprocessing.get_context("spawn")  # a clean interpreter, whatever the parent
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        for results in pool.map(_run_group, groups):
+            report(results)
     return time.perf_counter() - t0

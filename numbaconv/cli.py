@@ -90,7 +90,8 @@ def _plan(args):
 
 def _warmup(args):
     from numbaconv._warmup import warmup
-    warmup(dtypes=args.dtype, verbose=True)
+    seconds = warmup(dtypes=args.dtype, verbose=True, processes=args.processes)
+    print(f"warmed up in {seconds:.1f} s")
     return 0
 
 
@@ -109,6 +110,9 @@ def main(argv=None):
     w = sub.add_parser("warmup", help="compile (and cache) the kernels ahead of time")
     w.add_argument("--dtype", nargs="+", default=["float32"],
                    choices=["float16", "float32", "float64"])
+    w.add_argument("--processes", type=int, default=None,
+                   help="worker processes compiling into the disk cache (default: one per "
+                        "core; 1: compile in this process)")
     from numbaconv.bench import add_arguments
     b = sub.add_parser("bench", help="time suites of real layers (optionally against PyTorch)")
     add_arguments(b)

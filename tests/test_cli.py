@@ -31,8 +31,21 @@ def test_plan_command_explains_every_layer(capsys):
 
 
 def test_warmup_command(capsys):
-    assert cli.main(["warmup", "--dtype", "float64"]) == 0
-    assert "warm" in capsys.readouterr().out
+    # float32, whose kernels the rest of the suite compiles anyway; worker processes fill
+    # the disk cache (where there is one) that this process then loads from
+    assert cli.main(["warmup", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "warmed up in" in out
+    for name in ("winograd", "gemm[rows]", "direct[grouped]", "direct"):
+        assert f" {name} " in out, out
+
+
+def test_warmup_covers_every_strategy_entry():
+    from numbaconv import _warmup, planner
+    from numbaconv.strategies import label
+    warmed = {t[3] for group in _warmup._tasks(["float32"]) for t in group}
+    entries = {label(s) for d in ("fwd", "bwd_d", "bwd_w") for s in planner.candidates(d)}
+    assert warmed == entries
 
 
 def test_console_script_entry_point():
