@@ -1,5 +1,5 @@
-"""Small problems run on kernels that compile fast (docs/contract.md, "Strategies and plans";
-docs/design.md, "The first call").
+"""Small problems run on kernels that compile fast (docs/contract.md section 7, "Small
+problems"; docs/design.md section 2, "Compile cost").
 
 Below ``config.SMALL_FLOPS`` the planner passes over every strategy whose kernels take
 seconds to compile, and the GEMM strategy takes the BLAS engine, so that a first call on a
