@@ -80,7 +80,7 @@ def conv_bwd_filter(x, dy, ksz, stride, dilation, pb, pe, groups=1):
 
 
 def normalized_error(got, ref, ref_abs):
-    """SPEC section 3: max |got - ref| over max of the reference on absolute values."""
+    """docs/contract.md section 10: max |got - ref| over max of the reference on absolute values."""
     scale = float(np.max(np.abs(ref_abs))) if np.size(ref_abs) else 0.0
     err = float(np.max(np.abs(np.asarray(got, np.float64) - ref))) if np.size(ref) else 0.0
     return err / scale if scale > 0 else err

@@ -1,4 +1,16 @@
-"""Benchmark suites: layer shapes from real networks (see SUITES.md of the project).
+"""Benchmark suites: layer shapes from real networks.
+
+Sources: oneDNN's benchdnn input files (``tests/benchdnn/inputs/conv/``:
+``shapes_resnet_50_v1_5``, ``shapes_3d_resnext101``, ``shapes_1d``) and XNNPACK's
+``bench/dwconv.h`` for MobileNet-V2.
+
+* ``resnet50``: the 23 distinct convolution layers of ResNet-50 v1.5 (benchdnn's names,
+  ``conv1``, ``res2a_branch1`` ...), NHWC, batch 8.
+* ``mobilenet_v2_dw``: MobileNet-V2's 10 depthwise 3x3 shapes, NHWC, batch 8; the stride-2
+  ones both with pad 1 and with TensorFlow's SAME (14 layers).
+* ``resnext3d``: 6 grouped 3x3x3 layers of the 3-D ResNeXt-101, NDHWC, batch 2.
+* ``conv1d``: 6 1-D layers under benchdnn's names (``conv1d:N``, ``conv1d_gemm:3`` and
+  WaveNet's ``wavenet_4``), NWC, batch per layer.
 
 Each :class:`Layer` is one convolution layer in canonical generic form (channels last, XIO),
 named by a benchdnn-style descriptor. :func:`call` turns a layer and a pass into a call of

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3}
-#: SPEC 3: float32 under the Winograd strategy
+#: docs/contract.md section 10: float32 under the Winograd strategy
 TOL_WINOGRAD_F32 = 1e-4
 
 
@@ -227,7 +227,7 @@ def onednn_pads(auto_pad, x_spatial, k_spatial, stride, dilation, pads_begin, pa
 
 # --------------------------------------------------------------------------- error measure
 def normalized_error(got, ref_fn, *operands, **kwargs):
-    """SPEC 3: max|got - ref| / max(ref computed on |operands|).
+    """docs/contract.md section 10: max|got - ref| / max(ref computed on |operands|).
 
     ``ref_fn(*operands, **kwargs)`` is the float64 reference; the operands are used exactly
     as the library saw them (e.g. the float16 values, upcast losslessly). Array operands are
@@ -258,7 +258,7 @@ def tolerance(dtype, strategy=None):
 
 
 def assert_matches(got, dtype, ref_fn, *operands, strategy=None, plan=None, **kwargs):
-    """Assert ``got`` has ``dtype`` and is within the SPEC 3 tolerance of the reference.
+    """Assert ``got`` has ``dtype`` and is within the docs/contract.md section 10 tolerance of the reference.
 
     For float32 results whose error lies between the direct/GEMM and the Winograd bounds,
     ``plan`` (a zero-argument callable returning the library's Plan) tells which strategy ran.

@@ -1,7 +1,7 @@
 """``numbaconv bench``: arguments, the core loop on tiny layers, outputs, optional peers.
 
 Fast tests only: tiny hand-made layers instead of the suites' real ones, a small sgemm for the
-peak, and no assertion on any time (shared machines are noisy, see PERF_NOTES).
+peak, and no assertion on any time (shared machines are noisy, see docs/performance.md).
 """
 import argparse
 import json

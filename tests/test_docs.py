@@ -2,6 +2,7 @@
 import doctest
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -29,3 +30,51 @@ def test_readme_example_runs():
     assert namespace["dx"].shape == namespace["x"].shape
     assert namespace["dw"].shape == namespace["w"].shape
     assert namespace["dw1d"].shape == (5, 4, 6)
+
+
+#: Text that belongs to documents outside the repository or to how the work was organised:
+#: the repository's own documents (docs/contract.md, docs/design.md, docs/performance.md)
+#: are the only ones it points to.
+FORBIDDEN = [re.compile(p) for p in (
+    r"\bSPEC\b", r"PERF_NOTES", r"SUITES\.md", r"\.\./shared|\bshared/",
+    r"\b[Ss]tops? \d+\b", r"\b[Rr]un \d+\b", r"\bwork periods?\b")]
+
+
+def _tracked_text_files():
+    """The repository's tracked files, less the recorded test data and binary files."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    for name in filter(None, out.split("\0")):
+        path = ROOT / name
+        if name.startswith("tests/data/") or path.resolve() == pathlib.Path(__file__).resolve():
+            continue
+        try:
+            yield name, path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+
+
+def test_no_references_outside_the_repository():
+    hits = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+            for name, text in _tracked_text_files() for pattern in FORBIDDEN
+            for m in pattern.finditer(text)]
+    assert not hits, "\n".join(hits)
+
+
+def test_markdown_links_resolve():
+    docs = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "examples" / "README.md",
+            ROOT / "asv_bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = []
+    for doc in docs:
+        if not doc.exists():
+            continue
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:|#", target):  # a URL, mailto: or an anchor
+                continue
+            if not (doc.parent / target.split("#", 1)[0]).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert not missing, "\n".join(missing)

@@ -1,4 +1,4 @@
-"""SPEC 2: bad input gets a clear TypeError / ValueError naming the argument, and no input is
+"""docs/contract.md section 9: bad input gets a clear TypeError / ValueError naming the argument, and no input is
 ever modified, not even on the way to an error."""
 import re
 

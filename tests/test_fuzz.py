@@ -110,7 +110,7 @@ def wide_configs(draw):
 @SETTINGS
 @given(wide_configs())
 def test_fuzz_forced_gemm_runs_or_declines(cfg):
-    """strategy="gemm" either declines with a ValueError naming it, or meets SPEC 3."""
+    """strategy="gemm" either declines with a ValueError naming it, or meets docs/contract.md section 10."""
     x, w, dy, lib, kw, geo, data_back, filt_back = _setup(cfg)
     kw["strategy"] = "gemm"
     direction = cfg["direction"]

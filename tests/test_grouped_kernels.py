@@ -42,7 +42,7 @@ IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c
 
 
 def _run(direction, case, dtype, mb=2, seed=0):
-    """The normalised error (SPEC 3) of the grouped variant, forced, on one case."""
+    """The normalised error (docs/contract.md section 10) of the grouped variant, forced, on one case."""
     g, ic, oc, isz, k, st, dl, pb, pe = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((mb, *isz, ic)).astype(dtype)

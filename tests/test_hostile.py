@@ -1,6 +1,6 @@
 """Hostile input: wrong types, ranks, shapes, strings, negative and huge numbers, NaN sizes
-and mismatched operands at every public function. Only the SPEC's TypeError / ValueError /
-MemoryError may come out, and no input is ever modified."""
+and mismatched operands at every public function. Only the TypeError / ValueError /
+MemoryError of docs/contract.md section 9 may come out, and no input is ever modified."""
 import inspect
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The oneDNN-Graph-style names of SPEC 1b (1-D, 2-D, 3-D; groups; asymmetric pads; auto_pad;
+"""The oneDNN-Graph-style names of docs/contract.md section 3 (1-D, 2-D, 3-D; groups; asymmetric pads; auto_pad;
 output_padding; NXC/NCX; XIO/OIX) against the NumPy reference."""
 from typing import NamedTuple
 
@@ -193,7 +193,7 @@ def test_backprop_data_output_shape_forms(case, form, rng):
 
 
 def omitted_spatial(case, o, output_padding=None):
-    """SPEC 1b: (o-1)*s + (k-1)*d + 1 - pb - pe + output_padding, or o*s under same_*."""
+    """docs/contract.md section 3: (o-1)*s + (k-1)*d + 1 - pb - pe + output_padding, or o*s under same_*."""
     nd = len(o)
     op = output_padding or (0,) * nd
     if case.auto_pad in ("same_upper", "same_lower"):

@@ -1,4 +1,5 @@
-"""SPEC 4: numbaconv.plan(op, *op_args) -> immutable Plan; strategy= and tune= on every op."""
+"""numbaconv.plan(op, *op_args) -> immutable Plan; strategy= and tune= on every op
+(docs/contract.md sections 6 and 7)."""
 import collections.abc
 import math
 

@@ -1,4 +1,4 @@
-"""The TensorFlow-style names of SPEC 1a against the NumPy reference.
+"""The TensorFlow-style names of docs/contract.md section 2 against the NumPy reference.
 
 Each curated case fixes a geometry (layout, padding mode, strides, dilations, groups or the
 depthwise multiplier, dtype, how strides/dilations are spelt); every case is run through the

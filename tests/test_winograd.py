@@ -32,7 +32,7 @@ def tile_size(monkeypatch):
 
 
 def _run(direction, dtype, x, w, dy, isz, pb, pe, **extra):
-    """Result of the forced strategy and its normalised error (SPEC section 3)."""
+    """Result of the forced strategy and its normalised error (docs/contract.md section 10)."""
     st, dl = (1,) * len(pb), (1,) * len(pb)
     ksz = w.shape[:-2]
     xc, wc, dyc = x.astype(dtype), w.astype(dtype), dy.astype(dtype)

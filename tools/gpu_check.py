@@ -3,7 +3,7 @@
 A developer's tool (needs PyTorch with CUDA and a GPU; not part of the library or its
 tests). Operands are PyTorch CUDA tensors passed straight to the public generic ops.
 
-* Correctness: normalised error (SPEC section 3) against PyTorch in float64 on the GPU.
+* Correctness: normalised error (docs/contract.md section 10) against PyTorch in float64 on the GPU.
 * Wall time: best of 5 rounds of CALLS calls then a synchronise, after a warm-up, both
   sides; PyTorch with TF32 off (numbaconv computes in true float32), cudnn.benchmark on.
 * ``KT=1``: also the GPU kernel time per call (CUPTI through torch.profiler, every kernel the

@@ -17,7 +17,7 @@ import time
 import numbaconv
 from numbaconv import planner, suites
 
-DTYPE = "float32"  # the suites' dtype (SUITES.md)
+DTYPE = "float32"  # the suites' dtype (numbaconv.suites)
 PASSES = suites.PASSES  # ("bwd_d", "bwd_w", "fwd")
 GENERIC_OPS = tuple(suites.OPS[d] for d in PASSES)
 _PASS_OF_OP = {op: d for d, op in suites.OPS.items()}

@@ -26,7 +26,7 @@ class MobileNetRepeatedCall:
     """A repeated (memoised) TF-style call on a small depthwise layer (batch 1, 7x7x960:
     a kernel of a few microseconds), so that its time is mostly numbaconv's Python around
     the kernel: parsing from the memo, the plan lookup, the bound call on views of the
-    caller's arrays (about 20 us since stop 26, 40-50 before); params: pass."""
+    caller's arrays (about 20 us, docs/performance.md "Python per call"); params: pass."""
 
     params = [["bwd_d", "bwd_w"]]
     param_names = ["direction"]

@@ -1,6 +1,6 @@
 """float16 <-> float32 conversion of whole arrays, in SIMD.
 
-float16 operands are computed in float32 (SPEC): the backend widens them once on the way in
+float16 operands are computed in float32 (docs/contract.md section 5): the backend widens them once on the way in
 and rounds the result once on the way out. NumPy's casts between the two run about half
 a billion elements a second here (3.2 M elements: 6.1 ms up, 10.2 ms down, against 1.4 ms
 for a float32 copy), which made float16 calls up to 8x slower than float32 ones. Numba's

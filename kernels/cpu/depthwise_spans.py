@@ -20,7 +20,7 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 # backward data's 3x3 stride 1 with column dilation and wide channels (the nine-term
 # kernel of ``depthwise``): see the strategy.
 #
-# The loop vectoriser keeps accumulators in memory (PERF_NOTES), so the inner loops are
+# Numba's loop vectoriser keeps accumulators in memory, not registers, so the inner loops are
 # written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``. A "span" is a
 # run of pixels that one table of taps reaches in full: the interior of a stride phase of a
 # dX row (input columns q, q+s, ...: each phase has its own fixed column taps, so strided

@@ -28,7 +28,7 @@ filter (``chunk * K * NR``) stays in L2, every tile of the block. The block's ``
 stay in L1/L2 across the chunks (stored with ``beta`` 1 after the first), and the filter
 chunk is read from L2 by every tile.
 
-float16 (computed in float32, SPEC): :func:`pad_dy` widens ``dY`` from its float16 bits
+float16 (computed in float32, docs/contract.md section 5): :func:`pad_dy` widens ``dY`` from its float16 bits
 as it pads it, and :func:`bwd_d_phase_half` / :func:`bwd_d_phase_panels_half` compute
 each thread's block (or panel) in float32 scratch that stays in L2 and round it into a
 float16 ``dX`` once it is done, so no float32 ``dX`` is written out and read back.

@@ -7,7 +7,7 @@ The micro-kernel is written in LLVM IR through ``numba.extending.intrinsic``: an
 (``VL`` lanes each: 16 float32 with AVX-512), and every step of the reduction loads ``NV``
 vectors of a row of ``B``, broadcasts ``MR`` scalars of a column of ``A`` and issues
 ``MR*NV`` fused multiply-adds (BLIS's and oneDNN's brgemm's scheme). Numba's own loop
-vectoriser cannot do this: it keeps accumulators in memory (see PERF_NOTES).
+vectoriser cannot do this: it keeps the accumulators in memory, not in registers.
 
 Operands are raw addresses with element strides, so one compiled driver serves every view
 (transposed, group slices, column blocks) with no copies:

@@ -1,7 +1,7 @@
 """Depthwise CUDA kernels: one result element per thread, channels across threads.
 
 Depthwise problems (``g == ic``, ``icg == 1``, channel multiplier ``ocg``) have no GEMM to
-speak of (``K`` is the number of taps) and are bound by memory bandwidth (PERF_NOTES), so
+speak of (``K`` is the number of taps) and are bound by memory bandwidth (docs/performance.md), so
 these kernels read each operand in channels-last order with consecutive threads on
 consecutive channels (coalesced) and accumulate in a register. They loop over ``icg`` and
 ``ocg`` as well, so they are correct for every grouping (the planner's GPU ``direct``).

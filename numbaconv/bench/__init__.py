@@ -4,7 +4,7 @@ Per layer and pass one row: the benchdnn-style descriptor, the strategy the plan
 the best time of ``repeat`` calls (more for fast layers, until a block has lasted
 ``timing.MIN_BLOCK_SECONDS``) after a warm-up call (so compilation is excluded), GFLOP/s,
 the share of the machine's measured sgemm peak, the error against the float64 reference
-(normalised as SPEC section 3) and, with ``--compare torch``, PyTorch's time on the same data
+(normalised as in docs/contract.md section 10) and, with ``--compare torch``, PyTorch's time on the same data
 in the same process, each timed in blocks of its own after an untimed call (so that one
 library's spinning idle threads do not land in the other's timings), two rounds each
 (``--rounds``). The end of the table gives geometric means per pass.

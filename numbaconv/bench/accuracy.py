@@ -8,7 +8,7 @@ from .. import suites
 
 
 def _reference(layer, direction, arrays):
-    """Float64 reference and its on-absolute-values companion (SPEC section 3's scale)."""
+    """Float64 reference and its on-absolute-values companion (the scale of docs/contract.md section 10)."""
     x, w, dy = (np.asarray(a, np.float64) for a in arrays)
     geo = (layer.stride, layer.dilation, layer.pad_begin, layer.pad_end, layer.g)
     if direction == "fwd":

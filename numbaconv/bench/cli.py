@@ -137,7 +137,7 @@ def main(args, layers=None):
               f"channels-last; ratio = torch ms / numbaconv ms (> 1: numbaconv faster); "
               f"vs torch = normalised difference of the results")
     if args.check:
-        print("error: vs the float64 reference on the batch-1 slice (SPEC section 3)")
+        print("error: vs the float64 reference on the batch-1 slice (docs/contract.md section 10)")
 
     rows = run(layers, args.passes, args.dtype, repeat=repeat, strategy=args.strategy,
                check=args.check, torch=torch, peak=peak, rounds=rounds)

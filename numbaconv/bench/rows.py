@@ -21,7 +21,7 @@ class Row:
 
     ``ratio`` is ``torch_ms / ms``: above 1, numbaconv is faster. ``error`` is the normalised
     error against the float64 reference on the batch-1 slice of the layer, ``tolerance``
-    SPEC's bound for the dtype and strategy, ``torch_diff`` the normalised difference from
+    the bound of docs/contract.md section 10 for the dtype and strategy, ``torch_diff`` the normalised difference from
     PyTorch's result on the full layer. ``variant`` names the strategy's implementation
     where several share its name (``gemm`` ``col2im``, ``direct`` ``depthwise``).
     """

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-#: Size of the square float32 matmul whose best time defines "100 %" (PERF_NOTES: numpy's
-#: sgemm 2048^3 is the practical peak). Tests shrink it.
+#: Size of the square float32 matmul whose best time defines "100 %" (NumPy's sgemm at
+#: 2048^3 is the practical peak; docs/performance.md). Tests shrink it.
 SGEMM_N = 2048
 SGEMM_REPEAT = 3
 

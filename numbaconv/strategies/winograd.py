@@ -31,13 +31,12 @@ The tiles are processed in blocks of about ``TILE_ROWS``, each a worker task (se
 :mod:`numbaconv.workers`): transform the block (serial Numba loop nests), one batched
 ``matmul`` for it on a one-thread BLAS, inverse-transform it, so the transformed block stays
 in the worker's cache and every core transforms. The block count is a multiple of the
-workers. (Until stop 12 the transforms ran on the calling thread between multithreaded
-matmuls, one core idle through them: measured in one process, 2 threads, float32,
-res2a_branch2b backward data 10.1 -> 7.0 ms, weights 12.0 -> 8.3 ms; res3b_branch2b 8.0 ->
-6.8 and 11.2 -> 6.7 ms; res4b_branch2b, one block before, 17.6 -> 10.4 and 18.0 -> 13.7.)
+workers. Transforms on the calling thread between multithreaded matmuls would leave one
+core idle through them; as worker tasks they take about 30% off res2a_branch2b's passes
+(docs/performance.md, "Numbers behind the constants", ``TILE_ROWS``).
 Transforms are computed and stored in the compute dtype (float32
-for float16 inputs), never in float16 (PERF_NOTES: stored in float16 the F(4x4) error
-grows to 1e-3): float16 images are widened tile by tile as they are transformed, and
+for float16 inputs), never in float16 (stored in float16, the F(4x4) error grows to
+1e-3): float16 images are widened tile by tile as they are transformed, and
 float16 results rounded tile by tile as they are written (no whole-array passes).
 Measured against the float64 reference on ResNet-50's 3x3 layers, batch 8: F(4x4)
 float32 <= 2.7e-6, float64 <= 4.3e-15; F(2x2) float32 <= 1.5e-7.
