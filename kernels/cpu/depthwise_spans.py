@@ -44,11 +44,9 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 # ---------------------------------------------------------------------------------------
 
 #: Pixels per block of a span (backward data, backward weights): a block's slices of the
-#: operands stay in L1 while its channel vectors sweep it. Backward weights adds its
-#: register accumulators to the partial dW once per block: 8 pixels halve that traffic
-#: against 4 (MobileNet-V2 bwd_w geomean of the 14 layers, 2 threads, runs of best-of
-#: blocks: 4 pixels 0.84-1.03 ms, median 0.94; 8 pixels 0.79-1.06, median 0.86; 16 pixels
-#: 0.93-1.06, the block no longer in L1).
+#: operands stay in L1 while its channel vectors sweep it, and backward weights adds its
+#: register accumulators to the partial dW once per block (measured: docs/performance.md,
+#: Numbers behind the constants).
 PB_D = 8
 PB_W = 8
 #: Channel vectors per block, in bytes of one pixel's slice (wider channels are cut).

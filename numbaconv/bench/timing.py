@@ -57,9 +57,8 @@ IDLE_PAUSE = 0.3
 
 
 #: Each contender's timed calls in a block last at least this long (more calls than
-#: ``repeat`` for fast layers). After the idle pause a virtual CPU comes back slowly: a
-#: 1.3 ms call measured 2.1 ms as the best of 10 right after a 0.3 s rest, 1.6 ms as the
-#: best of 30 and 1.3 ms as the best of 100, for numbaconv and PyTorch alike.
+#: ``repeat`` for fast layers): after the idle pause a virtual CPU comes back slowly
+#: (measured: docs/performance.md, Numbers behind the constants).
 MIN_BLOCK_SECONDS = 0.25
 #: ... but never more calls than this per block.
 MAX_BLOCK_CALLS = 400

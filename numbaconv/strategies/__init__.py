@@ -113,16 +113,10 @@ def result_dtype(operand, compute):
 
 
 #: A result is written with non-temporal (streaming) stores, where a kernel can, when the
-#: call's operands and result together take at least this share of the L3: they cannot
-#: all stay in it, so a dX sent through the caches costs a read for ownership of every
-#: line and evicts the operands, and no later reader finds it there anyway. Below it the
-#: result may stay in L3 for its reader, and for a store-bound kernel plain stores into L3
-#: outrun DRAM. Measured (Zen 4, 32 MiB L3, 2 threads, float32, same process, blocks of
-#: calls, ms plain -> streamed): 1x1 backward data res2b_branch2a (32 MB) 4.76-4.91 ->
-#: 3.88-3.91, res3a_branch2a (38 MB) 8.96 -> 7.88; depthwise backward data dw32_112_s1 (26
-#: MB) 0.61-0.62 -> 0.54, dw144_56_s1 (29 MB) 0.74-0.79 -> 0.55, dw96_112_s2 (48 MB) 1.88
-#: -> 1.39; but dw144_56_s2 (18 MB: 14 MB of dX stored in 0.21 ms) 0.21 -> 0.28-0.53,
-#: and the 13-16 MB GEMMs gain 2-5% (res3b_branch2a 3.99-4.05 -> 3.80-3.96).
+#: call's operands and result together take at least this share of the L3: they cannot all
+#: stay in it, and a dX sent through the caches costs a read for ownership of every line and
+#: evicts the operands. Below it plain stores into L3 outrun DRAM (measured:
+#: docs/performance.md, Numbers behind the constants).
 STREAM_L3_FRACTION = 0.75
 
 

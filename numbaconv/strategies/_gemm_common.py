@@ -73,28 +73,17 @@ UK_KC = 256
 
 
 #: "auto" on AVX-512 hosts picks the Numba engine for backward weights over at least this
-#: many GEMM rows (pixels summed over): measured in one process against OpenBLAS, 2 threads,
-#: float32, it won every such ResNet-50 layer (stem 15.7 vs 18.1 ms, res2b_branch2a 6.2 vs
-#: 10.2 ms, res3a_branch2a 9.9 vs 11.7 ms) and lost the short, wide late layers
-#: (res5b_branch2a 5.2 vs 4.6 ms), where OpenBLAS splits the output across threads instead
-#: of the reduction. float64 likewise (res2a_branch2a 3.0 vs 4.7 ms, res3a_branch2a 19.9 vs
-#: 24.3 ms). Backward data and forward stay on BLAS there, except the short or claimed 1x1
-#: backward data below, which the Numba engine wins on AVX-512 as on AVX2 (Zen 4, 2
-#: threads, ResNet-50 suite run per engine: res2a_branch1 5.55 -> 4.44 ms, res2a_branch2a
-#: 1.36 -> 1.07, res3a_branch2a 9.41 -> 8.93, res3a_branch2c 4.51 -> 4.39, res4b_branch2a
-#: stays on BLAS: its 1 MB W^T does not fit; res5a_branch2c lost there, 4.30 -> 4.95).
+#: many GEMM rows (pixels summed over); on the short, wide late layers OpenBLAS wins by
+#: splitting the output across threads instead of the reduction. Backward data and forward
+#: stay on BLAS there, except the short or claimed 1x1 backward data below (measured:
+#: docs/performance.md, Numbers behind the constants).
 UK_MIN_ROWS = 16384
 #: "auto" on AVX2 hosts (a 6 x 16 register tile instead of 6 x 64) keeps backward weights on
-#: BLAS, which won every ResNet-50 GEMM layer in one process (res2a_branch1 7.2 vs 10.0 ms,
-#: res4a_branch1 13.1 vs 25.2, res5a_branch2c 5.1 vs 10.8), and picks the Numba engine for
-#: 1x1 backward data with at most this many output channels (the GEMM's reduction), where
-#: OpenBLAS's packing of the tall dY outweighs a short reduction (res2a_branch2a 2.8 vs 3.3
-#: and 1.70 vs 1.80 ms, res2b_branch2a 7.7 vs 9.1 and 6.1 vs 8.1, res3b_branch2a 7.3 vs 7.8;
-#: 256 output channels and more: BLAS, res4a_branch2a 13.4 vs 16.5, res5a_branch2c 5.7 vs 9.3).
-#: Longer reductions take the Numba engine too where its workers claim row blocks of one
-#: packed W^T (``claims``): res2a_branch1 6.88 -> 6.09 ms, res3a_branch2c 5.33 -> 4.92
-#: (PyTorch 5.60, 4.43; same process, best of 10 in 5 rounds); where W^T does not fit,
-#: BLAS stays (res4a_branch2a 10.3 either way, res4b_branch2a 5.0).
+#: BLAS and picks the Numba engine for 1x1 backward data with at most this many output
+#: channels (the GEMM's reduction), where OpenBLAS's packing of the tall dY outweighs a
+#: short reduction, and for longer reductions where the workers claim row blocks of one
+#: packed W^T that fits (``claims``) (measured: docs/performance.md, Numbers behind the
+#: constants).
 UK_MAX_SHORT_K = 128
 
 
@@ -185,8 +174,8 @@ def run_tasks(tasks, nw):
 
 
 #: Problems below this many FLOPs run on the calling thread alone: handing tasks to the
-#: worker pool and waiting for them costs about 80 us (a 3x3 8-channel weight gradient:
-#: 250 us on two workers, 170 us on one), more than a second core saves on them.
+#: worker pool costs about 80 us, more than a second core saves on them (measured:
+#: docs/performance.md, Numbers behind the constants).
 SERIAL_MAX_FLOPS = 8_000_000
 
 

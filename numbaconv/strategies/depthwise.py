@@ -30,10 +30,9 @@ def _unrolled_3x3(p):
 
 
 #: Backward data, 3x3 at stride 1: from this many bytes of channels per pixel on, the
-#: nine-term per-pixel kernel (dX written once per pixel, its loads streaming through the
-#: channels) beat the span kernel (one row tap at a time, dX read back per row tap) in
-#: this session's measurements (2 threads, float32: 32 channels 1.4 vs 6.2 ms for the
-#: span kernel, 144 channels 2.0-2.6 vs 8 ms for the nine-term one; 192-960 within noise).
+#: nine-term per-pixel kernel (dX written once per pixel) beats the span kernel (one row tap
+#: at a time, dX read back per row tap) (measured: docs/performance.md, Numbers behind the
+#: constants).
 UNROLLED_MIN_BYTES = 256
 
 
@@ -45,14 +44,10 @@ def _rows_3x3(p):
             and p.dilation[2] == 1 and p.stride[2] in (1, 2))
 
 
-#: The row kernels prefetch each next row's operands into L2 when the operands they read
-#: (dY for backward data, X and dY for backward weights) take at least this fraction of
-#: L3: they then come from DRAM, and a row's strided sweeps over channel vectors miss on
-#: each; smaller operands stay in L3 across calls and the prefetches only cost issue
-#: slots. Same process, 2 threads, float32, ms without / with: bwd_d dw32_112 (dY 12.8
-#: MB) 0.99 / 0.88, dw144_56 (14.4 MB) 1.18 / 0.91, dw192_28 (4.8 MB) 0.18 / 0.20; bwd_w
-#: dw144_56_s2 (18 MB) 0.48 / 0.39, dw144_56 (29 MB) 2.56 / 2.19, dw192_28 (9.6 MB) 0.21 /
-#: 0.26, dw576_14 (7.2 MB) 0.12 / 0.15 (L3 32 MiB).
+#: The row kernels prefetch each next row's operands into L2 when the operands they read (dY
+#: for backward data, X and dY for backward weights) take at least this fraction of L3: they
+#: then come from DRAM; smaller operands stay in L3 across calls and the prefetches only
+#: cost issue slots (measured: docs/performance.md, Numbers behind the constants).
 PREFETCH_L3_FRACTION = 1 / 3
 
 
@@ -67,16 +62,10 @@ def _prefetch(p, machine):
 #: The row kernels align an operand that starts off a vector boundary (``row_head``: a
 #: masked head of channels, so that the whole vectors after it are aligned; the plan's
 #: ``align``) only where a pixel spans at least this many whole vectors: the head and the
-#: rest are one masked pass each over the row, on top of the whole vectors. Backward data
-#: also only for a dX under ``ALIGN_DX_L3_FRACTION`` of the L3: its pixels' first and last
-#: lines are then written by two masked stores each, which cost more than the split loads
-#: on a store-bound layer. Measured with operands 16 bytes past a boundary (NumPy's large
-#: arrays), Zen 4, 2 threads, float32, same process, ms unaligned -> aligned: weights
-#: dw144_56_s1 0.78-0.96 -> 0.63-0.83, dw576_14_s1 0.165-0.217 -> 0.138-0.158, dw960_7
-#: 0.106 -> 0.090, dw192_28_s1 0.204 -> 0.176; data dw576_14_s1 0.169-0.188 -> 0.143-0.148,
-#: dw384_14 0.186 -> 0.160, dw960_7 0.114 -> 0.094, but dw144_56_s1 (14 MB dX) 0.57 ->
-#: 0.63 and dw144_56_s2 0.58-0.93 -> 0.62-1.09; 32-channel pixels (2 vectors) lost
-#: 0.60 -> 1.41 with their head.
+#: rest are one masked pass each over the row. Backward data also only for a dX under
+#: ``ALIGN_DX_L3_FRACTION`` of the L3: its pixels' first and last lines are then written by
+#: two masked stores each, which cost more than split loads on a store-bound layer
+#: (measured: docs/performance.md, Numbers behind the constants).
 HEAD_MIN_VECTORS = 8
 ALIGN_DX_L3_FRACTION = 0.25
 

@@ -13,9 +13,8 @@ from .. import memory
 
 
 #: Nominal FLOPs per kernel launch beyond which a call runs as several launches over row
-#: blocks: 0.2 s at a conservative 1 GFLOP/s (these loop nests ran 1.4-2.3 GFLOP/s on two
-#: threads of a Zen 4 in float32). A launch costs tens of microseconds, under a thousandth
-#: of a block.
+#: blocks: 0.2 s at a conservative 1 GFLOP/s; a launch costs tens of microseconds, under a
+#: thousandth of a block (measured: docs/performance.md, Numbers behind the constants).
 BLOCK_FLOPS = 2e8
 
 

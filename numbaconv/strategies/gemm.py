@@ -46,11 +46,8 @@ from .. import config, memory
 
 
 #: Backward data with at most this many rows per stride phase multiplies tap by tap on W's
-#: own rows instead of a transposed copy of W (1-D k5 512x512 over 32 pixels: copy 1.68 ms
-#: + GEMM vs 1.09 ms per tap with dX's columns split, standalone, 2 threads). Raised from
-#: 256 on Zen 4 (2 threads, float32, three alternating suite runs each, ms): ResNet-50
-#: res5b_branch2b (392 rows) 11.9-12.6 -> 11.4-12.2, res5a_branch2b 12.0-12.8 ->
-#: 11.5-11.6, 1-D conv1d:8 (300 rows) 3.04-3.37 -> 2.77-2.92.
+#: own rows instead of a transposed copy of W, whose copy costs more than the short GEMMs
+#: (measured: docs/performance.md, Numbers behind the constants).
 PER_TAP_MAX_ROWS = 512
 
 
@@ -69,34 +66,24 @@ def _is_identity(ntaps, a, boff, grid, src, cn):
             and tuple(grid) == src.shape[1:4] and cn == src.shape[4])
 
 
-#: 1x1 backward passes on BLAS over at least this many pixels run as worker tasks (one-thread
-#: BLAS each: reduction slabs with partial dW's for the weight gradient, row slabs or batch
-#: slices for backward data) instead of one GEMM on every BLAS thread, which OpenBLAS
-#: splits along the short side (same process, 2 threads, best of >= 10 calls in 0.4 s
-#: blocks, 4-5 rounds, ms one GEMM -> tasks): weights res2a_branch1 9.4 -> 8.7,
-#: res2a_branch2a 3.3 -> 3.0, res2b_branch2a 9.8 -> 9.1, res3a_branch2a 14.2 -> 14.9 and
-#: 15.7 -> 12.5; data res3a_branch1 18.6 -> 15.2, res2a_branch2a 2.85 -> 2.38,
-#: res2b_branch2a 11.3 -> 10.8, res3a_branch2a 21.0 -> 20.2, res2a_branch1 8.3 -> 8.2.
-#: Shorter reductions lose (weights res5b_branch2a 6.4 -> 8.7).
+#: 1x1 backward passes on BLAS over at least this many pixels run as worker tasks
+#: (one-thread BLAS each: reduction slabs with partial dW's for the weight gradient, row
+#: slabs or batch slices for backward data) instead of one GEMM on every BLAS thread, which
+#: OpenBLAS splits along the short side; shorter reductions lose (measured:
+#: docs/performance.md, Numbers behind the constants).
 BLAS_SPLIT_MIN_ROWS = 16384
 
-#: The split-K 1x1 weight gradient prefetches each next reduction block of X and dY into
-#: L2 (``ukernel.gemm``'s ``pf``) when X and dY take at least this share of the L3 and a
-#: row of X at least ``SPLIT_K_PREFETCH_ROW_BYTES``: ``X^T`` steps one row of X per step
-#: of the reduction, and the hardware prefetchers stop at every 4 KiB page, which rows of
-#: 1 KiB and more cross every few steps. Same process, 2 threads, float32, ms without /
-#: with: res2b_branch2a (256 channels, 32 MB) 5.01-5.30 / 4.42-4.73, res3a_branch2a (256,
-#: 39 MB) 8.78-9.40 / 8.50-9.26, res3b_branch2a (512, 16 MB) 4.17 / 3.96; equal for 64- and
-#: 128-channel rows (res2a_branch1 5.37 / 5.34, res3a_branch2c 4.54 / 4.52) and for the 4-8
-#: MB layers; res2a_branch2a (64 channels, 13 MB, in L3 between calls) 1.01-1.05 /
-#: 1.05-1.08, float64 (26 MB) 2.46 / 2.63.
+#: The split-K 1x1 weight gradient prefetches each next reduction block of X and dY into L2
+#: (``ukernel.gemm``'s ``pf``) when X and dY take at least this share of the L3 and a row of
+#: X at least ``SPLIT_K_PREFETCH_ROW_BYTES``: ``X^T`` steps one row of X per step of the
+#: reduction, and the hardware prefetchers stop at every 4 KiB page, which rows of 1 KiB and
+#: more cross every few steps (measured: docs/performance.md, Numbers behind the constants).
 SPLIT_K_PREFETCH_L3_FRACTION = 0.45
 SPLIT_K_PREFETCH_ROW_BYTES = 1024
 
 
-#: Rows of dY a worker claims at a time in 1x1 backward data on the Numba engine (2 threads,
-#: 25088x64 @ 64x64, best of 3x3 blocks: 4 tasks 1.31-1.36 ms, blocks of 48 rows 1.28-1.32,
-#: 96 1.28-1.31, 192 1.24-1.27).
+#: Rows of dY a worker claims at a time in 1x1 backward data on the Numba engine
+#: (measured: docs/performance.md, Numbers behind the constants).
 CLAIM_ROWS = 192
 
 
@@ -736,8 +723,8 @@ class GemmSplitDw(_Gemm):
     """Backward weights with a short reduction into a larger dW: the columns packed once,
     dW's rows split among the workers, as BLAS splits its output; splitting the reduction
     would give every worker a dW-sized partial to write and add (1-D k5 512x512 over 30
-    pixels: 3.1 ms before, 1.7 ms after; PyTorch 0.8-1.0). One group on AVX-512 hosts
-    (``split_m_engine``): one Numba parallel region over dW's row blocks
+    pixels: 3.1 ms with the reduction split, 1.7 ms with dW's rows split). One group on
+    AVX-512 hosts (``split_m_engine``): one Numba parallel region over dW's row blocks
     (``ukernel.gemm_split_m``)."""
 
     variant = "split-dw"

@@ -42,17 +42,13 @@ def _vectors(p):
     """``(nvg, VL)``: vectors across the groups, lanes per vector. The full register width,
     unless half of it (on 64-byte-vector hosts only, where the two halves of a 512-bit FMA
     run as two 256-bit ones anyway) holds the groups in fewer lanes: 8 groups in float32
-    fill a 256-bit vector and half of a 512-bit one. Zen 4, 2 threads, suite runs:
-    ResNeXt-3D conv_3d:8 (8 groups of 8x8) backward data 21.3 -> 8.6 ms (PyTorch 8.2-8.8),
-    weights 33.1 -> 10.1 ms (PyTorch 18.6-21.3); conv_3d:12 (8 groups of 32x32, stride 2)
-    backward data 4.76 -> 2.52 ms, and its weight gradient, which had gone to the GEMM
-    strategy (4.3-4.5 ms there), 2.9-3.0 ms. 16 groups stay on full vectors (two half
-    vectors measured slower: conv_3d:4 backward data 3.2-3.6 -> 4.0-4.2 ms).
+    fill a 256-bit vector and half of a 512-bit one; half vectors run ResNeXt-3D's 8-group
+    layers 1.9-3.3x faster (docs/performance.md, "Numbers behind the constants", grouped
+    half-width vectors). 16 groups stay on full vectors, where two half vectors are slower.
 
-    float64 takes the same widths. (Until the micro-kernel became a function of its own,
-    LLVM spilled the float64 gather tile's accumulators on full 512-bit vectors once it was
-    inlined into the row loops, and float64 gathers ran on half vectors; see
-    ``kernels/cpu/grouped.py``.)"""
+    float64 takes the same widths: the micro-kernel is an LLVM function of its own, never
+    inlined, so the float64 gather tile's accumulators stay in registers on full 512-bit
+    vectors (see ``kernels/cpu/grouped.py``)."""
     k = _kernels()
     item = itemsize(p)
     vbytes = k.VECTOR_BYTES

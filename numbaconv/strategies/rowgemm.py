@@ -24,13 +24,9 @@ from . import Strategy, canonical_shapes, geo, itemsize, w_padding
 from ._gemm_common import MIN_N, UK_KC, identity, task_workers
 from .. import config, memory
 
-#: Most weights per output pixel and tap row (``kw * C/g``) and most output channels:
-#: above them im2col slabs and a GEMM win. Measured, Zen 4, 2 threads, float32, suite
-#: layers, rows variant against the GEMM strategy in alternating runs: the 1-D stem
-#: (conv1d:2, 21 x 64) 0.29-0.30 -> 0.13-0.14 ms, WaveNet (64 x 32) 2.61-2.63 -> 1.86-1.92,
-#: ResNet-50's 2-D stem (21 x 64 per tap row) 13.0-13.4 -> 12.5; and, everywhere, against
-#: it: conv1d:3 (256 x 512) 2.43 -> 2.38, conv1d:8 (1536 x 512) 2.73 -> 2.79, conv1d:19
-#: (2560 x 512, 30 pixels) 0.66 -> 0.97.
+#: Most weights per output pixel and tap row (``kw * C/g``) and most output channels: above
+#: them im2col slabs and a GEMM win (measured: docs/performance.md, Numbers behind the
+#: constants).
 MAX_ROW_WEIGHTS = 64
 MAX_OUTPUT_CHANNELS = 64
 

@@ -51,32 +51,26 @@ from ._gemm_common import Buffers, run_tasks, task_workers
 from .. import memory
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
-#: transforms cost more than the multiplies they save (measured, batch 8, float32: 32
-#: channels lose to GEMM at 28x28 and 56x56, 64 channels win or tie).
+#: transforms cost more than the multiplies they save (measured: docs/performance.md,
+#: Numbers behind the constants).
 MIN_CHANNELS = 64
 #: Fewest tiles per channel of the wider side, in every direction: with fewer, the
 #: transformed filters (or, for the weight gradient, the transformed product ``alpha^2*C*K``
-#: it accumulates over every tile and transforms back) outweigh the GEMMs. Measured in one
-#: process on an AVX2 host, 2 threads, float32, batch 8, with the blocks as worker tasks:
-#: res5b (7x7x512, F(2x2), 128 tiles = C/4) ran 16.1 ms against GEMM's 14.8 for backward
-#: data and 15.8 against 12.8 forward; res4b (14x14x256, F(4x4), 128 tiles = C/2) 9.6 against
-#: 14.8 and 9.4 against 14.2. The weight gradient needed C/2 already before the tasks (res5b:
-#: 20.5-25.3 ms against GEMM's 14.7-14.9; res4b, 392 tiles, 9.2 vs 13.8 ms), when forward and
-#: backward data let res5b in at C/8 and tied.
+#: it accumulates over every tile and transforms back) outweigh the GEMMs (measured:
+#: docs/performance.md, Numbers behind the constants).
 MIN_TILES_PER_CHANNEL = 1 / 2
 #: Smallest tile grid side (output positions; dx positions for backward data) worth tiling.
 MIN_IMAGE = 4
 #: Tile sides offered; ``tiles`` chooses per shape (see ``choose_m``).
 TILE_SIZES = (2, 4)
-#: Channel block of the transform loop nests. Their cost is mostly per channel loop
-#: (alias checks, loop set-up), so long blocks pay (measured: 64 -> 256 channels, 2.5x
-#: faster); 256 keeps a tile's scratch (2 x 36 x 256 floats) in L2.
+#: Channel block of the transform loop nests. Their cost is mostly per channel loop (alias
+#: checks, loop set-up), so long blocks pay (measured: docs/performance.md, Numbers behind
+#: the constants); 256 keeps a tile's scratch (2 x 36 x 256 floats) in L2.
 CHANNEL_BLOCK = 256
 #: Tiles per block (about; the blocks are equal): each block is transformed, multiplied and
-#: transformed back before the next, so that its transformed tiles stay in cache between
-#: the transforms and the GEMMs (measured, batch 8, float32: blocks of ~220 tiles run
-#: ResNet-50 res2a 1.4-1.6x and res3b 1.1-1.2x faster than the whole problem at once, and
-#: blocks of 128 or 450+ tiles slower). 0: the whole problem in one block.
+#: transformed back before the next, so that its transformed tiles stay in cache between the
+#: transforms and the GEMMs (measured: docs/performance.md, Numbers behind the constants).
+#: 0: the whole problem in one block.
 TILE_ROWS = 256
 
 R_DEPTH = "kernel depth {kd} != 1"
