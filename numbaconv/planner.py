@@ -11,17 +11,20 @@ Every kernel choice is one entry, ``family[variant]`` (``Plan.strategy`` is the 
 ``Plan.variant`` the variant); the tiles only size it (and pick the GEMM engine, Numba
 micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 
-* ``fwd``: winograd, direct[grouped], gemm[identity], gemm[slabs],
+* ``fwd``: numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
   direct[depthwise-unrolled], direct[depthwise], direct
-* ``bwd_d``: winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
+* ``bwd_d``: numpy, winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
   gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
   direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
-* ``bwd_w``: winograd, direct[grouped], gemm[rows], gemm[split-k], gemm[identity],
+* ``bwd_w``: numpy, winograd, direct[grouped], gemm[rows], gemm[split-k], gemm[identity],
   gemm[split-dw], gemm[slabs], direct[depthwise-rows], direct[depthwise-spans],
   direct[depthwise], direct
 
 What each takes, in brief (its ``accepts`` has the guards and the reasons):
 
+* ``numpy``: problems under ``config.SMALL_FLOPS`` only (per-tap matrix products in NumPy:
+  nothing to compile); below that limit the planner also passes over every entry whose
+  kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
 * ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
@@ -55,10 +58,10 @@ from .strategies import label, small
 from .strategies.direct import DIRECT
 
 #: ``strategy=`` with a family name runs that family's first accepting entry, best first.
-FAMILIES = ("direct", "gemm", "winograd")
+FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
-LABELS = ("winograd", "direct[grouped]", "gemm[rows]", "gemm[implicit]", "gemm[split-k]",
+LABELS = ("numpy", "winograd", "direct[grouped]", "gemm[rows]", "gemm[implicit]", "gemm[split-k]",
           "gemm[claimed]", "gemm[identity]", "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]",
           "gemm[col2im]", "direct[depthwise-rows]", "direct[depthwise-unrolled]",
           "direct[depthwise-spans]", "direct[depthwise]", "direct")
@@ -66,13 +69,18 @@ STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
 R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
            "compile, more than such a problem could ever gain")
+R_NOT_SMALL = ("not a small problem ({mflop:.3g} MFLOP >= {limit:g}): the compiled kernels "
+               "are faster")
 
 
 def compile_guard(strategy, problem):
     """The planner's own reason to pass over ``strategy`` for ``problem``, or None: small
-    problems do not pay a heavy strategy's compile time (``config.SMALL_FLOPS``)."""
+    problems do not pay a heavy strategy's compile time, and the NumPy entry, which
+    compiles nothing, serves small problems only (``config.SMALL_FLOPS``)."""
     if strategy.compile_heavy and small(problem):
         return R_SMALL.format(mflop=problem.flops / 1e6, limit=config.SMALL_FLOPS / 1e6)
+    if strategy.small_only and not small(problem):
+        return R_NOT_SMALL.format(mflop=problem.flops / 1e6, limit=config.SMALL_FLOPS / 1e6)
     return None
 
 
@@ -89,7 +97,8 @@ def _strategies():
         from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
-        _STRATEGIES[:] = [WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, *DEPTHWISE,
+        from .strategies.numpy_taps import STRATEGY as NUMPY
+        _STRATEGIES[:] = [NUMPY, WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, *DEPTHWISE,
                           DIRECT]
     return list(_STRATEGIES)
 

@@ -48,6 +48,7 @@ _SMALL_SLABS = {"GEMM_SLAB_BYTES": 4096, "GEMM_MIN_ROWS": 16}
 _BLAS = {"GEMM_ENGINE": "blas"}
 _NUMBA = {"GEMM_ENGINE": "numba"}
 _GEMM = "numbaconv.strategies.gemm"
+_SMALL_RULE = {"SMALL_FLOPS": 2_000_000}
 
 CASES = [
     # -- GEMM: forward --------------------------------------------------------------------
@@ -181,6 +182,15 @@ CASES = [
        pads=((2, 2), (2, 2)), label="direct[depthwise-spans]"),
     _c("depthwise-bwdw-m2", "bwd_w", 16, 16, 32, 2, (10, 10), (3, 3),
        pads=((1, 1), (1, 1)), label="direct[depthwise]"),
+    # -- numpy: small problems, with the planner's small-problem rule on ------------------
+    _c("numpy-fwd", "fwd", 2, 8, 8, 2, (9, 7), (3, 3), stride=(2, 1),
+       pads=((1, 0), (2, 1)), label="numpy", config=_SMALL_RULE),
+    _c("numpy-bwdd", "bwd_d", 1, 8, 4, 2, (11,), (3,), stride=(2,), dilation=(2,),
+       pads=((2,), (1,)), label="numpy", config=_SMALL_RULE),
+    _c("numpy-bwdw", "bwd_w", 1, 4, 4, 1, (4, 5, 6), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), label="numpy", config=_SMALL_RULE),
+    _c("numpy-bwdw-depthwise", "bwd_w", 8, 8, 8, 2, (8, 8), (3, 3),
+       pads=((1, 1), (1, 1)), label="numpy", config=_SMALL_RULE),
 ]
 
 #: float16 operands take other kernels on the paths that reduce over threads or widen

@@ -176,6 +176,8 @@ def accepts(problem, kernel):
     """``None`` or the reason why GPU ``kernel`` (``"gemm"`` or ``"direct"``) declines."""
     if kernel == "winograd":
         return REASON_NO_WINOGRAD
+    if kernel == "numpy":
+        return "the numpy entry runs on the host's arrays only"
     if kernel == "gemm":
         z = problem.g * (math.prod(problem.stride) if problem.direction == "bwd_d" else 1)
         if z > MAX_GRID_YZ:

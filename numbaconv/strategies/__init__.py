@@ -37,6 +37,9 @@ class Strategy:
     #: whose first call would otherwise pay a large layer's compile time (see
     #: ``numbaconv.config.SMALL_FLOPS``).
     compile_heavy = False
+    #: Whether the planner takes it only for small problems (``config.SMALL_FLOPS``): an
+    #: entry that compiles nothing but is slower than the compiled kernels beyond them.
+    small_only = False
 
     def accepts(self, problem):
         return None

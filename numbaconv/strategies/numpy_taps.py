@@ -1,0 +1,100 @@
+"""The ``numpy`` strategy: one batched matrix product per kernel tap on strided views, in
+NumPy alone, for small problems.
+
+A small problem's kernel takes well under a millisecond on any strategy, but its first
+call on a compiled strategy costs one to several seconds of Numba compiling (and about a
+quarter of a second of Numba's own start-up even from the disk cache). Here nothing is
+compiled: for each tap ``t`` the input pixels it meets form a strided view of the
+zero-padded input, ``X_t[n, o, c] = xpad[n, o*s + t*d, c]``, and
+
+* forward:          ``Y += X_t @ W_t``            (``[M, C/g] x [C/g, K/g]`` per group)
+* backward data:    ``dXpad[view t] += dY @ W_t^T``  (the views of one tap never overlap)
+* backward weights: ``dW_t = X_t^T @ dY``
+
+with the groups as the batch axis of ``np.matmul``, summed over the taps in order, in the
+compute dtype. The planner takes it only for problems under ``config.SMALL_FLOPS``
+(``Strategy.small_only``); ``strategy="numpy"`` forces it on any problem.
+"""
+import itertools
+
+import numpy as np
+
+from . import Strategy, canonical_shapes
+
+
+def _padded_shape(p):
+    return tuple(i + b + e for i, b, e in zip(p.isz, p.pad_begin, p.pad_end))
+
+
+def _view(a, t, p):
+    """The pixels of padded ``a [mb, D, H, W, C]`` that tap ``t`` meets, ``[mb, *osz, C]``."""
+    sl = [slice(None)]
+    for ti, di, si, oi in zip(t, p.dilation, p.stride, p.osz):
+        start = ti * di
+        sl.append(slice(start, start + (oi - 1) * si + 1, si))
+    return a[tuple(sl) + (slice(None),)]
+
+
+def _grouped(a, g):
+    """``[M, g*n]`` -> ``[g, M, n]`` (a view)."""
+    m = a.shape[0]
+    return a.reshape(m, g, -1).transpose(1, 0, 2)
+
+
+def _ungrouped(a):
+    """``[g, M, n]`` -> ``[M, g*n]``."""
+    return a.transpose(1, 0, 2).reshape(a.shape[1], -1)
+
+
+def _pad(x, p):
+    xp = np.zeros((p.mb, *_padded_shape(p), p.ic), x.dtype)
+    inner = tuple(slice(b, b + i) for b, i in zip(p.pad_begin, p.isz))
+    xp[(slice(None),) + inner] = x
+    return xp
+
+
+class NumpyTaps(Strategy):
+    name = "numpy"
+    small_only = True
+
+    def workspace_bytes(self, p, tiles):
+        xs, ys, ws = canonical_shapes(p)
+        item = np.dtype(p.compute_dtype).itemsize
+        padded = p.mb * int(np.prod(_padded_shape(p))) * p.ic
+        tap = p.mb * int(np.prod(p.osz)) * (p.ic + p.oc)
+        return (padded + tap) * item
+
+    def run(self, p, tiles, ops):
+        ct = np.dtype(p.compute_dtype)
+        xs, ys, ws = canonical_shapes(p)
+        g = p.g
+        m = p.mb * int(np.prod(p.osz))
+        taps = list(itertools.product(*(range(k) for k in p.ksz)))
+        if p.direction == "fwd":
+            xp = _pad(np.asarray(ops["x"], ct), p)
+            w = np.asarray(ops["w"], ct)
+            y = np.zeros((g, m, p.ocg), ct)
+            for t in taps:
+                xt = _grouped(_view(xp, t, p).reshape(m, p.ic), g)
+                y += np.matmul(xt, _grouped(w[t], g))
+            return _ungrouped(y).reshape(ys)
+        if p.direction == "bwd_d":
+            dy = _grouped(np.asarray(ops["dy"], ct).reshape(m, p.oc), g)
+            w = np.asarray(ops["w"], ct)
+            dxp = np.zeros((p.mb, *_padded_shape(p), p.ic), ct)
+            for t in taps:
+                part = np.matmul(dy, _grouped(w[t], g).transpose(0, 2, 1))  # [g, M, C/g]
+                _view(dxp, t, p)[...] += _ungrouped(part).reshape(p.mb, *p.osz, p.ic)
+            inner = tuple(slice(b, b + i) for b, i in zip(p.pad_begin, p.isz))
+            return np.ascontiguousarray(dxp[(slice(None),) + inner])
+        xp = _pad(np.asarray(ops["x"], ct), p)
+        dy = _grouped(np.asarray(ops["dy"], ct).reshape(m, p.oc), g)
+        dw = np.empty(ws, ct)
+        for t in taps:
+            xt = _grouped(_view(xp, t, p).reshape(m, p.ic), g)
+            part = np.matmul(xt.transpose(0, 2, 1), dy)  # [g, C/g, K/g]
+            dw[t] = part.transpose(1, 0, 2).reshape(p.icg, p.oc)
+        return dw
+
+
+STRATEGY = NumpyTaps()
