@@ -69,7 +69,7 @@ STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
 R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
            "compile, more than such a problem could ever gain")
-R_NOT_SMALL = ("not a small problem ({mflop:.3g} MFLOP >= {limit:g}): the compiled kernels "
+R_NOT_SMALL = ("not a small problem ({mflop:.1f} MFLOP >= {limit:g}): the compiled kernels "
                "are faster")
 
 
