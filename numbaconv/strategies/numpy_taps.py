@@ -53,9 +53,20 @@ def _pad(x, p):
     return xp
 
 
+def _compute(a, ct):
+    """An operand in the compute dtype (float16 comes as its ``uint16`` bits)."""
+    return a.view(np.float16).astype(ct) if a.dtype == np.uint16 else np.asarray(a, ct)
+
+
 class NumpyTaps(Strategy):
     name = "numpy"
     small_only = True
+
+    def half_operands(self, p, tiles):
+        """float16 operands come as bits and are widened here, and the result goes back as
+        float16 bits, rounded once: NumPy's casts, which need no compiled conversion
+        kernel (on a small problem they cost microseconds)."""
+        return frozenset({"x", "dy", "w", "result"})
 
     def workspace_bytes(self, p, tiles):
         xs, ys, ws = canonical_shapes(p)
@@ -66,29 +77,35 @@ class NumpyTaps(Strategy):
 
     def run(self, p, tiles, ops):
         ct = np.dtype(p.compute_dtype)
+        half = any(a.dtype == np.uint16 for a in ops.values())
+        ops = {k: _compute(a, ct) for k, a in ops.items()}
+        r = self._run(p, ops, ct)
+        return r.astype(np.float16).view(np.uint16) if half else r
+
+    def _run(self, p, ops, ct):
         xs, ys, ws = canonical_shapes(p)
         g = p.g
         m = p.mb * int(np.prod(p.osz))
         taps = list(itertools.product(*(range(k) for k in p.ksz)))
         if p.direction == "fwd":
-            xp = _pad(np.asarray(ops["x"], ct), p)
-            w = np.asarray(ops["w"], ct)
+            xp = _pad(ops["x"], p)
+            w = ops["w"]
             y = np.zeros((g, m, p.ocg), ct)
             for t in taps:
                 xt = _grouped(_view(xp, t, p).reshape(m, p.ic), g)
                 y += np.matmul(xt, _grouped(w[t], g))
             return _ungrouped(y).reshape(ys)
         if p.direction == "bwd_d":
-            dy = _grouped(np.asarray(ops["dy"], ct).reshape(m, p.oc), g)
-            w = np.asarray(ops["w"], ct)
+            dy = _grouped(ops["dy"].reshape(m, p.oc), g)
+            w = ops["w"]
             dxp = np.zeros((p.mb, *_padded_shape(p), p.ic), ct)
             for t in taps:
                 part = np.matmul(dy, _grouped(w[t], g).transpose(0, 2, 1))  # [g, M, C/g]
                 _view(dxp, t, p)[...] += _ungrouped(part).reshape(p.mb, *p.osz, p.ic)
             inner = tuple(slice(b, b + i) for b, i in zip(p.pad_begin, p.isz))
             return np.ascontiguousarray(dxp[(slice(None),) + inner])
-        xp = _pad(np.asarray(ops["x"], ct), p)
-        dy = _grouped(np.asarray(ops["dy"], ct).reshape(m, p.oc), g)
+        xp = _pad(ops["x"], p)
+        dy = _grouped(ops["dy"].reshape(m, p.oc), g)
         dw = np.empty(ws, ct)
         for t in taps:
             xt = _grouped(_view(xp, t, p).reshape(m, p.ic), g)
