@@ -21,14 +21,16 @@ from .planner import Plan
 from .problem import ConvProblem
 
 
-def warmup(dtypes=("float32",), verbose=False, processes=None):
+def warmup(dtypes=("float32",), verbose=False, processes=None, strategies=None):
     """Compile (and cache on disk) every strategy's kernels for ``dtypes`` ahead of time,
-    on ``processes`` worker processes (default: one per core).
+    on ``processes`` worker processes (default: one per core); ``strategies``: only these
+    planner entries or families (default: all).
 
     Returns the seconds spent. Later processes load the cached kernels instead of compiling.
     """
     from ._warmup import warmup as _warmup
-    return _warmup(dtypes=dtypes, verbose=verbose, processes=processes)
+    return _warmup(dtypes=dtypes, verbose=verbose, processes=processes,
+                   strategies=strategies)
 
 
 def set_num_threads(n):

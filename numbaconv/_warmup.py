@@ -85,16 +85,26 @@ def _processes(n_groups):
     return max(1, min(n_groups, os.cpu_count() or 1))
 
 
-def warmup(dtypes=("float32",), verbose=False, processes=None):
+def warmup(dtypes=("float32",), verbose=False, processes=None, strategies=None):
     """Compile every implementation's kernels for ``dtypes`` by running small problems.
 
-    With the on-disk cache enabled, the work is spread over ``processes`` worker processes
-    (default: one per core), which fill the cache; this and later processes then load the
-    kernels instead of compiling them. Without a disk cache everything is compiled here.
-    Returns the seconds spent.
+    ``strategies``: only these entries (labels such as ``"gemm[rows]"``) or families
+    (``"gemm"``); default every entry. With the on-disk cache enabled, the work is spread
+    over ``processes`` worker processes (default: one per core), which fill the cache; this
+    and later processes then load the kernels instead of compiling them. Without a disk
+    cache everything is compiled here. Returns the seconds spent.
     """
     t0 = time.perf_counter()
     groups = _tasks(dtypes)
+    if strategies is not None:
+        from numbaconv.planner import STRATEGY_NAMES
+        wanted = set(strategies)
+        unknown = sorted(wanted - set(STRATEGY_NAMES))
+        if unknown:
+            raise ValueError(f"strategies: unknown {unknown}; expected names from "
+                             f"{list(STRATEGY_NAMES)}")
+        groups = [g for g in groups
+                  if g[0][3] in wanted or g[0][3].split("[")[0] in wanted]
     # the families whose kernels take longest to compile first, so that the pool ends even
     heavy = ("depthwise", "grouped", "rows", "implicit", "winograd", "split", "claimed")
     groups.sort(key=lambda g: not any(h in g[0][3] for h in heavy))

@@ -90,7 +90,8 @@ def _plan(args):
 
 def _warmup(args):
     from numbaconv._warmup import warmup
-    seconds = warmup(dtypes=args.dtype, verbose=True, processes=args.processes)
+    seconds = warmup(dtypes=args.dtype, verbose=True, processes=args.processes,
+                     strategies=args.strategy)
     print(f"warmed up in {seconds:.1f} s")
     return 0
 
@@ -113,6 +114,8 @@ def main(argv=None):
     w.add_argument("--processes", type=int, default=None,
                    help="worker processes compiling into the disk cache (default: one per "
                         "core; 1: compile in this process)")
+    w.add_argument("--strategy", nargs="+", default=None, metavar="NAME",
+                   help="only these planner entries or families (default: every entry)")
     from numbaconv.bench import add_arguments
     b = sub.add_parser("bench", help="time suites of real layers (optionally against PyTorch)")
     add_arguments(b)
