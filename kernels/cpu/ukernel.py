@@ -182,7 +182,7 @@ _GEMM_SIG = ("void(int64, int64, int64, int64, int64, int64, int64, int64, int64
 
 
 def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, pf=False):
-    """See :func:`_gemm_body`: the serial GEMM called from Python (its separately compiled
+    """See :func:`_gemm`: the serial GEMM called from Python (its separately compiled
     variant for ``work``'s dtype, the one the parallel kernels call)."""
     _gemm.dispatcher(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work,
                      bool(pf))
@@ -190,12 +190,6 @@ def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, 
 
 @separate(_GEMM_SIG, float32="float32", float64="float64")
 def _gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, pf):
-    """:func:`_gemm_body` compiled on its own, for the parallel kernels to call."""
-    _gemm_body(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, pf)
-
-
-@helper
-def _gemm_body(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, pf):
     """``C[:M, :N] = A @ B`` (``beta`` 0) or ``C += A @ B`` (``beta`` 1) on raw addresses
     (see the module docstring); ``B[k, j]`` at ``b + k*rsb + j*csb`` (any non-negative
     strides: a transposed weight matrix needs no copy); ``rowmap`` (int64, empty: ``i*ldc``)
@@ -227,7 +221,8 @@ def _gemm_body(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, 
     tile_rows = offs[:MR]                      # C offsets of the current row tile
     for i in range(MR):
         offs[MR + i] = i * nr                  # rows of the scratch tile
-    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    p_rows = np.int64(offs.ctypes.data)
+    p_wrows = p_rows + MR * 8
     mapped = rowmap.shape[0] > 0
     # pack B unless its rows are contiguous and close: a transposed B, or rows a multiple
     # of 4 KiB apart that evict each other from L1 (392x512x2048 ran at 40 GFLOP/s unpacked)
@@ -310,6 +305,11 @@ def _gemm_body(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, 
                                 _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
 
 
+#: The serial GEMM for jitted callers that link it in (the rows weight gradient's driver,
+#: itself compiled on its own).
+_gemm_body = _gemm.dispatcher
+
+
 @intrinsic
 def _claim(typingctx, counter, step):
     """Atomically ``counter[0] += step``; returns the value it had (LLVM ``atomicrmw``)."""
@@ -337,7 +337,8 @@ def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work, bet
     # addresses as int64, as the operands' are: one typing of _call, not two
     pwa, pwc, pb0 = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data), np.int64(bp.ctypes.data)
     tile_rows = offs[:MR]
-    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    p_rows = np.int64(offs.ctypes.data)
+    p_wrows = p_rows + MR * 8
     for i0 in range(0, im_total, MR):
         im = min(MR, im_total - i0)
         for i in range(im):
