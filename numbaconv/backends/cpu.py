@@ -161,8 +161,8 @@ def to_float32(a, parallel=False):
     if a.size:
         if a.dtype.name == "bfloat16":
             from ..kernels.cpu import convert as k
-            (k.widen_bf16_parallel if parallel else k.widen_bf16)(
-                a.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+            (k.convert_bf16_parallel if parallel else k.convert_bf16)(
+                a.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32), True)
         else:
             k = _half_kernels()
             (k.convert_parallel if parallel else k.convert)(a.reshape(-1).view(np.uint16),
@@ -177,8 +177,8 @@ def to_bfloat16(a, parallel=False):
     a = np.ascontiguousarray(a, dtype=np.float32)
     out = memory.empty(a.shape, numpy_dtype("bfloat16"))
     if a.size:
-        (k.round_bf16_parallel if parallel else k.round_bf16)(
-            a.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
+        (k.convert_bf16_parallel if parallel else k.convert_bf16)(
+            a.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16), False)
     return out
 
 
@@ -290,8 +290,8 @@ class _Prepared:
     result's
     shape. Together 20-30 us of Python per call."""
 
-    __slots__ = ("plan", "strategy", "call", "parallel", "half", "converted", "half_io",
-                 "dtype", "fraction", "plain", "widen", "shape", "check")
+    __slots__ = ("plan", "strategy", "call", "parallel", "half", "half_io", "dtype",
+                 "fraction", "plain", "widen", "shape", "check")
 
     def __init__(self, plan, operands=None, out=None):
         from ..planner import implementation
@@ -308,10 +308,10 @@ class _Prepared:
         # float16 or bfloat16: computed in float32, converted by the convert kernels (or,
         # for float16 on a host without F16C, by NumPy's casts)
         self.half = p.dtype in FLOAT32_COMPUTED
-        self.converted = self.half and _converted(p.dtype)
+        converted = self.half and _converted(p.dtype)
         # strategies take bits only where the convert kernels would otherwise convert
         self.half_io = (_bits_operands(self.strategy, p, plan.tiles)
-                        if self.converted and self.strategy is not None else frozenset())
+                        if converted and self.strategy is not None else frozenset())
         self.call = None if self.strategy is None else self.strategy.bind(p, plan.tiles)
         # channels-last data, XIO filters: the operands are the user's arrays reshaped
         # (where C-contiguous; float16 ones as bits where the kernels take them so, else
@@ -321,7 +321,7 @@ class _Prepared:
         self.shape = p.result_shape
         if (p.data_format == "NXC" and p.filter_format in ("XIO", "XIM")
                 and self.strategy is not None
-                and (not self.half or self.converted)):
+                and (not self.half or converted)):
             self.plain = (("x", (p.mb, *p.isz, p.ic)), ("dy", (p.mb, *p.osz, p.oc)),
                           ("w", (*p.ksz, p.icg, p.oc)))
             if self.half:
@@ -350,7 +350,7 @@ def _plain_operands(prep, operands):
     """The canonical operands as views of the user's arrays, or None where one needs a
     copy (see ``_Prepared.plain``); float16 and bfloat16 ones as their ``uint16`` bits,
     except those in ``prep.widen``, widened once."""
-    if prep.half and not prep.converted:  # (only where a test takes F16C away)
+    if prep.half and not _converted(prep.plan.problem.dtype):  # (where a test takes F16C away)
         return None
     ops = {}
     dtype = prep.dtype
@@ -378,7 +378,7 @@ def _compute(prep, operands):
     r = prep.call(ops)
     if r.dtype == np.uint16:  # float16 or bfloat16 bits from a strategy's kernels
         r = r.view(prep.dtype)
-    elif prep.converted:
+    elif prep.half and _converted(p.dtype):
         # rounded once, before any layout change
         r = (to_bfloat16 if p.dtype == "bfloat16" else to_float16)(r, prep.parallel)
     # a canonical result of a plain call is in the user's layout already
