@@ -28,6 +28,7 @@ from reference import (TOL_BF16, assert_matches, conv_bwd_data_ref,  # noqa: E40
                        oix_to_xio, to_channels_last, xio_to_oix)
 from strategy_cases import CASES, call, operands, patch  # noqa: E402
 from strategy_cases import plan as plan_of  # noqa: E402
+from numbaconv.strategies.bf16dot import STRATEGY as BF16_DOT, host_has_bf16  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -123,7 +124,9 @@ def _reference(case, ops):
 def test_every_entry_has_a_bfloat16_case():
     for direction in ("fwd", "bwd_d", "bwd_w"):
         for s in planner.candidates(direction):
-            assert (label(s), direction) in ENTRIES, (label(s), direction)
+            assert ((label(s), direction) in ENTRIES
+                    or label(s) == "gemm[bf16-dot]" and direction in BF16_DOT_DIRECTIONS), \
+                (label(s), direction)
 
 
 @pytest.mark.parametrize("key", sorted(ENTRIES), ids=[f"{k[0]}-{k[1]}" for k in sorted(ENTRIES)])
@@ -304,19 +307,95 @@ def _generic_cases():
     return out
 
 
-@pytest.mark.parametrize("small_rule", [False, True], ids=["compiled", "planner-small"])
+@pytest.mark.parametrize("mode", ["planner", "float32-kernels", "planner-small"])
 @pytest.mark.parametrize("fn", _tf_cases() + _generic_cases())
-def test_op_in_bfloat16(fn, small_rule, monkeypatch):
-    """Every op, 1-D to 3-D, grouped and depthwise, both layouts: within the bound, and the
-    float32 call rounded once. ``planner-small``: the planner's own choice for a small
-    problem (the numpy entry); ``compiled``: the compiled strategy it takes otherwise."""
-    if small_rule:
+def test_op_in_bfloat16(fn, mode, monkeypatch):
+    """Every op, 1-D to 3-D, grouped and depthwise, both layouts: within the bound.
+    ``planner``: the planner's choice (``gemm[bf16-dot]`` where the host has AVX512_BF16
+    and the problem suits it); ``float32-kernels``: that entry off, the compiled float32
+    strategies on widened operands, bit for bit the float32 call rounded once;
+    ``planner-small``: the planner's choice for a small problem (the numpy entry), also
+    bit for bit."""
+    if mode == "planner-small":
         from numbaconv import config
         monkeypatch.setattr(config, "SMALL_FLOPS", 10 ** 9)
+    if mode == "float32-kernels":
+        monkeypatch.setattr(type(BF16_DOT), "accepts", lambda self, p: "off in this test")
     got, ref_fn, args, kw = fn(BF16)
     assert_matches(got, BF16, ref_fn, *args, **kw)
-    want, *_ = fn(np.float32)
-    _same_bits(got, _rounded(want))
+    if mode != "planner":
+        want, *_ = fn(np.float32)
+        _same_bits(got, _rounded(want))
+
+
+# -- gemm[bf16-dot]: AVX512_BF16's dot products -------------------------------------------------
+BF16_DOT_DIRECTIONS = ("fwd", "bwd_d", "bwd_w")
+needs_bf16_dot = pytest.mark.skipif(not host_has_bf16(), reason="no AVX512_BF16 on this host")
+
+#: (id, direction, mb, input size, C, K, kernel, stride, dilation, pads): odd channel
+#: counts (an odd reduction, a last row tile and a last panel of partial width), 1-D to 3-D
+_DOT = [
+    ("fwd-2d-odd", "fwd", 2, (9, 7), 5, 70, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ("fwd-1d-strided-dilated", "fwd", 3, (17,), 6, 9, (3,), (2,), (2,), ((2,), (1,))),
+    ("fwd-3d", "fwd", 1, (4, 5, 6), 4, 8, (2, 3, 2), (1, 2, 1), (1, 1, 1),
+     ((0, 1, 1), (1, 1, 0))),
+    ("bwd_d-2d-dilated", "bwd_d", 2, (10, 9), 7, 66, (3, 3), (1, 1), (2, 1),
+     ((2, 1), (1, 1))),
+    ("bwd_d-3d", "bwd_d", 1, (4, 5, 5), 3, 5, (3, 2, 3), (1, 1, 1), (1, 1, 1),
+     ((1, 0, 1), (1, 1, 1))),
+    ("bwd_w-2d-strided", "bwd_w", 3, (11, 10), 6, 13, (3, 3), (2, 2), (1, 1),
+     ((1, 1), (1, 0))),
+    ("bwd_w-1d-odd-pixels", "bwd_w", 1, (15,), 3, 7, (5,), (1,), (1,), ((2,), (2,))),
+]
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("case", _DOT, ids=[c[0] for c in _DOT])
+def test_bf16_dot_entry(case):
+    """Forced, on edges of every tile: within the bound of the float64 reference."""
+    _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
+    rng = np.random.default_rng(len(isz) + c + k)
+    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
+                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
+                 strategy="gemm[bf16-dot]")
+    kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
+    if direction == "fwd":
+        got = nc.convolution(x, w, **attrs)
+        ref_fn, args = conv_fwd_ref, (x, w)
+    elif direction == "bwd_d":
+        got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
+    else:
+        got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
+    assert_matches(got, BF16, ref_fn, *args, **kw)
+
+
+@needs_bf16_dot
+def test_bf16_dot_entry_declines_with_reasons():
+    x = np.zeros((1, 8, 8, 8), BF16)
+    with pytest.raises(ValueError, match=r"gemm\[bf16-dot\]: 2 groups \(one group only\)"):
+        nc.plan("convolution", x, np.zeros((3, 3, 4, 8), BF16), strides=1, groups=2,
+                strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"backward data at stride 2x2 \(stride 1 only\)"):
+        nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
+                np.zeros((3, 3, 8, 8), BF16), (8, 8), strides=2, strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"float32, not bfloat16"):
+        nc.plan("convolution", x.astype(np.float32), np.zeros((3, 3, 8, 8), np.float32),
+                strides=1, strategy="gemm[bf16-dot]")
+    p = nc.plan("convolution", x, np.zeros((3, 3, 8, 8), BF16), strides=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
+
+
+def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
+    from numbaconv.kernels.cpu import _host
+    monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES
+                                                  if f != "avx512bf16"))
+    assert BF16_DOT.accepts(nc.plan("convolution", np.zeros((1, 8, 8, 8), BF16),
+                                    np.zeros((3, 3, 8, 8), BF16), strides=1).problem) == \
+        "this host has no AVX512_BF16 (vdpbf16ps)"
 
 
 def test_errors_are_of_the_size_the_bound_allows():

@@ -169,6 +169,55 @@ def im2col(src, rows, out, geo, sign):
             out[m, ch] = 0
 
 
+#: Pixels per block of :func:`im2col_t`.
+PIXELS = 64
+
+
+@kernel
+def im2col_t(src, rows, out, geo):
+    """:func:`im2col` transposed (``sign`` 1): ``out`` ``uint16`` ``[taps*C, Me]`` (``Me``
+    the even number at or above the ``M`` output pixels; the column past them zero) holds in
+    row ``t*C + c`` channel ``c`` of the pixel tap ``t`` meets, for every output pixel: the
+    left operand of a weight gradient, its reduction over pixels contiguous in pairs."""
+    mb, od, oh, ow = rows[0], rows[1], rows[2], rows[3]
+    _, sdp, shp, swp, C = src.shape
+    me = out.shape[1]
+    sd, sh, sw, dd, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    fd, fh, fw, kd, kh, kw = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
+    M = mb * od * oh * ow
+    nblk = (M + PIXELS - 1) // PIXELS
+    flat = src.reshape(-1)
+    for tb in prange(kd * kh * kw * nblk):
+        t = tb // nblk
+        m0 = (tb - t * nblk) * PIXELS
+        m1 = min(M, m0 + PIXELS)
+        a = t // (kh * kw)
+        b = (t - a * kh * kw) // kw
+        c = t - a * kh * kw - b * kw
+        offs = np.empty(PIXELS, np.int64)
+        for m in range(m0, m1):
+            n = m // (od * oh * ow)
+            r = m - n * (od * oh * ow)
+            z = r // (oh * ow)
+            r -= z * (oh * ow)
+            y = r // ow
+            x = r - y * ow
+            iz = z * sd + a * dd + fd
+            iy = y * sh + b * dh + fh
+            ix = x * sw + c * dw + fw
+            if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
+                offs[m - m0] = (((n * sdp + iz) * shp + iy) * swp + ix) * C
+            else:
+                offs[m - m0] = -1
+        for ch in range(C):
+            row = t * C + ch
+            for j in range(m1 - m0):
+                o = offs[j]
+                out[row, m0 + j] = flat[o + ch] if o >= 0 else 0
+            if m1 == M and me > M:
+                out[row, M] = 0
+
+
 @helper
 def _block(a, bp, c, wa, wc, r0, r1, kc2):
     """Rows ``r0 .. r1 - 1`` of ``C = A @ B`` (see :func:`gemm`)."""

@@ -6,7 +6,7 @@ Each direction is one product ``C = A @ B`` of bfloat16 matrices with float32 re
 * forward:          ``Y [M, K] = im2col(X) [M, taps*C] @ W [taps*C, K]``
 * backward data:    ``dX [M', C] = im2col~(dY) [M', taps*K] @ W~ [taps*K, C]``, at stride 1:
   the taps flipped (pixel ``i`` meets ``dY[i + pad - t*d]``) and ``W~[t*K + k, c] = W[t, c, k]``
-* backward weights: ``dW^T [K, taps*C] = dY^T [K, M] @ im2col(X) [M, taps*C]``
+* backward weights: ``dW [taps*C, K] = im2col(X)^T [taps*C, M] @ dY [M, K]``
 
 with ``M`` the output pixels of the batch and ``M'`` the input pixels. The operands arrive
 as bfloat16 bits (``bf16_operands``): no widening pass, and half the bytes of float32
@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes
+from .. import memory
 
 R_DTYPE = "{dtype}, not bfloat16 (the dot products take bfloat16 pairs)"
 R_HOST = "this host has no AVX512_BF16 (vdpbf16ps)"
@@ -83,7 +84,7 @@ class Bf16Dot(Strategy):
     def tiles(self, p, machine):
         from ..runtime import threads as _threads
         from ..kernels.cpu.bf16dot import MR
-        rows = (p.oc if p.direction == "bwd_w" else
+        rows = (_taps(p) * p.ic if p.direction == "bwd_w" else
                 p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz))
         per = -(-rows // (BLOCKS_PER_THREAD * max(1, _threads())))
         mc = max(MR, min(MAX_MC, -(-per // MR) * MR))
@@ -104,13 +105,9 @@ class Bf16Dot(Strategy):
         elif p.direction == "bwd_d":
             k, n, rows = taps * p.oc, p.ic, p.mb * math.prod(p.isz)
         else:
-            k, n, rows = m, taps * p.ic, p.oc
+            k, n, rows = m, p.oc, taps * p.ic
         k2 = -(-k // 2)
-        cols = m * 2 * (-(-taps * p.ic // 2)) * 2 if p.direction == "bwd_w" else 0
-        a = rows * 2 * k2 * 2
-        packed = -(-n // NR) * k2 * NR * 4
-        result_t = rows * n * 4 if p.direction == "bwd_w" else 0  # dW^T before dW
-        return a + packed + cols + result_t
+        return rows * k2 * 4 + -(-n // NR) * k2 * NR * 4  # A (pairs), B's panels
 
     def run(self, p, tiles, ops):
         from ..kernels.cpu import bf16dot as k
@@ -118,38 +115,39 @@ class Bf16Dot(Strategy):
         xs, ys, ws = canonical_shapes(p)
         taps = _taps(p)
         kc2, mc = int(tiles["kc2"]), int(tiles["mc"])
-        if p.direction in ("fwd", "bwd_d"):
-            bwd = p.direction == "bwd_d"
-            src = _bits(ops["dy"] if bwd else ops["x"])
-            w = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
-            c_in, c_out = (p.oc, p.ic) if bwd else (p.ic, p.oc)
-            sizes = p.isz if bwd else p.osz
-            m = p.mb * math.prod(sizes)
-            kp = -(-taps * c_in // 2) * 2
-            a = np.empty((m, kp), np.uint16)
+        if p.direction == "bwd_w":  # dW [taps*C, K] = im2col(X)^T @ dY, over pixels
+            x, dy = _bits(ops["x"]), _bits(ops["dy"])
+            m = p.mb * math.prod(p.osz)
+            k2 = -(-m // 2)
+            a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
+            g, _ = _im2col_geo(p, False)
+            k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
+            bp = memory.empty((-(-p.oc // k.NR), k2, k.NR), np.uint32)
+            k.pack_pairs(dy.reshape(m, p.oc), bp)
+            dw = memory.empty((taps * p.ic, p.oc), np.float32)
+            k.gemm(_pairs(a), bp, dw, kc2, mc)
+            return dw.reshape(ws)
+        bwd = p.direction == "bwd_d"
+        src = _bits(ops["dy"] if bwd else ops["x"])
+        w = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
+        c_in, c_out = (p.oc, p.ic) if bwd else (p.ic, p.oc)
+        sizes = p.isz if bwd else p.osz
+        m = p.mb * math.prod(sizes)
+        kp = -(-taps * c_in // 2) * 2
+        if taps == 1 and c_in % 2 == 0 and all(s == 1 for s in p.stride) \
+                and not any(p.pad_begin) and not any(p.pad_end):
+            a = src.reshape(m, c_in)  # 1x1 at stride 1 without pads: the image itself
+        else:
+            a = memory.empty((m, kp), np.uint16)
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
-            b = (np.ascontiguousarray(w.transpose(0, 2, 1)) if bwd else w).reshape(
-                taps * c_in, c_out)
-            bp = np.empty((-(-c_out // k.NR), kp // 2, k.NR), np.uint32)
-            k.pack_pairs(b, bp)
-            c = np.empty((m, c_out), np.float32)
-            k.gemm(_pairs(a), bp, c, kc2, mc)
-            return c.reshape(xs if bwd else ys)
-        x, dy = _bits(ops["x"]), _bits(ops["dy"])
-        m = p.mb * math.prod(p.osz)
-        n = taps * p.ic
-        cols = np.empty((m, -(-n // 2) * 2), np.uint16)
-        g, sign = _im2col_geo(p, False)
-        k.im2col(x, np.array([p.mb, *p.osz], np.int64), cols, g, sign)
-        k2 = -(-m // 2)
-        a = np.zeros((p.oc, 2 * k2), np.uint16)
-        a[:, :m] = dy.reshape(m, p.oc).T
-        bp = np.empty((-(-n // k.NR), k2, k.NR), np.uint32)
-        k.pack_pairs(cols[:, :n], bp)
-        dwt = np.empty((p.oc, n), np.float32)
-        k.gemm(_pairs(a), bp, dwt, kc2, mc)
-        return np.ascontiguousarray(dwt.T).reshape(ws)
+        b = (np.ascontiguousarray(w.transpose(0, 2, 1)) if bwd else w).reshape(
+            taps * c_in, c_out)
+        bp = memory.empty((-(-c_out // k.NR), kp // 2, k.NR), np.uint32)
+        k.pack_pairs(b, bp)
+        c = memory.empty((m, c_out), np.float32)
+        k.gemm(_pairs(a), bp, c, kc2, mc)
+        return c.reshape(xs if bwd else ys)
 
 
 STRATEGY = Bf16Dot()
