@@ -389,6 +389,25 @@ def test_bf16_dot_entry_declines_with_reasons():
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
 
 
+@needs_bf16_dot
+def test_bf16_dot_flushes_products_below_float32s_normal_range():
+    """The instruction treats subnormal inputs and results as zero (as oneDNN's bfloat16
+    kernels do): products below 2^-126 vanish on this entry, while the float32 kernels keep
+    them (as subnormals, and round them to bfloat16's subnormals)."""
+    x = np.full((1, 4, 4, 8), 1e-19, BF16)
+    w = np.full((1, 1, 8, 8), 1e-19, BF16)
+    v = float(np.float32(BF16.type(1e-19))) ** 2  # 1e-38: subnormal in float32
+    assert v < 2.0 ** -126
+    dot = nc.convolution(x, w, strides=1, strategy="gemm[bf16-dot]")
+    assert not dot.view(np.uint16).any()
+    direct = nc.convolution(x, w, strides=1, strategy="direct")
+    assert np.all(np.abs(direct.astype(np.float64) - 8 * v) <= 8 * v * 2 ** -7)
+    # a normal range is unaffected
+    big = nc.convolution(x * BF16.type(1e10), w * BF16.type(1e10), strides=1,
+                         strategy="gemm[bf16-dot]")
+    assert np.all(np.abs(big.astype(np.float64) / (8 * v * 1e20) - 1) < 2 ** -6)
+
+
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
     from numbaconv.kernels.cpu import _host
     monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES
