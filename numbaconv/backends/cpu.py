@@ -197,8 +197,8 @@ def to_float16(a, parallel=False):
 def _as_compute(a, p, parallel=False):
     """``a`` C-contiguous in the compute dtype (float16 and bfloat16 widened to float32
     once)."""
-    if p.dtype in FLOAT32_COMPUTED and _converted(p.dtype):
-        return to_float32(a, parallel)
+    if p.dtype in FLOAT32_COMPUTED and a.dtype.isnative and _converted(p.dtype):
+        return to_float32(a, parallel)  # (byte-swapped float16: NumPy's cast swaps it)
     return memory.ascontiguous(a, p.compute_dtype)
 
 
