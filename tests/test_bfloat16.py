@@ -387,6 +387,17 @@ def test_bf16_dot_entry_declines_with_reasons():
                 strides=1, strategy="gemm[bf16-dot]")
     p = nc.plan("convolution", x, np.zeros((3, 3, 8, 8), BF16), strides=1)
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
+    # 3x3 at stride 1 over 64 to 255 channels: left to Winograd's float32 kernels
+    x = np.zeros((2, 28, 28, 128), BF16)
+    with pytest.raises(ValueError, match=r"3x3 at stride 1 over 128 channels \(64 to 255\)"):
+        nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=1, pads_begin=1,
+                pads_end=1, strategy="gemm[bf16-dot]")
+    p = nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=1, pads_begin=1,
+                pads_end=1)
+    assert p.strategy == "winograd"
+    p = nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=2, pads_begin=1,
+                pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
 
 
 @needs_bf16_dot

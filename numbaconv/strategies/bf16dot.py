@@ -23,6 +23,14 @@ R_DTYPE = "{dtype}, not bfloat16 (the dot products take bfloat16 pairs)"
 R_HOST = "this host has no AVX512_BF16 (vdpbf16ps)"
 R_GROUPS = "{g} groups (one group only)"
 R_STRIDE = "backward data at stride {s} (stride 1 only)"
+R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}): the float32 Winograd "
+              "entry's fewer multiplies win")
+
+#: 2-D 3x3 layers at stride 1 whose smaller channel count lies in this range are left to
+#: the Winograd entry (on widened operands); 2 threads, batch 8, ResNet-50: Winograd took
+#: 20-27 ms against this entry's 35-66 ms at 64 and 128 channels (56x56, 28x28), this entry
+#: 17-24 ms against 28-66 ms at 256 (14x14). Below 64 channels Winograd declines anyway.
+WINOGRAD_CHANNELS = (64, 255)
 
 #: Pairs of the reduction per block: a packed panel of B (``kc2 x NR`` words, 32 KiB)
 #: stays in L1 while every row tile of a block meets it.
@@ -79,6 +87,10 @@ class Bf16Dot(Strategy):
             return R_GROUPS.format(g=p.g)
         if p.direction == "bwd_d" and any(s != 1 for s in p.stride):
             return R_STRIDE.format(s="x".join(str(s) for s in p.stride[3 - p.ndim:]))
+        lo, hi = WINOGRAD_CHANNELS
+        if (p.ndim == 2 and p.ksz == (1, 3, 3) and p.stride == (1, 1, 1)
+                and p.dilation == (1, 1, 1) and lo <= min(p.ic, p.oc) <= hi):
+            return R_WINOGRAD.format(c=min(p.ic, p.oc), lo=lo, hi=hi)
         return None
 
     def tiles(self, p, machine):
