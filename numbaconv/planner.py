@@ -62,8 +62,8 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]", "gemm[rows]",
-          "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]", "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]",
-          "gemm[col2im]", "direct[depthwise-rows]", "direct[depthwise-unrolled]",
+          "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]", "gemm[per-tap]",
+          "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[depthwise-rows]", "direct[depthwise-unrolled]",
           "direct[depthwise-spans]", "direct[depthwise]", "direct")
 STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
@@ -99,8 +99,8 @@ def _strategies():
         from .strategies.winograd import STRATEGY as WINOGRAD
         from .strategies.numpy_taps import STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
-        _STRATEGIES[:] = [NUMPY, BF16DOT, WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, *DEPTHWISE,
-                          DIRECT]
+        _STRATEGIES[:] = [NUMPY, BF16DOT, WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM,
+                          *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 
