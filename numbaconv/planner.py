@@ -63,8 +63,8 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]", "gemm[rows]",
           "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]", "gemm[per-tap]",
-          "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[depthwise-rows]", "direct[depthwise-unrolled]",
-          "direct[depthwise-spans]", "direct[depthwise]", "direct")
+          "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[depthwise-rows]",
+          "direct[depthwise-unrolled]", "direct[depthwise-spans]", "direct[depthwise]", "direct")
 STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
 R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
