@@ -31,7 +31,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import kernel, separate
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
 #: broadcast fit AVX-512's 32 registers.
@@ -218,14 +218,16 @@ def im2col_t(src, rows, out, geo):
                 out[row, M] = 0
 
 
-@helper
+@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint32[:, ::1], "
+               "float32[:, ::1], int64, int64, int64)")
 def _block(a, bp, c, wa, wc, r0, r1, kc2):
     """Rows ``r0 .. r1 - 1`` of ``C = A @ B`` (see :func:`gemm`)."""
     K2 = a.shape[1]
     N = c.shape[1]
     npan = bp.shape[0]
-    pa0, pb0, pc0 = a.ctypes.data, bp.ctypes.data, c.ctypes.data
-    pwa, pwc = wa.ctypes.data, wc.ctypes.data
+    # addresses as int64 alike: one inlining of the micro-kernel's typing, not two
+    pa0, pb0, pc0 = np.int64(a.ctypes.data), np.int64(bp.ctypes.data), np.int64(c.ctypes.data)
+    pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
     for k0 in range(0, K2, kc2):
         kk = min(kc2, K2 - k0)
         beta = 0 if k0 == 0 else 1
@@ -255,8 +257,13 @@ def _block(a, bp, c, wa, wc, r0, r1, kc2):
                             c[i0 + i, j + jj] = wc[i, jj]
 
 
-@kernel
 def gemm(a, bp, c, kc2, mc):
+    """See :func:`gemm_kernel` (its address table added)."""
+    gemm_kernel(_block.table("bf16"), a, bp, c, kc2, mc)
+
+
+@kernel
+def gemm_kernel(fns, a, bp, c, kc2, mc):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
@@ -266,4 +273,4 @@ def gemm(a, bp, c, kc2, mc):
     for blk in prange(nblk):
         wa = np.zeros((MR, kc2), np.uint32)
         wc = np.zeros((MR, NR), np.float32)
-        _block(a, bp, c, wa, wc, blk * mc, min(M, (blk + 1) * mc), kc2)
+        _block(fns, a, bp, c, wa, wc, blk * mc, min(M, (blk + 1) * mc), kc2)
