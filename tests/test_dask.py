@@ -232,7 +232,16 @@ def test_layouts_ncx_oix_and_output_padding(client, rng):
     def bwd_w(m, x, dy):
         return m.convolution_backprop_filters(x, [4, 3, 3, 2], dy, **kw)
 
-    check([(fwd, (x, w), (X, W)), (bwd_d, (dy, w), (DY, w)), (bwd_w, (x, dy), (X, DY))])
+    # output_padding under the dilation: trailing rows that no output row reaches
+    dy1 = _data(rng, (2, 9, 3), F32)
+    w1 = _data(rng, (2, 2, 3), F32)
+
+    def bwd_d_dilated(m, dy, w):
+        return m.convolution_backprop_data(dy, w, strides=1, dilations=3, output_padding=2,
+                                           pads_begin=1, pads_end=0)
+
+    check([(fwd, (x, w), (X, W)), (bwd_d, (dy, w), (DY, w)), (bwd_w, (x, dy), (X, DY)),
+           (bwd_d_dilated, (dy1, w1), (da.from_array(dy1, chunks=(1, (2, 3, 4), 3)), w1))])
 
 
 # -- the TF-style names ---------------------------------------------------------------------
