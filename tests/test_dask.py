@@ -507,3 +507,15 @@ def test_a_worker_killed_mid_computation_still_gives_the_right_result(client, rn
     # the nanny restarted the worker: two again, set up like the others
     client.wait_for_workers(2, timeout=60)
     assert all(st["threads"] == 1 for st in client.run(ncd.worker_state).values())
+
+
+# -- the example ----------------------------------------------------------------------------
+def test_example_script_on_the_cluster(client):
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "dask_cluster.py"
+    spec = importlib.util.spec_from_file_location("dask_cluster", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.batch_weight_gradient(client, batch=8, chunk=3, size=6, channels=3) < 1e-5
+    assert example.volume(client, size=9, channels=2) < 1e-5
