@@ -471,6 +471,31 @@ def test_workers_run_one_thread_each_and_use_the_given_cache(client):
     assert numba.config.NUMBA_NUM_THREADS >= 1
 
 
+def test_first_task_in_a_worker_process_sets_the_workers_threads(monkeypatch):
+    """Without the plugin: the first task of a nanny's child process sets numbaconv's
+    threads to the worker's, unless the user set them."""
+    import multiprocessing
+    from types import SimpleNamespace
+    from numbaconv import config
+    from numbaconv.dask import _worker
+    fake = SimpleNamespace(state=SimpleNamespace(nthreads=1), nthreads=1)
+    monkeypatch.setattr(_worker, "_worker", lambda: fake)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    monkeypatch.setattr(config, "THREADS", 0)
+    monkeypatch.setattr(_worker, "_configured", False)
+    _worker.configure_worker()
+    assert config.THREADS == 1
+    monkeypatch.setattr(config, "THREADS", 2)
+    monkeypatch.setattr(_worker, "_configured", False)
+    _worker.configure_worker()
+    assert config.THREADS == 2  # set explicitly: kept
+    monkeypatch.setattr(config, "THREADS", 0)
+    monkeypatch.setattr(_worker, "_configured", False)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)
+    _worker.configure_worker()
+    assert config.THREADS == 0  # the client's own process (processes=False): untouched
+
+
 def test_plugin_arguments_are_checked():
     with pytest.raises(ValueError, match=r"^threads: expected a positive int"):
         ncd.NumbaconvSetup(threads=0)

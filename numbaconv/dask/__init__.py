@@ -76,7 +76,7 @@ def _check_strategy(strategy, tune):
         raise TypeError(f"tune: expected a bool, got {tune!r}")
 
 
-def _roles(direction, params):
+def _roles(params):
     """The argument that carries each operand, for messages."""
     dy = "out_backprop" if "out_backprop" in params else "output_delta"
     return {"x": "input", "dy": dy, "w": "filter"}
@@ -108,7 +108,7 @@ def _build(np_op, sig, direction, args, kwargs):
         else:
             given[id(v)] = arg
     problem, operands = np_op.parse(*bound.args, **bound.kwargs)
-    names = _roles(direction, sig.parameters)
+    names = _roles(sig.parameters)
     arrays = {}
     for role, arr in operands.items():
         hit = standins.get(id(arr))

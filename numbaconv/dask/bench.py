@@ -126,8 +126,12 @@ def res3a(client, batch=64, chunk=16, repeat=3):
     return dict(batch=batch, chunk=chunk, cluster_s=t_cluster, single_s=t_single,
                 overhead=t_cluster / t_single - 1,
                 rel_diff=float(np.max(np.abs(got - want)) / np.max(np.abs(want))),
-                plan=str(numbaconv.plan("conv2d_backprop_filter", x, [3, 3, 128, 128], dy, 1,
-                                        "SAME")).split(":")[1].split(" on ")[0].strip())
+                plan=_label(numbaconv.plan("conv2d_backprop_filter", x, [3, 3, 128, 128], dy,
+                                           1, "SAME")))
+
+
+def _label(plan):
+    return plan.strategy + (f"[{plan.variant}]" if plan.variant else "")
 
 
 def _volume_shape(gib, channels):
