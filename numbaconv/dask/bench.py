@@ -14,11 +14,15 @@ Measures (docs/dask.md explains the model these numbers feed):
 * ``res3a``: ResNet-50's res3a_branch2b weight gradient (3x3, 128 -> 128, 28x28, pad 1) at
   batch 64 in batch chunks of 16, against the single-process call on all cores;
 * ``volume``: a float32 3-D volume (``--volume-gib``, 4 channels, 3x3x3 SAME forward) cut
-  into 8 spatial chunks, against the single-process call on all cores; time and the peak
-  resident memory of each worker against that of the single process.
+  into 8 spatial chunks, against the single-process call on all cores: the time, and the
+  peak resident memory of each worker while it runs against that of the single process
+  (the input, already in memory, included). Twice: with the output kept on the workers (as
+  the single call keeps its result), and streamed (each output block summed as it is made,
+  as when it is written to storage).
 
-Every time is the best of ``--repeat`` runs after one untimed run; the data lives on the
-workers before the clock starts, as it would in a pipeline.
+Every time is the best of ``--repeat`` runs after one untimed run (the volume: of
+``max(1, repeat - 2)`` runs, its kernels loaded by a small call first); the data lives on
+the workers before the clock starts, as it would in a pipeline.
 """
 import argparse
 import json
@@ -31,8 +35,9 @@ import time
 import numpy as np
 
 
-def _best(fn, repeat):
-    fn()
+def _best(fn, repeat, warm=True):
+    if warm:
+        fn()
     best = math.inf
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -142,20 +147,40 @@ def _volume_shape(gib, channels):
     return (1, d, 2 * d, 2 * d, channels)
 
 
+def _reset_peak_rss():
+    """Start the peak resident set afresh from the present one (Linux: ``clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss():
+    """The peak resident set in bytes since :func:`_reset_peak_rss` (else since start)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _single_volume(shape, repeat, conn):
-    """In a fresh process: the best time of the forward call, and the peak resident set."""
+    """In a fresh process: the best time of the forward call, and the peak resident set
+    while it runs (the input, made beforehand, included)."""
     import numbaconv
     numbaconv.set_num_threads(os.cpu_count() or 1)
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     w = np.random.default_rng(1).standard_normal((3, 3, 3, shape[-1], shape[-1]))
     w = w.astype(np.float32)
-    t = _best(lambda: numbaconv.conv3d(x, w, 1, "SAME"), repeat)
-    conn.send(dict(seconds=t, peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                   * 1024))
-
-
-def _peak_rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    numbaconv.conv3d(x[:, :8, :8, :8], w, 1, "SAME")  # kernels loaded before the reset
+    _reset_peak_rss()
+    t = _best(lambda: numbaconv.conv3d(x, w, 1, "SAME"), repeat, warm=False)
+    conn.send(dict(seconds=t, peak_rss=_peak_rss()))
 
 
 def volume(gib=1.0, channels=4, workers=2, threads=1, repeat=1):
@@ -173,27 +198,34 @@ def volume(gib=1.0, channels=4, workers=2, threads=1, repeat=1):
     cluster, client = _cluster(workers, threads)
     try:
         chunks = (1, shape[1] // 2, shape[2] // 2, shape[3] // 2, channels)
-        X = da.random.default_rng(0).standard_normal(shape, chunks=chunks)
-        X = X.astype(np.float32).persist()
+        X = da.random.default_rng(0).standard_normal(shape, chunks=chunks, dtype=np.float32)
+        X = X.persist()
         wait(X)
         w = np.random.default_rng(1).standard_normal((3, 3, 3, channels, channels))
         w = w.astype(np.float32)
+        ncd.conv3d(X[:, :8, :8, :8], w, 1, "SAME").compute()  # kernels loaded
 
-        def run():
+        def kept():  # the output stays on the workers, as the single call's stays in memory
             Y = ncd.conv3d(X, w, 1, "SAME").persist()
             wait(Y)
             del Y
 
-        t = _best(run, repeat)
-        peaks = client.run(_peak_rss)
+        def streamed():  # each output block consumed (here: summed) as it is made
+            ncd.conv3d(X, w, 1, "SAME").sum().compute()
+
+        out = {}
+        for label, fn in (("kept", kept), ("streamed", streamed)):
+            client.run(_reset_peak_rss)
+            t = _best(fn, repeat, warm=False)
+            peak = max(client.run(_peak_rss).values())
+            out[label] = dict(cluster_s=t, overhead=t / single["seconds"] - 1,
+                              worker_peak_rss=peak, memory_ratio=peak / single["peak_rss"])
     finally:
         client.close()
         cluster.close()
     nbytes = math.prod(shape) * 4
     return dict(shape=shape, gib=nbytes / (1 << 30), chunks=8, single_s=single["seconds"],
-                cluster_s=t, overhead=t / single["seconds"] - 1,
-                single_peak_rss=single["peak_rss"], worker_peak_rss=max(peaks.values()),
-                memory_ratio=max(peaks.values()) / single["peak_rss"])
+                single_peak_rss=single["peak_rss"], **out)
 
 
 def main(argv=None):
@@ -235,11 +267,14 @@ def main(argv=None):
         r = out["volume"] = volume(args.volume_gib, workers=args.workers,
                                    threads=args.threads, repeat=max(1, args.repeat - 2))
         print(f"3-D volume {r['shape']} ({r['gib']:.2f} GiB) in 8 chunks, conv3d 3x3x3 SAME: "
-              f"cluster {r['cluster_s']:.2f} s, one process {r['single_s']:.2f} s "
-              f"({r['overhead'] * 100:+.0f}%); peak RSS per worker "
-              f"{r['worker_peak_rss'] / (1 << 30):.2f} GiB, one process "
-              f"{r['single_peak_rss'] / (1 << 30):.2f} GiB (ratio {r['memory_ratio']:.2f})",
-              flush=True)
+              f"one process {r['single_s']:.2f} s, peak RSS "
+              f"{r['single_peak_rss'] / (1 << 30):.2f} GiB", flush=True)
+        for label in ("kept", "streamed"):
+            c = r[label]
+            print(f"  cluster, output {label}: {c['cluster_s']:.2f} s "
+                  f"({c['overhead'] * 100:+.0f}%), peak RSS per worker "
+                  f"{c['worker_peak_rss'] / (1 << 30):.2f} GiB (ratio "
+                  f"{c['memory_ratio']:.2f})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, default=str)
