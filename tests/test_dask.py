@@ -465,6 +465,7 @@ def test_workers_run_one_thread_each_and_use_the_given_cache(client):
         # the machine's Numba pool has every core; each worker has one Dask thread
         assert st["threads"] == 1
         assert st["cache_dir"] == client.test_cache_dir
+        assert st["pool_bytes"] == 0  # Dask holds the results: no idle pool beside it
     reports = client.run(_plugin_report)
     assert {r["pid"] for r in reports.values()} == {s["pid"] for s in states.values()}
     assert all(r["threads"] == 1 and r["warmup_seconds"] > 0 for r in reports.values())
@@ -482,9 +483,10 @@ def test_first_task_in_a_worker_process_sets_the_workers_threads(monkeypatch):
     monkeypatch.setattr(_worker, "_worker", lambda: fake)
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
     monkeypatch.setattr(config, "THREADS", 0)
+    monkeypatch.setattr(config, "MEMORY_POOL_BYTES", None)
     monkeypatch.setattr(_worker, "_configured", False)
     _worker.configure_worker()
-    assert config.THREADS == 1
+    assert config.THREADS == 1 and config.MEMORY_POOL_BYTES == 0
     monkeypatch.setattr(config, "THREADS", 2)
     monkeypatch.setattr(_worker, "_configured", False)
     _worker.configure_worker()
@@ -501,6 +503,8 @@ def test_plugin_arguments_are_checked():
         ncd.NumbaconvSetup(threads=0)
     with pytest.raises(TypeError, match=r"^cache_dir: expected a path"):
         ncd.NumbaconvSetup(cache_dir=3)
+    with pytest.raises(ValueError, match=r"^pool_bytes: expected a non-negative int"):
+        ncd.NumbaconvSetup(pool_bytes=-1)
 
 
 # -- a worker killed during a computation ---------------------------------------------------

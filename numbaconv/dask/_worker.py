@@ -1,5 +1,6 @@
 """Worker set-up: numbaconv's threads follow the worker's threads, kernels warm once per
-worker process, the Numba cache directory is the one the cluster was given.
+worker process, the Numba cache directory is the one the cluster was given, and no idle
+pool of result blocks sits beside Dask's own memory.
 
 Dask sets the BLAS thread variables of its worker processes (``OMP_NUM_THREADS=1`` and
 friends) but not Numba's: without a limit, every worker process of a machine would run its
@@ -39,11 +40,24 @@ def configure_worker():
         return
     _configured = True
     from .. import config
-    if config.THREADS or multiprocessing.parent_process() is None:
+    if multiprocessing.parent_process() is None:
         return
     worker = _worker()
-    if worker is not None:
+    if worker is None:
+        return
+    if not config.THREADS:
         config.THREADS = worker_threads(worker)
+    if config.MEMORY_POOL_BYTES is None:
+        config.MEMORY_POOL_BYTES = 0
+
+
+def _pool_off():
+    """No idle pool of result blocks in a worker unless asked for
+    (``NUMBACONV_MEMORY_POOL_BYTES``): Dask holds the results, and idle blocks would be
+    memory it does not manage, on top of its own limit, in every worker of the machine."""
+    from .. import config
+    if config.MEMORY_POOL_BYTES is None:
+        config.MEMORY_POOL_BYTES = 0
 
 
 def _set_cache_dir(path):
@@ -69,6 +83,11 @@ class NumbaconvSetup(_plugin_base()):
     worker process, including those started later or restarted after a failure, runs
     :meth:`setup` once.
 
+    In each worker the pool of idle result blocks (``numbaconv.memory``) is off unless
+    ``pool_bytes=`` or ``NUMBACONV_MEMORY_POOL_BYTES`` sets it: Dask holds the results, and
+    idle blocks would be memory its memory manager neither sees nor limits, in every worker
+    of the machine.
+
     Parameters
     ----------
     threads : int, optional
@@ -85,12 +104,20 @@ class NumbaconvSetup(_plugin_base()):
     cache_dir : str, optional
         ``NUMBA_CACHE_DIR`` for the workers; default: what their environment says. Workers
         that share one directory compile each kernel once between them.
+    pool_bytes : int, optional
+        Idle bytes numbaconv's result pool keeps in each worker (default: 0, or
+        ``NUMBACONV_MEMORY_POOL_BYTES`` where set).
     """
 
     name = "numbaconv-setup"
 
     def __init__(self, threads=None, warmup=True, dtypes=("float32",), strategies=None,
-                 cache_dir=None):
+                 cache_dir=None, pool_bytes=None):
+        if pool_bytes is not None and (isinstance(pool_bytes, bool)
+                                       or not isinstance(pool_bytes, int) or pool_bytes < 0):
+            raise ValueError(f"pool_bytes: expected a non-negative int or None, got "
+                             f"{pool_bytes!r}")
+        self.pool_bytes = pool_bytes
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or threads < 1):
             raise ValueError(f"threads: expected a positive int or None, got {threads!r}")
@@ -112,6 +139,10 @@ class NumbaconvSetup(_plugin_base()):
             _set_cache_dir(self.cache_dir)
         n = self.threads or worker_threads(worker)
         config.THREADS = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+        if self.pool_bytes is not None:
+            config.MEMORY_POOL_BYTES = self.pool_bytes
+        else:
+            _pool_off()
         _configured = True
         seconds = 0.0
         if self.warmup:
@@ -120,6 +151,7 @@ class NumbaconvSetup(_plugin_base()):
             seconds = numbaconv.warmup(dtypes=self.dtypes, strategies=self.strategies,
                                        processes=1)
         self.report = dict(threads=config.THREADS, warmup_seconds=seconds,
+                           pool_bytes=config.MEMORY_POOL_BYTES,
                            cache_dir=numba.config.CACHE_DIR or None, pid=os.getpid())
 
 
@@ -128,5 +160,7 @@ def worker_state():
     cache directory and pool size, and the process id."""
     import numba
     import numbaconv
+    from .. import config
     return dict(threads=numbaconv.get_num_threads(), cache_dir=numba.config.CACHE_DIR or None,
+                pool_bytes=config.MEMORY_POOL_BYTES,
                 numba_threads=numba.config.NUMBA_NUM_THREADS, pid=os.getpid())

@@ -128,7 +128,13 @@ def res3a(client, batch=64, chunk=16, repeat=3):
                                                               "SAME"), repeat)
     got = client.compute(DW).result()
     want = numbaconv.conv2d_backprop_filter(x, [3, 3, 128, 128], dy, 1, "SAME")
+    # one block on one thread, as a worker of one thread runs it
+    numbaconv.set_num_threads(1)
+    t_block = _best(lambda: numbaconv.conv2d_backprop_filter(x[:chunk], [3, 3, 128, 128],
+                                                             dy[:chunk], 1, "SAME"), repeat)
+    numbaconv.set_num_threads(os.cpu_count() or 1)
     return dict(batch=batch, chunk=chunk, cluster_s=t_cluster, single_s=t_single,
+                block_1thread_s=t_block, dw_bytes=3 * 3 * 128 * 128 * 4,
                 overhead=t_cluster / t_single - 1,
                 rel_diff=float(np.max(np.abs(got - want)) / np.max(np.abs(want))),
                 plan=_label(numbaconv.plan("conv2d_backprop_filter", x, [3, 3, 128, 128], dy,
@@ -137,6 +143,17 @@ def res3a(client, batch=64, chunk=16, repeat=3):
 
 def _label(plan):
     return plan.strategy + (f"[{plan.variant}]" if plan.variant else "")
+
+
+def model_time(n_blocks, workers, t_block, t_task, bytes_block=0.0, beta=math.inf,
+               reduce_bytes=0.0, split_every=8):
+    """docs/dask.md section 4: the modelled seconds of ``n_blocks`` blocks on ``workers``
+    workers, plus a tree reduction of ``reduce_bytes`` partials (weight gradients)."""
+    t = math.ceil(n_blocks / workers) * (t_block + t_task + bytes_block / beta)
+    if reduce_bytes and n_blocks > 1:
+        depth = math.ceil(math.log(n_blocks, split_every) - 1e-9)
+        t += depth * (t_task + min(split_every, n_blocks) * reduce_bytes / beta)
+    return t
 
 
 def _volume_shape(gib, channels):
@@ -228,6 +245,33 @@ def volume(gib=1.0, channels=4, workers=2, threads=1, repeat=1):
                 single_peak_rss=single["peak_rss"], **out)
 
 
+def _print_model(out, workers):
+    """The model with the measured terms: its prediction for this cluster against the
+    measured time, and for larger ones."""
+    t_task = out["task"]["per_task_s"]
+    beta = out["bytes"]["bytes_per_s"]
+    r = out["res3a"]
+    n = r["batch"] // r["chunk"]
+    pred = model_time(n, workers, r["block_1thread_s"], t_task, reduce_bytes=r["dw_bytes"],
+                      beta=beta)
+    out["model"] = dict(res3a_predicted_s=pred, res3a_measured_s=r["cluster_s"])
+    print(f"model, res3a on {workers} workers: predicted {pred:.3f} s, measured "
+          f"{r['cluster_s']:.3f} s (block on one thread {r['block_1thread_s']:.3f} s)")
+    # the smallest batch chunk whose task overhead stays under 5% of its block
+    per_sample = r["block_1thread_s"] / r["chunk"]
+    least = math.ceil(20 * (t_task + r["dw_bytes"] / beta) / per_sample)
+    out["model"]["res3a_chunk_for_5pct"] = least
+    print(f"model, res3a: batch chunks of >= {least} samples keep the overhead under 5%")
+    blocks = 8192 // r["chunk"]
+    t1 = blocks * r["block_1thread_s"]
+    for p in (8, 64, 512):
+        tp = model_time(blocks, p, r["block_1thread_s"], t_task, reduce_bytes=r["dw_bytes"],
+                        beta=beta)
+        out["model"][f"res3a_8192_speedup_{p}"] = t1 / tp
+        print(f"model, res3a weight gradient over 8192 samples in chunks of {r['chunk']} on "
+              f"{p} one-thread workers: {tp:.2f} s, speed-up {t1 / tp:.0f}x over one")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m numbaconv.dask.bench",
                                  description=__doc__.splitlines()[0])
@@ -263,6 +307,8 @@ def main(argv=None):
         finally:
             client.close()
             cluster.close()
+    if {"task", "bytes", "res3a"} <= set(out):
+        _print_model(out, args.workers)
     if "volume" in only:
         r = out["volume"] = volume(args.volume_gib, workers=args.workers,
                                    threads=args.threads, repeat=max(1, args.repeat - 2))
