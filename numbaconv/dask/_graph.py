@@ -31,28 +31,60 @@ class _Take:
         return out
 
 
+class _Piece:
+    """A task that cuts a small piece (a halo) out of a chunk, where the chunk lies, so
+    that only the piece travels to the task that needs it."""
+
+    __slots__ = ("src",)
+
+    def __init__(self, src):
+        self.src = src
+
+    def __call__(self, block):
+        return np.array(block[self.src])
+
+
 class _Operand:
     """A Dask operand and the boundaries of its chunks along every axis."""
 
-    def __init__(self, arr):
+    def __init__(self, arr, token):
         self.arr = arr
         self.name = arr.name
+        self.piece_name = f"numbaconv-piece-{token}-{arr.name}"
         self.bnds = [geo.bounds(c) for c in arr.chunks]
 
-    def take(self, ranges):
-        """``(keys, _Take)`` for the index ranges ``[(lo, hi), ...]`` (one per axis)."""
+    def take(self, ranges, dsk):
+        """``(keys, _Take)`` for the index ranges ``[(lo, hi), ...]`` (one per axis).
+
+        A piece of at least half a chunk is read from the chunk itself (the task then
+        tends to run where the chunk is); a smaller piece, a halo, is cut out by its own
+        task (added to ``dsk``), so that a task never fetches a whole neighbouring chunk
+        for a few of its rows.
+        """
         per_axis = []
         for (lo, hi), b in zip(ranges, self.bnds):
             parts = []
             for j in range(len(b) - 1):
                 s0, s1 = max(lo, b[j]), min(hi, b[j + 1])
                 if s1 > s0 or (lo == hi and j == 0):
-                    parts.append((j, slice(s0 - b[j], s1 - b[j]), slice(s0 - lo, s1 - lo)))
+                    parts.append((j, slice(s0 - b[j], s1 - b[j]), slice(s0 - lo, s1 - lo),
+                                  s1 - s0, b[j + 1] - b[j]))
             per_axis.append(parts)
         keys, src, dst = [], [], []
         for combo in itertools.product(*per_axis):
-            keys.append((self.name, *[p[0] for p in combo]))
-            src.append(tuple(p[1] for p in combo))
+            key = (self.name, *[p[0] for p in combo])
+            cut = tuple(p[1] for p in combo)
+            share = 1.0
+            for p in combo:
+                share *= p[3] / p[4] if p[4] else 1.0
+            if share < 0.5:
+                bounds = tuple((p[1].start, p[1].stop) for p in combo)
+                piece = (self.piece_name, *key[1:], *[v for b in bounds for v in b])
+                if piece not in dsk:
+                    dsk[piece] = (_Piece(cut), key)
+                key, cut = piece, tuple(slice(None) for _ in combo)
+            keys.append(key)
+            src.append(cut)
             dst.append(tuple(p[2] for p in combo))
         shape = tuple(hi - lo for lo, hi in ranges)
         return keys, _Take(shape, src, dst, len(keys) == 1)
@@ -179,7 +211,7 @@ def forward(p, x, w, names, token, strategy=None, tune=False):
     import numbaconv
     g = Geometry(p)
     lay = Layout(p.ndim, p.data_format, p.filter_format)
-    X, W = _Operand(x), _Operand(w)
+    X, W = _Operand(x, token), _Operand(w, token)
     icg, ocg = p.icg, p.ocg
     nb = X.bnds[0]
     gb = _group_bounds(X.bnds[lay.c_axis], icg, p.g, names["x"], lay.c_axis, "input")
@@ -202,8 +234,8 @@ def forward(p, x, w, names, token, strategy=None, tune=False):
                     dsk[key] = (_Zeros(shape, dtype),)
                     continue
                 xk, xt = X.take(lay.data((nb[ib], nb[ib + 1]), (g0 * icg, g1 * icg),
-                                         [(wn[0], wn[1]) for wn in wins]))
-                wk, wt = W.take(lay.filt(w.shape, (g0 * ocg, g1 * ocg)))
+                                         [(wn[0], wn[1]) for wn in wins]), dsk)
+                wk, wt = W.take(lay.filt(w.shape, (g0 * ocg, g1 * ocg)), dsk)
                 kw = _common_kwargs(g, g1 - g0, p.filter_format, p.data_format, strategy, tune)
                 kw.update(pads_begin=[wn[2] for wn in wins], pads_end=[wn[3] for wn in wins])
                 dsk[key] = _task(_Call(numbaconv.convolution, (xt, wt), kw), (xk, wk))
@@ -217,7 +249,7 @@ def backward_data(p, dy, w, names, token, strategy=None, tune=False):
     import numbaconv
     g = Geometry(p)
     lay = Layout(p.ndim, p.data_format, p.filter_format)
-    D, W = _Operand(dy), _Operand(w)
+    D, W = _Operand(dy, token), _Operand(w, token)
     icg, ocg = p.icg, p.ocg
     nb = D.bnds[0]
     gb = _group_bounds(D.bnds[lay.c_axis], ocg, p.g, names["dy"], lay.c_axis, "output")
@@ -240,8 +272,8 @@ def backward_data(p, dy, w, names, token, strategy=None, tune=False):
                     dsk[key] = (_Zeros(shape, dtype),)
                     continue
                 dk_, dt = D.take(lay.data((nb[ib], nb[ib + 1]), (g0 * ocg, g1 * ocg),
-                                          [(wn[0], wn[1]) for wn in wins]))
-                wk, wt = W.take(lay.filt(w.shape, (g0 * ocg, g1 * ocg)))
+                                          [(wn[0], wn[1]) for wn in wins]), dsk)
+                wk, wt = W.take(lay.filt(w.shape, (g0 * ocg, g1 * ocg)), dsk)
                 kw = _common_kwargs(g, g1 - g0, p.filter_format, p.data_format, strategy, tune)
                 kw.update(pads_begin=[wn[4] for wn in wins], pads_end=[wn[5] for wn in wins],
                           output_shape=[wn[3] - wn[2] for wn in wins])
@@ -266,7 +298,7 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
     import numbaconv
     g = Geometry(p)
     lay = Layout(p.ndim, p.data_format, p.filter_format)
-    X, D = _Operand(x), _Operand(dy)
+    X, D = _Operand(x, token), _Operand(dy, token)
     icg, ocg = p.icg, p.ocg
     nb = geo.union(X.bnds[0], D.bnds[0])
     gb = geo.union(_group_bounds(X.bnds[lay.c_axis], icg, p.g, names["x"], lay.c_axis,
@@ -299,8 +331,8 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
                 key[2 + lay.k_axis] = ig
                 n_rng = (nb[ib], nb[ib + 1])
                 xk, xt = X.take(lay.data(n_rng, (g0 * icg, g1 * icg),
-                                         [(wn[0], wn[1]) for wn in wins]))
-                dk_, dt = D.take(lay.data(n_rng, (g0 * ocg, g1 * ocg), orng))
+                                         [(wn[0], wn[1]) for wn in wins]), dsk)
+                dk_, dt = D.take(lay.data(n_rng, (g0 * ocg, g1 * ocg), orng), dsk)
                 kw = _common_kwargs(g, g1 - g0, p.filter_format, p.data_format, strategy, tune)
                 kw.update(pads_begin=[wn[2] for wn in wins], pads_end=[wn[3] for wn in wins])
                 call = _Call(_bwd_w_call, (xt, dt), dict(ksz=list(g.k), kw=kw),
