@@ -21,8 +21,8 @@ Measures (docs/dask.md explains the model these numbers feed):
   as when it is written to storage).
 
 Every time is the best of ``--repeat`` runs after one untimed run (the volume: of
-``max(1, repeat - 2)`` runs, its kernels loaded by a small call first); the data lives on
-the workers before the clock starts, as it would in a pipeline.
+``--volume-repeat`` runs, its kernels loaded by a small call first); the data lives on the
+workers before the clock starts, as it would in a pipeline.
 """
 import argparse
 import json
@@ -308,6 +308,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="threads per worker")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--volume-gib", type=float, default=1.0)
+    ap.add_argument("--volume-repeat", type=int, default=1,
+                    help="timed runs of the volume (each a minute or more at 1 GiB)")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -338,7 +340,7 @@ def main(argv=None):
         _print_model(out, args.workers)
     if "volume" in only:
         r = out["volume"] = volume(args.volume_gib, workers=args.workers,
-                                   threads=args.threads, repeat=max(1, args.repeat - 2))
+                                   threads=args.threads, repeat=args.volume_repeat)
         print(f"3-D volume {r['shape']} ({r['gib']:.2f} GiB) in 8 chunks, conv3d 3x3x3 SAME: "
               f"one process {r['single_s']:.2f} s, peak RSS "
               f"{r['single_peak_rss'] / (1 << 30):.2f} GiB", flush=True)
