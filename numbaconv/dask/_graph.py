@@ -308,7 +308,7 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
     ob = [geo.union(D.bnds[ax], geo.fwd_out_bounds(X.bnds[ax], g.O[a], g.s[a], g.pb[a]))
           for a, ax in enumerate(lay.sp)]
     dtype = np.dtype(p.dtype)
-    acc = np.dtype(np.float32) if dtype == np.float16 else dtype
+    acc = np.dtype(p.compute_dtype)  # float32 partials for float16 operands
     if p.filter_format == "XIO":
         w_shape = (*g.k, icg, p.oc)
         w_chunks = (*[(k,) for k in g.k], (icg,), tuple(n * ocg for n in geo.sizes(gb)))
