@@ -420,7 +420,7 @@ def test_errors_name_the_argument():
         ncd.conv2d(X, w, 1, "SAME", out=np.empty((2, 6, 6, 4), F32))
     with pytest.raises(ValueError, match=r"^out_backprop: expected shape \(2, 6, 6, 4\)"):
         ncd.conv2d_backprop_filter(X, w.shape, DY[:, :5], 1, "SAME")
-    with pytest.raises(TypeError, match=r"^input: expected dtype float16, float32 or float64"):
+    with pytest.raises(TypeError, match=r"^input: expected dtype float16, float32, float64 or bfloat16"):
         ncd.conv2d(X.astype(np.int32), w, 1, "SAME")
     with pytest.raises(TypeError, match=r"^all arrays of one call must share one float dtype"):
         ncd.conv2d(X, w.astype(F64), 1, "SAME")

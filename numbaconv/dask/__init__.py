@@ -28,6 +28,7 @@ from .. import planner as _planner
 from ..api import _op as _opmod
 from ..api import tf as _tf  # noqa: F401  (registers the TF-style ops)
 from ..api import onednn as _onednn  # noqa: F401  (registers the generic ops)
+from ..problem import numpy_dtype as _numpy_dtype
 from . import _graph
 from ._worker import NumbaconvSetup, worker_state
 
@@ -124,7 +125,7 @@ def _build(np_op, sig, direction, args, kwargs):
                             f"numbaconv.{np_op.__name__} for NumPy arrays")
         names[role] = arg
         arrays[role] = arr
-    dtype = _np.dtype(problem.dtype)
+    dtype = _numpy_dtype(problem.dtype)
     if problem.empty:
         return _da.zeros(problem.result_shape, dtype=dtype)
     xim = problem.filter_format == "XIM"

@@ -12,6 +12,7 @@ import itertools
 
 import numpy as np
 
+from ..problem import numpy_dtype
 from . import _geometry as geo
 
 class _Take:
@@ -217,7 +218,7 @@ def forward(p, x, w, names, token, strategy=None, tune=False):
     gb = _group_bounds(X.bnds[lay.c_axis], icg, p.g, names["x"], lay.c_axis, "input")
     ob = [geo.fwd_out_bounds(X.bnds[ax], g.O[a], g.s[a], g.pb[a])
           for a, ax in enumerate(lay.sp)]
-    dtype = np.dtype(p.dtype)
+    dtype = numpy_dtype(p.dtype)
     name = f"numbaconv-{p.op}-{token}"
     dsk = {}
     for ib in range(len(nb) - 1):
@@ -255,7 +256,7 @@ def backward_data(p, dy, w, names, token, strategy=None, tune=False):
     gb = _group_bounds(D.bnds[lay.c_axis], ocg, p.g, names["dy"], lay.c_axis, "output")
     ib_ = [geo.bwd_in_bounds(D.bnds[ax], g.I[a], g.s[a], g.pb[a])
            for a, ax in enumerate(lay.sp)]
-    dtype = np.dtype(p.dtype)
+    dtype = numpy_dtype(p.dtype)
     name = f"numbaconv-{p.op}-{token}"
     dsk = {}
     for ib in range(len(nb) - 1):
@@ -307,7 +308,7 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
                                  "output"))
     ob = [geo.union(D.bnds[ax], geo.fwd_out_bounds(X.bnds[ax], g.O[a], g.s[a], g.pb[a]))
           for a, ax in enumerate(lay.sp)]
-    dtype = np.dtype(p.dtype)
+    dtype = numpy_dtype(p.dtype)
     acc = np.dtype(p.compute_dtype)  # float32 partials for float16 operands
     if p.filter_format == "XIO":
         w_shape = (*g.k, icg, p.oc)
