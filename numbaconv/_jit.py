@@ -24,9 +24,10 @@ _cache_ok = None
 _cache_lock = threading.Lock()
 
 
-def _options(parallel):
-    return dict(nopython=True, parallel=parallel, fastmath=set(config.FASTMATH),
-                error_model="numpy", nogil=True)
+def _options(parallel, reassociate=True):
+    fastmath = set(config.FASTMATH) - (set() if reassociate else {"reassoc"})
+    return dict(nopython=True, parallel=parallel, fastmath=fastmath, error_model="numpy",
+                nogil=True)
 
 
 class _Dispatcher(CPUDispatcher):
@@ -41,22 +42,23 @@ class _Dispatcher(CPUDispatcher):
             {k: types.unliteral(v) for k, v in kws.items()})
 
 
-def _njit(fn, parallel, cache):
+def _njit(fn, parallel, cache, reassociate=True):
     if numba.config.DISABLE_JIT:
         return fn
-    disp = _Dispatcher(py_func=fn, locals={}, targetoptions=_options(parallel))
+    disp = _Dispatcher(py_func=fn, locals={},
+                       targetoptions=_options(parallel, reassociate))
     if cache:
         disp.enable_caching()
     return disp
 
 
-def _compile(fn, parallel):
+def _compile(fn, parallel, reassociate=True):
     global _cache_ok
     with _cache_lock:
         want_cache = config.CACHE and _cache_ok is not False
         if want_cache:
             try:
-                return _njit(fn, parallel, True)
+                return _njit(fn, parallel, True, reassociate)
             except Exception as exc:  # numba: "cannot cache function ...: no locator available"
                 if _cache_ok is None:
                     warnings.warn(
@@ -65,19 +67,27 @@ def _compile(fn, parallel):
                         "NUMBA_CACHE_DIR to a writable directory to keep them.",
                         RuntimeWarning, stacklevel=3)
                 _cache_ok = False
-        return _njit(fn, parallel, False)
+        return _njit(fn, parallel, False, reassociate)
 
 
-def kernel(fn=None, *, parallel=True):
-    """Decorate a kernel entry point (a parallel loop nest by default)."""
+def kernel(fn=None, *, parallel=True, reassociate=True):
+    """Decorate a kernel entry point (a parallel loop nest by default).
+
+    ``reassociate=False`` drops ``reassoc`` from the fastmath flags: for loop nests that
+    reduce nothing (elementwise transforms), where it buys no vectorisation and where a
+    copy compiled in this process and one loaded from the disk cache were seen to round
+    differently (the Winograd input transform)."""
     if fn is None:
-        return lambda f: _compile(f, parallel)
-    return _compile(fn, parallel)
+        return lambda f: _compile(f, parallel, reassociate)
+    return _compile(fn, parallel, reassociate)
 
 
-def helper(fn):
-    """Decorate a serial helper inlined into kernels of the same module."""
-    return _compile(fn, False)
+def helper(fn=None, *, reassociate=True):
+    """Decorate a serial helper inlined into kernels of the same module (``reassociate``:
+    as for :func:`kernel`)."""
+    if fn is None:
+        return lambda f: _compile(f, False, reassociate)
+    return _compile(fn, False, reassociate)
 
 
 def cache_enabled():

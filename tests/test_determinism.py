@@ -50,3 +50,41 @@ def test_conv3d_weight_gradient_default(monkeypatch):
     assert nc.plan("conv3d_backprop_filter_v2", *args).strategy == "gemm"
     results = [nc.conv3d_backprop_filter_v2(*args) for _ in range(CALLS)]
     assert not _same_bits(results)
+
+
+_CROSS_PROCESS = """
+import hashlib, numpy as np
+import numbaconv as nc
+from numbaconv import config
+config.SMALL_FLOPS = 0
+rng = np.random.default_rng(0)
+x = rng.standard_normal((2, 24, 24, 64)).astype(np.float32)
+w = rng.standard_normal((3, 3, 64, 64)).astype(np.float32)
+dy = rng.standard_normal((2, 24, 24, 64)).astype(np.float32)
+a = dict(strides=1, pads_begin=1, pads_end=1, strategy="winograd")
+out = []
+for m in (2, 4):
+    from numbaconv.strategies import winograd
+    winograd.TILE_SIZES = (m,)
+    nc.planner.clear_plan_cache()
+    for r in (nc.convolution(x, w, **a), nc.convolution_backprop_data(dy, w, (24, 24), **a),
+              nc.convolution_backprop_filters(x, (3, 3), dy, **a)):
+        out.append(hashlib.md5(r.tobytes()).hexdigest())
+print(" ".join(out))
+"""
+
+
+def test_a_kernel_loaded_from_the_cache_gives_the_bits_of_one_compiled_here(tmp_path):
+    """Contract section 8 across processes: the Winograd transforms (every pass, both tile
+    sizes) compiled in one process and loaded from the disk cache in the next give the same
+    bits (with ``reassoc`` they did not: docs/design.md, "Compile once")."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBACONV_CACHE="1")
+    runs = [subprocess.run([sys.executable, "-c", _CROSS_PROCESS], env=env, text=True,
+                           capture_output=True, timeout=600) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    first, second = (r.stdout.split() for r in runs)
+    assert len(first) == 6 and first == second

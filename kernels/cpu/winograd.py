@@ -21,6 +21,11 @@ are read and written in place; border tiles go through a small zero-filled scrat
 Tile ``t`` is ``(n, ti, tj)`` in C order over ``[nb, th, tw]``; a call handles the tiles
 ``t0 <= t < t1`` and uses row ``t - t0`` of its stack, so the driver may run the whole
 problem at once or in blocks.
+
+Everything here is compiled without ``reassoc`` (``reassociate=False``): the transforms
+reduce nothing, and with it a transform compiled in one process and the same transform
+loaded from Numba's disk cache in another rounded differently (a different bit pattern
+for the same inputs, within the tolerance); ``tests/test_determinism.py`` checks it.
 """
 import types
 
@@ -76,7 +81,7 @@ def _store_as(typingctx, arr, i, v):
 # the contiguous loads into gathers (and slicing views instead costs refcount atomics).
 # Scaling by 2, 4, 8 is written as additions: an integer literal times a float32 is a
 # float64 in Numba.
-@helper
+@helper(reassociate=False)
 def _bt2_row(a, s, e, st, d, o, n):
     u = np.uint64(st)
     e0 = np.uint64(e)
@@ -99,7 +104,7 @@ def _bt2_row(a, s, e, st, d, o, n):
             d[o0 + c] = s[e1 + c] - s[e3 + c]
 
 
-@helper
+@helper(reassociate=False)
 def _a2_row(a, s, e, st, d, o, n):
     u = np.uint64(st)
     e0 = np.uint64(e)
@@ -120,7 +125,7 @@ def _a2_row(a, s, e, st, d, o, n):
             d[o0 + c] = -s[e1 + c]
 
 
-@helper
+@helper(reassociate=False)
 def _at2_row(a, s, e, st, d, o, n):
     u = np.uint64(st)
     e0 = np.uint64(e)
@@ -137,7 +142,7 @@ def _at2_row(a, s, e, st, d, o, n):
             d[o0 + c] = s[e1 + c] - s[e2 + c] - s[e3 + c]
 
 
-@helper
+@helper(reassociate=False)
 def _bt4_row(a, s, e, st, d, o, n):
     # B^T of F(4,3): [4 0 -5 0 1 0], [0 -4 -4 1 1 0], [0 4 -4 -1 1 0], [0 -2 -1 2 1 0],
     # [0 2 -1 -2 1 0], [0 4 0 -5 0 1]
@@ -180,7 +185,7 @@ def _bt4_row(a, s, e, st, d, o, n):
             d[o0 + c] = t + t + s[e5 + c] - s[e3 + c]
 
 
-@helper
+@helper(reassociate=False)
 def _a4_row(a, s, e, st, d, o, n):
     # A = (A^T)^T of F(4,3): rows [1 0 0 0], [1 1 1 1], [1 -1 1 -1], [1 2 4 8], [1 -2 4 -8],
     # [0 0 0 1]
@@ -215,7 +220,7 @@ def _a4_row(a, s, e, st, d, o, n):
             d[o0 + c] = s[e3 + c]
 
 
-@helper
+@helper(reassociate=False)
 def _at4_row(a, s, e, st, d, o, n):
     # A^T of F(4,3): [1 1 1 1 1 0], [0 1 -1 2 -2 0], [0 1 1 4 4 0], [0 1 -1 8 -8 1]
     u = np.uint64(st)
@@ -279,7 +284,7 @@ def _tile(m, kind, s, e, si, sj, tmp, d, o, da, db, n, cb):
             _ROW(b, tmp, a * q * cb, cb, d, o + a * da + b * db, n)
 
 
-@helper
+@helper(reassociate=False)
 def _patch(flat, buf, n, h0, w0, q, H, W, C, c0, cn, cb):
     """``buf[(i*q + j)*cb + c] = src[n, h0 + i, w0 + j, c0 + c]`` (0 outside the image) for
     ``flat``, the flat ``[.., H, W, C]`` source; float16 bits are widened."""
@@ -297,7 +302,7 @@ def _patch(flat, buf, n, h0, w0, q, H, W, C, c0, cn, cb):
                     bv[c] = 0
 
 
-@helper
+@helper(reassociate=False)
 def _unpatch(buf, flat, n, h0, w0, m, H, W, K, k0, kn, cb):
     """``dst[n, h0 + a, w0 + b, k0 + k] = buf[(a*m + b)*cb + k]`` for the positions inside
     ``flat``, the flat ``[.., H, W, K]`` result; rounded when it holds float16 bits."""
@@ -382,14 +387,15 @@ def _copy(fn, name, **globals_):
 
 def _chain(kind, m, row):
     name = f"{('bt', 'a', 'at')[kind]}{m}"
-    tile = helper(_copy(_tile, name, _ROW=row))
+    tile = helper(_copy(_tile, name, _ROW=row), reassociate=False)
     # Serial on purpose: they run between BLAS calls, which own the cores (see
     # numbaconv.blas; measured on 2 cores, parallel transforms next to multithreaded GEMMs
     # ran 1.5-5x slower).
     # (each compiles on its first call: the float16-bits copy only where float16 runs)
     fn = _from_tiles if kind == 2 else _to_tiles
-    return (kernel(_copy(fn, name, _TILE=tile), parallel=False),
-            kernel(_copy(fn, name + "_bits", _TILE=tile, _IN_PLACE=False), parallel=False))
+    return (kernel(_copy(fn, name, _TILE=tile), parallel=False, reassociate=False),
+            kernel(_copy(fn, name + "_bits", _TILE=tile, _IN_PLACE=False), parallel=False,
+                   reassociate=False))
 
 
 #: (kind, m) -> (kernel, its float16-bits variant)
