@@ -21,7 +21,7 @@ PLOT_HINT = ("--plot: matplotlib is not installed; `pip install matplotlib` (or 
 
 def add_arguments(parser):
     """Add the options of ``numbaconv bench`` to an :class:`argparse.ArgumentParser`."""
-    parser.add_argument("--suite", default="resnet50", choices=[*suites.SUITES, "all"],
+    parser.add_argument("--suite", default="resnet50", choices=[*suites.SUITES, *suites.EXTRA_SUITES, "all"],
                         help="layer suite (default: resnet50)")
     parser.add_argument("--layers", nargs="+", metavar="NAME",
                         help="only these layers of the suite (by name, e.g. res4b_branch2b)")
