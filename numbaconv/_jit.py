@@ -14,6 +14,9 @@ import threading
 import warnings
 
 import numba
+import numpy as np
+from numba.core import types
+from numba.core.registry import CPUDispatcher
 
 from . import config
 
@@ -21,9 +24,30 @@ _cache_ok = None
 _cache_lock = threading.Lock()
 
 
-def _options(parallel, cache):
-    return dict(parallel=parallel, fastmath=set(config.FASTMATH), error_model="numpy",
-                nogil=True, cache=cache)
+def _options(parallel):
+    return dict(nopython=True, parallel=parallel, fastmath=set(config.FASTMATH),
+                error_model="numpy", nogil=True)
+
+
+class _Dispatcher(CPUDispatcher):
+    """Numba's CPU dispatcher, except that a call from jitted code compiles the callee for
+    the arguments' plain types: an argument that type inference sees first as a literal
+    (a counter set to ``0`` before a loop, a constant flag) would otherwise compile a
+    second copy of the callee, and of everything it calls, specialised to that value."""
+
+    def get_call_template(self, args, kws):
+        return super().get_call_template(
+            tuple(types.unliteral(a) for a in args),
+            {k: types.unliteral(v) for k, v in kws.items()})
+
+
+def _njit(fn, parallel, cache):
+    if numba.config.DISABLE_JIT:
+        return fn
+    disp = _Dispatcher(py_func=fn, locals={}, targetoptions=_options(parallel))
+    if cache:
+        disp.enable_caching()
+    return disp
 
 
 def _compile(fn, parallel):
@@ -32,7 +56,7 @@ def _compile(fn, parallel):
         want_cache = config.CACHE and _cache_ok is not False
         if want_cache:
             try:
-                return numba.njit(**_options(parallel, True))(fn)
+                return _njit(fn, parallel, True)
             except Exception as exc:  # numba: "cannot cache function ...: no locator available"
                 if _cache_ok is None:
                     warnings.warn(
@@ -41,7 +65,7 @@ def _compile(fn, parallel):
                         "NUMBA_CACHE_DIR to a writable directory to keep them.",
                         RuntimeWarning, stacklevel=3)
                 _cache_ok = False
-        return numba.njit(**_options(parallel, False))(fn)
+        return _njit(fn, parallel, False)
 
 
 def kernel(fn=None, *, parallel=True):
@@ -59,3 +83,130 @@ def helper(fn):
 def cache_enabled():
     """Whether kernels are being cached on disk (None: not decided yet)."""
     return config.CACHE and _cache_ok is not False
+
+
+class Separate:
+    """A serial helper compiled on its own and called from kernels through its address.
+
+    A helper called directly from a ``@kernel`` is linked into the kernel's module and
+    optimised and emitted again there, once for each parallel region (Numba outlines a
+    ``prange`` body into a function of its own): a large helper costs its compile time two
+    or three times over. A separate helper is compiled once, for one of its declared
+    ``variants`` (name -> signature), and kernels call it through a table of addresses
+    that they take as an argument: ``helper(table, *args)`` in the kernel,
+    ``helper.table(name)`` (which compiles that variant, or loads it from the disk cache)
+    on the Python side.
+
+    The call site picks the variant whose signature its arguments fit (arrays by dtype and
+    rank, any layout or writability: Numba lays them out alike; scalars cast to the
+    declared type), at compile time; a variant not compiled yet raises ``RuntimeError``
+    instead of calling a null address. The helper must not return a value.
+    """
+
+    def __init__(self, fn, variants):
+        from numba.core import sigutils
+        self.__name__ = fn.__name__
+        self.dispatcher = _compile(fn, False)
+        self.names = tuple(variants)
+        self.signatures = tuple(sigutils._parse_signature_string(s)
+                                if isinstance(s, str) else s for s in variants.values())
+        self._table = np.zeros(len(self.names), np.int64)
+        self.call = _separate_call(self)
+
+    def table(self, *names):
+        """The address table with the variants ``names`` compiled (each compiled once)."""
+        t = self._table
+        for name in names:
+            i = self.names.index(name)
+            if t[i] == 0:
+                sig = self.signatures[i]
+                self.dispatcher.compile(sig)
+                cres = self.dispatcher.overloads[tuple(sig.args)]
+                t[i] = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+        return t
+
+
+def separate(template=None, **variants):
+    """Decorate a serial helper that kernels call through its address (:class:`Separate`).
+
+    ``variants``: name -> signature; with a ``template``, name -> what to put in it
+    (a dtype name for ``{T}``, or a dict of placeholders), e.g.
+    ``@separate("void({T}[:, ::1], int64)", float32="float32", float64="float64")``.
+    The decorated name is the call for jitted code, ``helper(table, *args)``, with the
+    :class:`Separate` methods on it: ``helper.table(name)``, ``helper.dispatcher``.
+    """
+    if template is not None:
+        variants = {name: template.format(**(v if isinstance(v, dict) else {"T": v}))
+                    for name, v in variants.items()}
+
+    def wrap(fn):
+        sep = Separate(fn, variants)
+        call = sep.call
+        call.table = sep.table
+        call.dispatcher = sep.dispatcher
+        call.separate = sep
+        return call
+    return wrap
+
+
+def _fits(actual, declared):
+    from numba.core import types
+    if isinstance(declared, types.Array):
+        # one data model for every layout and writability; a contiguous declaration
+        # takes only contiguous arrays, since the helper indexes them as such
+        return (isinstance(actual, types.Array) and actual.dtype == declared.dtype
+                and actual.ndim == declared.ndim
+                and declared.layout in ("A", actual.layout))
+    if isinstance(declared, (types.Integer, types.Boolean)):
+        return isinstance(actual, (types.Integer, types.Boolean))
+    if isinstance(declared, types.Float):
+        return isinstance(actual, (types.Integer, types.Float))
+    return actual == declared
+
+
+def _separate_call(sep):
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.core.errors import TypingError
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def call(typingctx, table, *args):
+        if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0],
+                                                                      types.StarArgTuple):
+            args = tuple(args[0].types)
+        for k, sig in enumerate(sep.signatures):
+            if len(sig.args) == len(args) and all(map(_fits, args, sig.args)):
+                break
+        else:
+            raise TypingError(f"{sep.__name__}: no variant of {list(sep.names)} takes "
+                              f"({', '.join(map(str, args))})")
+        target = sep.signatures[k]
+        name = sep.names[k]
+
+        def codegen(context, builder, signature, llargs):
+            tab, star = llargs
+            vals = cgutils.unpack_tuple(builder, star, len(args))
+            cast = []
+            for v, a, d in zip(vals, args, target.args):
+                cast.append(v if isinstance(d, types.Array) else
+                            context.cast(builder, v, a, d))
+            arr = context.make_array(signature.args[0])(context, builder, tab)
+            addr = builder.load(builder.gep(arr.data, [ir.Constant(ir.IntType(64), k)]))
+            with cgutils.if_unlikely(builder, builder.icmp_signed(
+                    "==", addr, ir.Constant(addr.type, 0))):
+                context.call_conv.return_user_exc(
+                    builder, RuntimeError,
+                    (f"{sep.__name__}: variant {name!r} is not compiled; call "
+                     f"{sep.__name__}.table({name!r}) before the kernel",))
+            fnty = context.call_conv.get_function_type(target.return_type, target.args)
+            fn = builder.inttoptr(addr, fnty.as_pointer())
+            status, _ = context.call_conv.call_function(builder, fn, target.return_type,
+                                                        target.args, cast)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return context.get_dummy_value()
+
+        return types.none(table, types.StarArgTuple(args)), codegen
+
+    return call

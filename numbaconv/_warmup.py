@@ -6,6 +6,8 @@ def _problems(dt):
     """Small problems that, together, every implementation accepts in every direction:
     ``(x, w, groups, pad)``."""
     import numpy as np
+    if dt == "bfloat16":
+        import ml_dtypes  # noqa: F401  (registers the dtype name)
     w3 = np.ones((3, 3, 64, 64), dt)
     dense4 = (np.ones((1, 24, 24, 64), dt), w3, 1, 1)  # gemm, winograd F(4x4): 36 tiles
     dense2 = (np.ones((1, 12, 12, 64), dt), w3, 1, 1)  # winograd F(2x2): 36 tiles (F(4x4): 9)

@@ -140,8 +140,26 @@ def _cases(rng):
     return cases
 
 
-def run_check(dtypes=("float16", "float32", "float64"), verbose=True, seed=0):
-    """Run every op against the reference; prints a table, returns 0 if all pass, else 1."""
+def default_dtypes():
+    """float16, float32, float64, and bfloat16 where ml_dtypes is installed."""
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return ("float16", "float32", "float64")
+    return ("float16", "float32", "float64", "bfloat16")
+
+
+def run_check(dtypes=None, verbose=True, seed=0):
+    """Run every op against the reference; prints a table, returns 0 if all pass, else 1.
+    ``dtypes``: default :func:`default_dtypes`; ``"bfloat16"`` needs ml_dtypes."""
+    from .problem import numpy_dtype
+    dtypes = default_dtypes() if dtypes is None else tuple(dtypes)
+    if "bfloat16" in dtypes:
+        try:
+            import ml_dtypes  # noqa: F401  (registers the dtype the calls cast to)
+        except ImportError:
+            raise ValueError("dtypes: bfloat16 needs the ml_dtypes package "
+                             "(pip install ml-dtypes)") from None
     rng = np.random.default_rng(seed)
     cases = _cases(rng)
     failures = 0
@@ -152,7 +170,7 @@ def run_check(dtypes=("float16", "float32", "float64"), verbose=True, seed=0):
             got, ref, ra = call(dt)
             err = R.normalized_error(got, ref, ra)
             tol = R.TOLERANCE[dt]
-            ok = err <= tol and got.dtype == np.dtype(dt)
+            ok = err <= tol and got.dtype == numpy_dtype(dt)
             failures += not ok
             if verbose:
                 print(f"{label:<46} {dt:<8} {err:10.2e} {tol:10.0e}  {'yes' if ok else 'NO'}")

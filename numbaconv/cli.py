@@ -106,11 +106,12 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="versions, threading layer, threads, CPU, caches, CUDA")
     c = sub.add_parser("check", help="every op on small problems against the reference")
-    c.add_argument("--dtype", nargs="+", default=["float16", "float32", "float64"],
-                   choices=["float16", "float32", "float64"])
+    c.add_argument("--dtype", nargs="+", default=None,
+                   choices=["float16", "float32", "float64", "bfloat16"],
+                   help="default: all four (bfloat16 where ml_dtypes is installed)")
     w = sub.add_parser("warmup", help="compile (and cache) the kernels ahead of time")
     w.add_argument("--dtype", nargs="+", default=["float32"],
-                   choices=["float16", "float32", "float64"])
+                   choices=["float16", "float32", "float64", "bfloat16"])
     w.add_argument("--processes", type=int, default=None,
                    help="worker processes compiling into the disk cache (default: one per "
                         "core; 1: compile in this process)")

@@ -75,9 +75,9 @@ def address(a):
     """The address of ``a``'s first element, as ``a.ctypes.data`` but compiled: a call
     takes 0.2-0.3 us where ``ctypes.data`` (which builds a ctypes object) takes 1 us, and
     a small layer's call asks twice (an operand's alignment, a placed result's). Numba has
-    no float16 or byte-swapped arrays: those ask NumPy."""
+    no float16, bfloat16 or byte-swapped arrays: those ask NumPy."""
     dt = a.dtype
-    if dt is _HALF or not dt.isnative:
+    if dt is _HALF or not dt.isnative or dt.kind == "V":
         return a.ctypes.data
     return _address(a)
 

@@ -63,11 +63,11 @@ from .strategies.direct import DIRECT
 FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
-LABELS = ("numpy[depthwise]", "numpy", "winograd", "direct[grouped]", "gemm[rows]",
-          "gemm[implicit]", "gemm[split-k]",
-          "gemm[claimed]", "gemm[identity]", "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]",
-          "gemm[col2im]", "direct[depthwise-rows]", "direct[depthwise-unrolled]",
-          "direct[depthwise-spans]", "direct[depthwise]", "direct")
+LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
+          "gemm[rows]", "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
+          "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]",
+          "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
+          "direct[depthwise]", "direct")
 STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
 R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
@@ -101,8 +101,9 @@ def _strategies():
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM, *DEPTHWISE,
-                          DIRECT]
+        from .strategies.bf16dot import STRATEGY as BF16DOT
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, ROWGEMM, IGEMM,
+                          *GEMM, COL2IM, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

@@ -11,8 +11,22 @@ multiplier ``oc // ic``. Padding of every kind (SAME, VALID, EXPLICIT, auto_pad)
 from dataclasses import dataclass, field
 import math
 
+import numpy as np
+
 DIRECTIONS = ("fwd", "bwd_d", "bwd_w")
-DTYPES = ("float16", "float32", "float64")
+DTYPES = ("float16", "float32", "float64", "bfloat16")
+#: The user's dtypes computed in float32 and rounded once at the end.
+FLOAT32_COMPUTED = ("float16", "bfloat16")
+
+
+def numpy_dtype(name):
+    """The NumPy dtype of a problem's ``dtype`` name; ``"bfloat16"`` is ml_dtypes' type
+    (imported here only: a bfloat16 problem comes from bfloat16 arrays, so it is
+    installed)."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 @dataclass(frozen=True)
@@ -31,7 +45,7 @@ class ConvProblem:
     ndim : int
         The user's spatial rank (1, 2 or 3).
     dtype : str
-        The user's dtype; ``float16`` is computed in ``float32``.
+        The user's dtype; ``float16`` and ``bfloat16`` are computed in ``float32``.
     data_format : {"NXC", "NCX"}
         The user's data layout (channels last or first).
     filter_format : {"XIO", "OIX", "XIM"}
@@ -73,8 +87,8 @@ class ConvProblem:
 
     @property
     def compute_dtype(self):
-        """The dtype the kernels run in: float16 is computed in float32."""
-        return "float32" if self.dtype == "float16" else self.dtype
+        """The dtype the kernels run in: float16 and bfloat16 are computed in float32."""
+        return "float32" if self.dtype in FLOAT32_COMPUTED else self.dtype
 
     @property
     def is_depthwise(self):

@@ -86,5 +86,9 @@ def normalized_error(got, ref, ref_abs):
     return err / scale if scale > 0 else err
 
 
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
-WINOGRAD_TOLERANCE = {"float64": 1e-12, "float32": 1e-4, "float16": 4e-3}
+#: bfloat16 (inputs exact, accumulated in float32, rounded once): the rounding's relative
+#: error, at most 2^-8 (half a unit in the last of its 8 significant bits), plus float32's
+#: bound for the accumulation (docs/contract.md section 10).
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3, "bfloat16": 2 ** -8 + 1e-5}
+WINOGRAD_TOLERANCE = {"float64": 1e-12, "float32": 1e-4, "float16": 4e-3,
+                      "bfloat16": 2 ** -8 + 1e-4}

@@ -20,6 +20,11 @@ import numpy as np
 TOL = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 4e-3}
 #: docs/contract.md section 10: float32 under the Winograd strategy
 TOL_WINOGRAD_F32 = 1e-4
+#: docs/contract.md section 10: bfloat16 (ml_dtypes; not a key of ``TOL``, which would need
+#: ml_dtypes imported): inputs are exact, float32 sums carry float32's error, and rounding
+#: the result once to bfloat16's 8 significant bits adds at most 2^-8 of its magnitude.
+TOL_BF16 = 2 ** -8 + 1e-5
+TOL_WINOGRAD_BF16 = 2 ** -8 + 1e-4
 
 
 # --------------------------------------------------------------------------- geometry
@@ -252,6 +257,8 @@ def normalized_error(got, ref_fn, *operands, **kwargs):
 
 def tolerance(dtype, strategy=None):
     dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return TOL_WINOGRAD_BF16 if strategy == "winograd" else TOL_BF16
     if dtype == np.float32 and strategy == "winograd":
         return TOL_WINOGRAD_F32
     return TOL[dtype]
@@ -268,6 +275,7 @@ def assert_matches(got, dtype, ref_fn, *operands, strategy=None, plan=None, **kw
     assert got.dtype == dtype, (got.dtype, dtype)
     err = normalized_error(got, ref_fn, *operands, **kwargs)
     tol = tolerance(dtype, strategy)
-    if err > tol and dtype == np.float32 and strategy is None and plan is not None:
+    if (err > tol and (dtype == np.float32 or dtype.name == "bfloat16") and strategy is None
+            and plan is not None):
         tol = tolerance(dtype, plan().strategy)
     assert err <= tol, f"normalized error {err:.3e} > {tol:.0e} ({dtype})"

@@ -28,7 +28,7 @@ LEVELS = (
     ("numbaconv.api", "numbaconv.api."),
     # 5: the package and its tools
     ("numbaconv", "numbaconv.cli", "numbaconv.bench", "numbaconv.bench.", "numbaconv.suites",
-     "numbaconv._warmup", "numbaconv.check"),
+     "numbaconv._warmup", "numbaconv.check", "numbaconv.dask", "numbaconv.dask."),
 )
 
 #: What a kernel module may import from the package: the compile wrapper and other kernel

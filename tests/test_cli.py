@@ -72,13 +72,22 @@ def test_warmup_covers_every_strategy_entry():
     from numbaconv.strategies import label
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("gemm[split-dw] needs two threads")
+    from numbaconv.strategies.bf16dot import host_has_bf16
+    dtypes = ["float32"]
+    try:  # gemm[bf16-dot] takes bfloat16 problems only, where the host has AVX512_BF16
+        import ml_dtypes  # noqa: F401
+        dtypes.append("bfloat16")
+    except ImportError:
+        pass
     before = nc.get_num_threads()
     nc.set_num_threads(2)
     try:
-        warmed = {t[3] for group in _warmup._tasks(["float32"]) for t in group}
+        warmed = {t[3] for group in _warmup._tasks(dtypes) for t in group}
     finally:
         nc.set_num_threads(before)
     entries = {label(s) for d in ("fwd", "bwd_d", "bwd_w") for s in planner.candidates(d)}
+    if "bfloat16" not in dtypes or not host_has_bf16():
+        entries.discard("gemm[bf16-dot]")
     assert warmed == entries
 
 

@@ -535,7 +535,8 @@ def test_integer_operands_say_how_to_convert():
     with pytest.raises(TypeError, match=r"^input: converted from a list to int64, not a float "
                                         r"dtype; pass np\.asarray\(input, dtype=np\.float32\)"):
         nc.conv2d([[[[1, 2]] * 5] * 5], w, 1, "SAME")
-    with pytest.raises(TypeError, match=r"^filter: expected dtype float16, float32 or float64, "
+    with pytest.raises(TypeError, match=r"^filter: expected dtype float16, float32, float64 or "
+                                        r"bfloat16, "
                                         r"got int32; pass np\.asarray\(filter, "
                                         r"dtype=np\.float32\)"):
         nc.conv2d(_x(), w.astype(np.int32), 1, "SAME")

@@ -103,7 +103,7 @@ def test_non_native_byte_order_is_a_float_dtype():
     ref = nc.conv2d(x.astype("<f4"), w.astype("<f4"), 1, "SAME")
     assert y.dtype == np.float32
     np.testing.assert_array_equal(y, ref)
-    with pytest.raises(TypeError, match="float16, float32 or float64"):
+    with pytest.raises(TypeError, match="float16, float32, float64 or bfloat16"):
         nc.conv2d(x.astype(np.longdouble), w.astype(np.longdouble), 1, "SAME")
 
 

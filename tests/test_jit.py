@@ -1,7 +1,6 @@
 """The one kernel wrapper: fastmath policy, cache fallback."""
 import pathlib
 import re
-import types
 import warnings
 
 import numba
@@ -32,15 +31,12 @@ def test_no_kernel_sets_its_own_jit_options():
 
 def test_cache_fallback_warns_once_and_compiles(monkeypatch):
     calls = []
-    real = numba.njit
 
-    def fake_njit(**opts):
-        if opts.get("cache"):
-            calls.append("cache")
-            raise RuntimeError("cannot cache function: no locator available")
-        return real(**opts)
+    def no_locator(self):
+        calls.append("cache")
+        raise RuntimeError("cannot cache function: no locator available")
 
-    monkeypatch.setattr(_jit, "numba", types.SimpleNamespace(njit=fake_njit))
+    monkeypatch.setattr(_jit._Dispatcher, "enable_caching", no_locator)
     monkeypatch.setattr(_jit, "_cache_ok", None)
 
     def f(a):

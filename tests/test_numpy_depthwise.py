@@ -103,3 +103,25 @@ def test_the_planner_takes_it_for_small_depthwise_problems_only():
     assert plan.strategy == "direct" and "numpy[depthwise]" in str(plan)
     assert plan.declined[0][0] == LABEL and "not a small problem" in plan.declined[0][1]
     assert LABEL in planner.LABELS and planner.LABELS.index(LABEL) == 0
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES[:4], ids=lambda g: "x".join(map(str, g[0])))
+def test_bfloat16_against_the_reference(geo):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    x, w, dy, attrs = _data(geo, 6, "float32")
+    x, w, dy = (a.astype(bf16) for a in (x, w, dy))
+    isz, ksz = geo[0], geo[1]
+    geo_ref = dict(stride=attrs["strides"], dilation=attrs["dilations"],
+                   pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"], groups=6)
+    as64 = [a.astype(np.float64) for a in (x, w, dy)]
+    x64, w64, dy64 = as64
+    for got, ref, ops in (
+            (nc.convolution(x, w, strategy=LABEL, **attrs), R.conv_fwd_ref, (x64, w64)),
+            (nc.convolution_backprop_data(dy, w, isz, strategy=LABEL, **attrs),
+             R.conv_bwd_data_ref, (dy64, w64, isz)),
+            (nc.convolution_backprop_filters(x, ksz, dy, strategy=LABEL, **attrs),
+             R.conv_bwd_filter_ref, (x64, dy64, ksz))):
+        assert got.dtype == bf16
+        err = R.normalized_error(got.astype(np.float64), ref, *ops, **geo_ref)
+        assert err <= R.TOL_BF16, (ref.__name__, err)

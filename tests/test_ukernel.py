@@ -206,7 +206,8 @@ def test_micro_kernel_uses_full_vectors_and_fma(tmp_path):
         "from numbaconv.kernels.cpu import ukernel as uk\n"
         "uk.matmul(np.ones((12, 64), np.float32), np.ones((64, 64), np.float32),\n"
         "          np.empty((12, 64), np.float32))\n"
-        "asm = uk.gemm.inspect_asm(uk.gemm.signatures[0])\n"
+        "d = uk._gemm.dispatcher\n"
+        "asm = d.inspect_asm(d.signatures[0])\n"
         "reg = {64: 'zmm', 32: 'ymm'}.get(uk.VECTOR_BYTES, 'xmm')\n"
         "fma = re.findall(r'vfmadd\\w*ps\\s[^\\n]*%' + reg, asm)\n"
         "print(len(fma))\n")

@@ -15,7 +15,7 @@ kernels: the span kernels (:mod:`.depthwise_spans`) and the 3x3 row kernels
 """
 from numba import prange
 
-from numbaconv._jit import kernel
+from numbaconv._jit import kernel, separate
 
 
 @kernel
@@ -130,106 +130,131 @@ def bwd_w_depthwise(x, dy, part, geo):
                                         x[n, i_d, i_h, i_w, c] * dy[n, o_d, o_h, o_w, c * m + j])
 
 
-@kernel
 def fwd_depthwise_3x3(x, w, y, geo):
+    """See :func:`fwd_depthwise_3x3_kernel` (its address table for ``y``'s dtype added)."""
+    fwd_depthwise_3x3_kernel(_fwd3_row.table(y.dtype.name), x, w, y, geo)
+
+
+@kernel
+def fwd_depthwise_3x3_kernel(fns, x, w, y, geo):
     """y = depthwise conv(x, w) for 3x3 filters (kd = 1, multiplier 1), any stride/dilation.
 
     Interior pixels sum their nine taps in one expression, so the accumulator of each
     channel lives in a vector register and y is written once (instead of read and written
     per tap); border pixels take the checked per-tap loop.
     """
+    for r in prange(geo[0] * geo[10] * geo[11]):
+        _fwd3_row(fns, x, w, y, geo, r)
+
+
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
+          "int64[::1], int64)", float32="float32", float64="float64")
+def _fwd3_row(x, w, y, geo, r):
+    """Output row ``r`` (flat over ``mb, od, oh``) of :func:`fwd_depthwise_3x3_kernel`."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
     sd, sh, sw = geo[13], geo[14], geo[15]
     dh, dw = geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    for r in prange(mb * od * oh):
-        n = r // (od * oh)
-        o_d = (r // oh) % od
-        o_h = r % oh
-        i_d = o_d * sd - pd
-        h0 = o_h * sh - ph
-        rows_in = 0 <= i_d < id_ and h0 >= 0 and h0 + 2 * dh < ih
-        for o_w in range(ow):
-            w0 = o_w * sw - pw
-            if rows_in and w0 >= 0 and w0 + 2 * dw < iw:
-                h1, h2, w1, w2 = h0 + dh, h0 + 2 * dh, w0 + dw, w0 + 2 * dw
-                for c in range(C):
-                    y[n, o_d, o_h, o_w, c] = (
-                        x[n, i_d, h0, w0, c] * w[0, 0, 0, 0, c]
-                        + x[n, i_d, h0, w1, c] * w[0, 0, 1, 0, c]
-                        + x[n, i_d, h0, w2, c] * w[0, 0, 2, 0, c]
-                        + x[n, i_d, h1, w0, c] * w[0, 1, 0, 0, c]
-                        + x[n, i_d, h1, w1, c] * w[0, 1, 1, 0, c]
-                        + x[n, i_d, h1, w2, c] * w[0, 1, 2, 0, c]
-                        + x[n, i_d, h2, w0, c] * w[0, 2, 0, 0, c]
-                        + x[n, i_d, h2, w1, c] * w[0, 2, 1, 0, c]
-                        + x[n, i_d, h2, w2, c] * w[0, 2, 2, 0, c])
-            else:
-                for c in range(C):
-                    y[n, o_d, o_h, o_w, c] = 0
-                if i_d < 0 or i_d >= id_:
+    n = r // (od * oh)
+    o_d = (r // oh) % od
+    o_h = r % oh
+    i_d = o_d * sd - pd
+    h0 = o_h * sh - ph
+    rows_in = 0 <= i_d < id_ and h0 >= 0 and h0 + 2 * dh < ih
+    for o_w in range(ow):
+        w0 = o_w * sw - pw
+        if rows_in and w0 >= 0 and w0 + 2 * dw < iw:
+            h1, h2, w1, w2 = h0 + dh, h0 + 2 * dh, w0 + dw, w0 + 2 * dw
+            for c in range(C):
+                y[n, o_d, o_h, o_w, c] = (
+                    x[n, i_d, h0, w0, c] * w[0, 0, 0, 0, c]
+                    + x[n, i_d, h0, w1, c] * w[0, 0, 1, 0, c]
+                    + x[n, i_d, h0, w2, c] * w[0, 0, 2, 0, c]
+                    + x[n, i_d, h1, w0, c] * w[0, 1, 0, 0, c]
+                    + x[n, i_d, h1, w1, c] * w[0, 1, 1, 0, c]
+                    + x[n, i_d, h1, w2, c] * w[0, 1, 2, 0, c]
+                    + x[n, i_d, h2, w0, c] * w[0, 2, 0, 0, c]
+                    + x[n, i_d, h2, w1, c] * w[0, 2, 1, 0, c]
+                    + x[n, i_d, h2, w2, c] * w[0, 2, 2, 0, c])
+        else:
+            for c in range(C):
+                y[n, o_d, o_h, o_w, c] = 0
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(3):
+                i_h = h0 + t_h * dh
+                if i_h < 0 or i_h >= ih:
                     continue
-                for t_h in range(3):
-                    i_h = h0 + t_h * dh
-                    if i_h < 0 or i_h >= ih:
+                for t_w in range(3):
+                    i_w = w0 + t_w * dw
+                    if i_w < 0 or i_w >= iw:
                         continue
-                    for t_w in range(3):
-                        i_w = w0 + t_w * dw
-                        if i_w < 0 or i_w >= iw:
-                            continue
-                        for c in range(C):
-                            y[n, o_d, o_h, o_w, c] += x[n, i_d, i_h, i_w, c] * w[0, t_h, t_w, 0, c]
+                    for c in range(C):
+                        y[n, o_d, o_h, o_w, c] += x[n, i_d, i_h, i_w, c] * w[0, t_h, t_w, 0, c]
+
+
+def bwd_d_depthwise_3x3(dy, w, dx, geo):
+    """See :func:`bwd_d_depthwise_3x3_kernel` (its address table for ``dx``'s dtype
+    added)."""
+    bwd_d_depthwise_3x3_kernel(_bwd_d3_row.table(dx.dtype.name), dy, w, dx, geo)
 
 
 @kernel
-def bwd_d_depthwise_3x3(dy, w, dx, geo):
+def bwd_d_depthwise_3x3_kernel(fns, dy, w, dx, geo):
     """dx = depthwise conv^T(dy, w) for 3x3 filters at stride 1 (kd = 1, multiplier 1).
 
     At stride 1 every tap reaches every input pixel, so the gather has the forward's shape
     with the taps reversed: dx[i] = sum_t dy[i + p - t*d] * w[t]; interior pixels sum the
     nine terms in one expression (see :func:`fwd_depthwise_3x3`).
     """
+    for r in prange(geo[0] * geo[4] * geo[5]):
+        _bwd_d3_row(fns, dy, w, dx, geo, r)
+
+
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
+          "int64[::1], int64)", float32="float32", float64="float64")
+def _bwd_d3_row(dy, w, dx, geo, r):
+    """Input row ``r`` (flat over ``mb, id, ih``) of :func:`bwd_d_depthwise_3x3_kernel`."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
     dh, dw = geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    for r in prange(mb * id_ * ih):
-        n = r // (id_ * ih)
-        i_d = (r // ih) % id_
-        i_h = r % ih
-        o_d = i_d + pd
-        h0 = i_h + ph  # output row of tap 0; tap t reads h0 - t*dh
-        rows_in = o_d < od and h0 - 2 * dh >= 0 and h0 < oh
-        for i_w in range(iw):
-            w0 = i_w + pw
-            if rows_in and w0 - 2 * dw >= 0 and w0 < ow:
-                h1, h2, w1, w2 = h0 - dh, h0 - 2 * dh, w0 - dw, w0 - 2 * dw
-                for c in range(C):
-                    dx[n, i_d, i_h, i_w, c] = (
-                        dy[n, o_d, h0, w0, c] * w[0, 0, 0, 0, c]
-                        + dy[n, o_d, h0, w1, c] * w[0, 0, 1, 0, c]
-                        + dy[n, o_d, h0, w2, c] * w[0, 0, 2, 0, c]
-                        + dy[n, o_d, h1, w0, c] * w[0, 1, 0, 0, c]
-                        + dy[n, o_d, h1, w1, c] * w[0, 1, 1, 0, c]
-                        + dy[n, o_d, h1, w2, c] * w[0, 1, 2, 0, c]
-                        + dy[n, o_d, h2, w0, c] * w[0, 2, 0, 0, c]
-                        + dy[n, o_d, h2, w1, c] * w[0, 2, 1, 0, c]
-                        + dy[n, o_d, h2, w2, c] * w[0, 2, 2, 0, c])
-            else:
-                for c in range(C):
-                    dx[n, i_d, i_h, i_w, c] = 0
-                if o_d >= od:
+    n = r // (id_ * ih)
+    i_d = (r // ih) % id_
+    i_h = r % ih
+    o_d = i_d + pd
+    h0 = i_h + ph  # output row of tap 0; tap t reads h0 - t*dh
+    rows_in = o_d < od and h0 - 2 * dh >= 0 and h0 < oh
+    for i_w in range(iw):
+        w0 = i_w + pw
+        if rows_in and w0 - 2 * dw >= 0 and w0 < ow:
+            h1, h2, w1, w2 = h0 - dh, h0 - 2 * dh, w0 - dw, w0 - 2 * dw
+            for c in range(C):
+                dx[n, i_d, i_h, i_w, c] = (
+                    dy[n, o_d, h0, w0, c] * w[0, 0, 0, 0, c]
+                    + dy[n, o_d, h0, w1, c] * w[0, 0, 1, 0, c]
+                    + dy[n, o_d, h0, w2, c] * w[0, 0, 2, 0, c]
+                    + dy[n, o_d, h1, w0, c] * w[0, 1, 0, 0, c]
+                    + dy[n, o_d, h1, w1, c] * w[0, 1, 1, 0, c]
+                    + dy[n, o_d, h1, w2, c] * w[0, 1, 2, 0, c]
+                    + dy[n, o_d, h2, w0, c] * w[0, 2, 0, 0, c]
+                    + dy[n, o_d, h2, w1, c] * w[0, 2, 1, 0, c]
+                    + dy[n, o_d, h2, w2, c] * w[0, 2, 2, 0, c])
+        else:
+            for c in range(C):
+                dx[n, i_d, i_h, i_w, c] = 0
+            if o_d >= od:
+                continue
+            for t_h in range(3):
+                o_h = h0 - t_h * dh
+                if o_h < 0 or o_h >= oh:
                     continue
-                for t_h in range(3):
-                    o_h = h0 - t_h * dh
-                    if o_h < 0 or o_h >= oh:
+                for t_w in range(3):
+                    o_w = w0 - t_w * dw
+                    if o_w < 0 or o_w >= ow:
                         continue
-                    for t_w in range(3):
-                        o_w = w0 - t_w * dw
-                        if o_w < 0 or o_w >= ow:
-                            continue
-                        for c in range(C):
-                            dx[n, i_d, i_h, i_w, c] += dy[n, o_d, o_h, o_w, c] * w[0, t_h, t_w, 0, c]
+                    for c in range(C):
+                        dx[n, i_d, i_h, i_w, c] += dy[n, o_d, o_h, o_w, c] * w[0, t_h, t_w, 0, c]

@@ -34,7 +34,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import helper, kernel, separate
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import (Operand, at, compute_type, fma_fn, ir_types, lane_range,
                                        table)
@@ -398,7 +398,13 @@ def blocks(npix, win, pw, S):
 
 
 
-@helper
+@separate(
+    float32="void(float32[:, :, :, :, ::1], float32[::1], float32[:, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float64="void(float64[:, :, :, :, ::1], float64[::1], float64[:, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float16="void(uint16[:, :, :, :, ::1], float32[::1], uint16[:, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)")
 def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
     """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
     C = geo[1]
@@ -464,9 +470,26 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
                           head, dx)
 
 
-@kernel
+def variant(a):
+    """The name of the separate row driver's variant for data ``a`` (float16 as bits)."""
+    return "float16" if a.dtype == np.uint16 else a.dtype.name
+
+
 def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
                              place=False):
+    """See :func:`bwd_d_rows_kernel` (its address table for ``dy``'s dtype added)."""
+    bwd_d_rows_kernel(_bwd_d_rows.table(variant(dy)), dy, w, dx, geo, nchunks, prefetch,
+                      stream, head, place)
+
+
+def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
+    """See :func:`bwd_w_rows_kernel` (its address table for ``x``'s dtype added)."""
+    bwd_w_rows_kernel(_bwd_w_rows.table(variant(x)), x, dy, part, dwt, geo, prefetch, head)
+
+
+@kernel
+def bwd_d_rows_kernel(rows_fn, dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
+                      place=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
@@ -496,13 +519,19 @@ def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, he
         s = 0
     wp = buf[s:s + n]
     for chunk in prange(nchunks):
-        _bwd_d_rows(dy, wp, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks,
-                    prefetch, 1 if nt else 0, head)
+        _bwd_d_rows(rows_fn, dy, wp, dx, geo, rows * chunk // nchunks,
+                    rows * (chunk + 1) // nchunks, prefetch, 1 if nt else 0, head)
         if nt:
             _sfence()
 
 
-@helper
+@separate(
+    float32="void(float32[:, :, :, :, ::1], float32[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float64="void(float64[:, :, :, :, ::1], float64[:, :, :, :, ::1], float64[:, :, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float16="void(uint16[:, :, :, :, ::1], uint16[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)")
 def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch, head):
     """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here); with
     ``prefetch``, each next row's operands are prefetched."""
@@ -580,7 +609,7 @@ def _reduce_chunks(part, dwt):
 
 
 @kernel
-def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
+def bwd_w_rows_kernel(rows_fn, x, dy, part, dwt, geo, prefetch, head=0):
     """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
     depth 1, column stride 1 or 2, column dilation 1 (any row stride, row dilation and
     padding). part (scratch, ``[nchunks, 1, 3, 3, 1, C]``): chunk j's sum over its
@@ -592,6 +621,6 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
     nchunks = part.shape[0]
     head = min(max(head, 0) % (VECTOR_BYTES // max(x.itemsize, 4)), geo[1])
     for ch in prange(nchunks):
-        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks,
-                    prefetch, head)
+        _bwd_w_rows(rows_fn, x, dy, part, geo, ch, rows * ch // nchunks,
+                    rows * (ch + 1) // nchunks, prefetch, head)
     _reduce_chunks(part, dwt)

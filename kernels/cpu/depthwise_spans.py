@@ -9,7 +9,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import helper, kernel, separate
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io, table
 
@@ -346,7 +346,8 @@ def _store_zero(typingctx, base, index, work):
     return sig, codegen
 
 
-@helper
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64, int64)",
+          float32="float32", float64="float64")
 def _bwd_d_rows(dy, w, dx, geo, r0, r1):
     """Rows ``r0 .. r1 - 1`` of dX (see :func:`bwd_d_depthwise_m1`)."""
     mb, C = geo[0], geo[1]
@@ -425,8 +426,13 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
                 j = j1
 
 
-@kernel
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
+    """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added)."""
+    bwd_d_m1_kernel(_bwd_d_rows.table(dx.dtype.name), dy, w, dx, geo, nchunks)
+
+
+@kernel
+def bwd_d_m1_kernel(fns, dy, w, dx, geo, nchunks):
     """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
     padding. Per dX row: the row taps that reach it; per column stride phase of the row:
     its column taps; the phase's interior (every column tap in range) is one span, its
@@ -434,10 +440,12 @@ def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
     (the loop nest is a serial helper: the parallel region stays small to compile)."""
     rows = geo[0] * geo[4] * geo[5]
     for chunk in prange(nchunks):
-        _bwd_d_rows(dy, w, dx, geo, rows * chunk // nchunks, rows * (chunk + 1) // nchunks)
+        _bwd_d_rows(fns, dy, w, dx, geo, rows * chunk // nchunks,
+                    rows * (chunk + 1) // nchunks)
 
 
-@helper
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], int64[::1], int64, int64, "
+          "int64)", float32="float32", float64="float64")
 def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
     """Output rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here)."""
     mb, C = geo[0], geo[1]
@@ -512,8 +520,13 @@ def reduce_chunks(part, dwt):
         df[i] = acc
 
 
-@kernel
 def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
+    """See :func:`bwd_w_m1_kernel` (its address table for ``part``'s dtype added)."""
+    bwd_w_m1_kernel(_bwd_w_rows.table(part.dtype.name), x, dy, part, dwt, geo)
+
+
+@kernel
+def bwd_w_m1_kernel(fns, x, dy, part, dwt, geo):
     """dwt (``[kd, kh, kw, 1, C]``) = dW of multiplier 1, any kernel, stride, dilation and
     padding. part[j] (scratch, ``[nchunks, kd, kh, kw, 1, C]``): chunk j's sum over its
     contiguous range of output rows, zeroed and reduced here. Per dY row, the row taps in
@@ -522,5 +535,6 @@ def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
     rows = geo[0] * geo[10] * geo[11]
     nchunks = part.shape[0]
     for ch in prange(nchunks):
-        _bwd_w_rows(x, dy, part, geo, ch, rows * ch // nchunks, rows * (ch + 1) // nchunks)
+        _bwd_w_rows(fns, x, dy, part, geo, ch, rows * ch // nchunks,
+                    rows * (ch + 1) // nchunks)
     reduce_chunks(part, dwt)

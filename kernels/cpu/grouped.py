@@ -44,7 +44,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import helper, kernel, separate
 
 
 #: Bytes of one SIMD register on this host (the lanes of a group vector).
@@ -352,12 +352,28 @@ def _to_channels(four, full, src, ss, dst, ds, work):
         _from1h(src, ss, dst, ds, work)
 
 
-@kernel
 def to_group_minor(src, dst, g, pl):
+    """See :func:`to_group_minor_kernel` (its address table added)."""
+    name = "float16" if src.dtype == np.uint16 else dst.dtype.name
+    to_group_minor_kernel(_gm_row.table(name), src, dst, g, pl)
+
+
+@kernel
+def to_group_minor_kernel(fns, src, dst, g, pl):
     """``src [mb, d, h, w, g*C]`` -> ``dst [nvg, mb, d, h, wp, C, VL]``: group ``gi`` in
     lane ``gi % VL`` of vector ``gi // VL``, pixel ``i`` at ``pl + i``, zeros in the padding
     pixels and lanes. A ``src`` of float16 bits (uint16) is widened into a float32 ``dst``
     on the way (no pass of its own)."""
+    rows = src.shape[0] * src.shape[1] * src.shape[2]
+    for r in prange(rows):
+        _gm_row(fns, src, dst, g, pl, r)
+
+
+@separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], int64, int64, int64)",
+          float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
+          float16=dict(S="uint16", T="float32"))
+def _gm_row(src, dst, g, pl, r):
+    """Row ``r`` (flat over ``mb, d, h``) of :func:`to_group_minor_kernel`."""
     mb, d, h, w = src.shape[0], src.shape[1], src.shape[2], src.shape[3]
     nvg, vl = dst.shape[0], dst.shape[6]
     wp, C = dst.shape[4], dst.shape[5]
@@ -369,36 +385,40 @@ def to_group_minor(src, dst, g, pl):
     its, it = src.itemsize, dst.itemsize
     full = vl * it == VECTOR_BYTES
     ps, pd = src.ctypes.data, dst.ctypes.data
-    for r in prange(rows):
-        for gv in range(nvg):
-            g0 = gv * vl
-            n = min(vl, g - g0)
-            orow = gv * chunk + r * wp * C * vl
-            for i_w in range(wp):
-                s = i_w - pl
-                o = orow + i_w * pst
-                if s < 0 or s >= w or n < vl:
+    for gv in range(nvg):
+        g0 = gv * vl
+        n = min(vl, g - g0)
+        orow = gv * chunk + r * wp * C * vl
+        for i_w in range(wp):
+            s = i_w - pl
+            o = orow + i_w * pst
+            if s < 0 or s >= w or n < vl:
+                for c in range(C):
+                    for l in range(vl):
+                        d1[o + c * cst + l] = 0
+            if s < 0 or s >= w:
+                continue
+            base = (r * w + s) * C * g + g0 * C
+            if n < vl:  # the last, partial vector of groups
+                for l in range(n):
                     for c in range(C):
-                        for l in range(vl):
-                            d1[o + c * cst + l] = 0
-                if s < 0 or s >= w:
-                    continue
-                base = (r * w + s) * C * g + g0 * C
-                if n < vl:  # the last, partial vector of groups
-                    for l in range(n):
-                        for c in range(C):
-                            d1[o + c * cst + l] = _widen(s1[base + l * C + c])
-                    continue
-                c = 0
-                while c < C:
-                    four = c + 4 <= C
-                    _to_lanes(four, full, ps + (base + c) * its, C, pd + (o + c * cst) * it,
-                              cst, src)
-                    c += 4 if four else 1
+                        d1[o + c * cst + l] = _widen(s1[base + l * C + c])
+                continue
+            c = 0
+            while c < C:
+                four = c + 4 <= C
+                _to_lanes(four, full, ps + (base + c) * its, C, pd + (o + c * cst) * it,
+                          cst, src)
+                c += 4 if four else 1
+
+
+def pack_filter(w, out, pos, taps, g, transposed, vl):
+    """See :func:`pack_filter_kernel` (its address table added)."""
+    pack_filter_kernel(_pack_row.table(w.dtype.name), w, out, pos, taps, g, transposed, vl)
 
 
 @kernel
-def pack_filter(w, out, pos, taps, g, transposed, vl):
+def pack_filter_kernel(fns, w, out, pos, taps, g, transposed, vl):
     """Filter ``w [kd, kh, kw, icg, g*ocg]`` -> the block at ``pos`` of every row of ``out
     [nvg, *]``: ``[kd, kh, len(taps), icg, ocg, VL]``, or ``[..., ocg, icg, VL]`` when
     ``transposed``; tap ``j`` along w is ``w``'s tap ``taps[j]``, lane ``l`` of vector ``gv``
@@ -406,6 +426,15 @@ def pack_filter(w, out, pos, taps, g, transposed, vl):
     register transposes of ``VL`` groups x 4 channels (a serial element-by-element pass took
     0.35 ms for ResNeXt-3D conv_3d:6's 27 x 16 x 32 x 16 filter, a quarter of its kernel;
     this one 0.04 ms)."""
+    nvg, nj = out.shape[0], taps.shape[0]
+    for r in prange(nvg * w.shape[0] * w.shape[1] * nj):
+        _pack_row(fns, w, out, pos, taps, g, transposed, vl, r)
+
+
+@separate("void({T}[:, :, :, :, ::1], {T}[:, ::1], int64, int64[::1], int64, boolean, "
+          "int64, int64)", float32="float32", float64="float64")
+def _pack_row(w, out, pos, taps, g, transposed, vl, r):
+    """Block ``r`` (flat over vector, tap) of :func:`pack_filter_kernel`."""
     kd, kh, kw, icg = w.shape[0], w.shape[1], w.shape[2], w.shape[3]
     row = w.shape[4]
     ocg = row // g
@@ -416,29 +445,28 @@ def pack_filter(w, out, pos, taps, g, transposed, vl):
     full = vl * it == VECTOR_BYTES
     w1 = w.reshape(-1)
     pw, po = w.ctypes.data, out.ctypes.data
-    for r in prange(nvg * kd * kh * nj):
-        gv = r // (kd * kh * nj)
-        rt = r % (kd * kh * nj)
-        t_d = rt // (kh * nj)
-        t_h = (rt // nj) % kh
-        j = rt % nj
-        o = pos + rt * blk
-        po_v = po + gv * out.shape[1] * it
-        src = ((t_d * kh + t_h) * kw + taps[j]) * icg * row + gv * vl * ocg
-        nl = min(vl, g - gv * vl)
-        for c in range(icg):
-            if nl < vl:  # the last, partial vector of groups
-                for k in range(ocg):
-                    d = o + (c * sc + k * sk) * vl
-                    for l in range(vl):
-                        out[gv, d + l] = w1[src + c * row + l * ocg + k] if l < nl else 0
-                continue
-            k = 0
-            while k < ocg:
-                four = k + 4 <= ocg
-                _to_lanes(four, full, pw + (src + c * row + k) * it, ocg,
-                          po_v + (o + (c * sc + k * sk) * vl) * it, sk * vl, w)
-                k += 4 if four else 1
+    gv = r // (kd * kh * nj)
+    rt = r % (kd * kh * nj)
+    t_d = rt // (kh * nj)
+    t_h = (rt // nj) % kh
+    j = rt % nj
+    o = pos + rt * blk
+    po_v = po + gv * out.shape[1] * it
+    src = ((t_d * kh + t_h) * kw + taps[j]) * icg * row + gv * vl * ocg
+    nl = min(vl, g - gv * vl)
+    for c in range(icg):
+        if nl < vl:  # the last, partial vector of groups
+            for k in range(ocg):
+                d = o + (c * sc + k * sk) * vl
+                for l in range(vl):
+                    out[gv, d + l] = w1[src + c * row + l * ocg + k] if l < nl else 0
+            continue
+        k = 0
+        while k < ocg:
+            four = k + 4 <= ocg
+            _to_lanes(four, full, pw + (src + c * row + k) * it, ocg,
+                      po_v + (o + (c * sc + k * sk) * vl) * it, sk * vl, w)
+            k += 4 if four else 1
 
 
 _tile_d = _micro(TILE_D[0], TILE_D[1], True)
@@ -524,8 +552,29 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, i
                              work)
 
 
-@kernel
+def variant(data, result):
+    """The name of the separate row drivers' variant for group-minor ``data`` and a
+    ``result`` that may hold float16 bits."""
+    return "float16" if result.dtype == np.uint16 else data.dtype.name
+
+
 def fwd_gm(xp, wf, y, geo, pl):
+    """See :func:`fwd_gm_kernel` (its address table added)."""
+    fwd_gm_kernel(_fwd_row.table(variant(xp, y)), xp, wf, y, geo, pl)
+
+
+def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
+    """See :func:`bwd_d_gm_kernel` (its address table added)."""
+    bwd_d_gm_kernel(_bwd_d_row.table(variant(dyp, dx)), dyp, wq, dx, geo, qtab, runs)
+
+
+def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
+    """See :func:`bwd_w_gm_kernel` (its address table added)."""
+    bwd_w_gm_kernel(_bwd_w_chunk.table(xp.dtype.name), xp, dyg, part, geo, pl, rb, wc)
+
+
+@kernel
+def fwd_gm_kernel(fns, xp, wf, y, geo, pl):
     """``y [mb, od, oh, ow, g*ocg]`` = grouped conv(xp, wf) (``xp`` group-minor, padded by
     ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``). With dilation 1 along w, the
     taps along w of one row make one segment (their x pixels and filter rows are
@@ -533,10 +582,13 @@ def fwd_gm(xp, wf, y, geo, pl):
     rows = geo[0] * geo[10] * geo[11]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * geo[9]), np.int64)
     for r in prange(rows):
-        _fwd_row(xp, wf, y, geo, pl, seg_all[r], r)
+        _fwd_row(fns, xp, wf, y, geo, pl, seg_all[r], r)
 
 
-@helper
+@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64, int64[::1], "
+           "int64)",
+           float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
+           float16=dict(T="float32", Y="uint16"))
 def _fwd_row(xp, wf, y, geo, pl, segs, r):
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih = geo[4], geo[5]
@@ -577,7 +629,7 @@ def _fwd_row(xp, wf, y, geo, pl, segs, r):
 
 
 @kernel
-def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
+def bwd_d_gm_kernel(fns, dyp, wq, dx, geo, qtab, runs):
     """``dx [mb, id, ih, iw, g*icg]`` = grouped conv^T(dyp, w) (``dyp`` group-minor and
     zero-padded along w): per row and stride phase ``q`` along w, a gather over the taps
     that reach it. ``wq [nvg, phases: kd, kh, nq, ocg, icg, VL]``: phase q's nq taps along
@@ -587,10 +639,13 @@ def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
     rows = geo[0] * geo[4] * geo[5]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
     for r in prange(rows):
-        _bwd_d_row(dyp, wq, dx, geo, qtab, runs, seg_all[r], r)
+        _bwd_d_row(fns, dyp, wq, dx, geo, qtab, runs, seg_all[r], r)
 
 
-@helper
+@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64[:, ::1], "
+           "int64[:, ::1], int64[::1], int64)",
+           float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
+           float16=dict(T="float32", Y="uint16"))
 def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
@@ -639,7 +694,7 @@ def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
 
 
 @kernel
-def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
+def bwd_w_gm_kernel(fns, xp, dyg, part, geo, pl, rb, wc):
     """``part[j] += ``dW over the output rows of chunk j (``part`` zeroed, ``[chunks, nvg,
     kd, kh, kw, icg, ocg, VL]``; ``xp`` padded by ``pl`` along w, ``dyg`` unpadded). The
     pixels go in blocks of ``rb`` rows x ``wc`` columns (sized to stay in L1); per block and
@@ -650,11 +705,12 @@ def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
     # segment lists allocated here, not in the loop: the micro-kernel reads them by address
     seg_all = np.empty((nch, 3 * rb), np.int64)
     for ch in prange(nch):
-        _bwd_w_chunk(xp, dyg, part[ch], geo, pl, rb, wc, seg_all[ch], rows * ch // nch,
-                     rows * (ch + 1) // nch)
+        _bwd_w_chunk(fns, xp, dyg, part[ch], geo, pl, rb, wc, seg_all[ch],
+                     rows * ch // nch, rows * (ch + 1) // nch)
 
 
-@helper
+@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], int64[::1], int64, int64, int64, "
+           "int64[::1], int64, int64)", float32="float32", float64="float64")
 def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
     """Output rows ``r0 .. r1`` of :func:`bwd_w_gm` into one partial ``part``."""
     icg, ocg = geo[2], geo[3]

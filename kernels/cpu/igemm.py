@@ -42,7 +42,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import helper, kernel, separate
 
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
 
@@ -189,7 +189,8 @@ def _narrow(typingctx, v):
 TB = 16
 
 
-@helper
+@separate("void({T}[::1], int64, int64, int64, int64, int64, {T}[::1], int64, {T}[:, ::1])",
+          float32="float32", float64="float64")
 def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
     """``od[dbase + k*nr + l] = ws[(tap*C + p*nr + l)*K + k]`` (0 past ``C``): one tap of
     panel ``p``, transposed in ``TB x TB`` blocks through ``tmp`` (rows read and written
@@ -215,8 +216,13 @@ def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
                         od[db + np.uint64(j * nr + c0 + i)] = v
 
 
-@kernel
 def pack_filter(w, taps, out):
+    """See :func:`pack_filter_kernel` (its address table for ``w``'s dtype added)."""
+    pack_filter_kernel(_pack.table(w.dtype.name), w, taps, out)
+
+
+@kernel
+def pack_filter_kernel(pack_fn, w, taps, out):
     """``out[p, t, k, l] = w[taps[t], p*NR + l, k]`` (0 for channels past ``C``): the
     filter ``w [T, C, K]`` as one phase's ``[panels, len(taps), K, NR]`` B panels (9 taps
     of 512 x 512 float32 in 1.0 ms on 2 threads, against 1.4-1.7 ms element by element)."""
@@ -228,7 +234,7 @@ def pack_filter(w, taps, out):
         p = pt // nt
         t = pt % nt
         tmp = np.empty((TB, TB), w.dtype)
-        _pack(ws, C, K, taps[t], p, nr, od, (p * nt + t) * K * nr, tmp)
+        _pack(pack_fn, ws, C, K, taps[t], p, nr, od, (p * nt + t) * K * nr, tmp)
 
 
 @helper
@@ -270,7 +276,8 @@ def _rel(scratch, pc, it):
     return (np.int64(scratch.ctypes.data) - np.int64(pc)) // it
 
 
-@helper
+@separate("void(int64, int64, int64[:, :, ::1], int64, int64, int64, {T}[::1], int64, int64, "
+          "int64, int64, {T}[::1])", float32="float32", float64="float64")
 def _tiles(nv, pa, offs, psegs, ns, K, bmat, boff, nr, cp, beta, work):
     """Every row tile of ``offs`` (``[tiles, 2, MR]``: A and C row offsets) against ``ns``
     segments (taps) from ``psegs`` and the B panel rows at element ``boff`` of ``bmat``
@@ -299,8 +306,14 @@ def _sfence(typingctx):
     return sig, codegen
 
 
-@kernel
 def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
+    """See :func:`bwd_d_phase_kernel` (its address table for ``dx``'s dtype added)."""
+    bwd_d_phase_kernel(_tiles.table(dx.dtype.name), dyp, bp, dx, segs, pg, chunk, nblocks,
+                       work, stream)
+
+
+@kernel
+def bwd_d_phase_kernel(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, stream):
     """One stride phase of backward data: ``dx[q + s*j, :] = sum_t dyp[j + b_t, :] @
     Bp[t]`` for every phase pixel ``j`` (see the module docstring), in parallel over
     blocks of row tiles, with the filter packed beforehand (:func:`pack_filter`).
@@ -328,6 +341,7 @@ def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
           and (C * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
           and (work.shape[1] * it) % VECTOR_BYTES == 0)
     first = 2 if nt else 0
+    bflat, wflat = bp.reshape(bp.size), work.reshape(work.size)
     for blk in prange(nblocks):
         t0 = blk * tpb
         t1 = min(ntiles, t0 + tpb)
@@ -342,14 +356,23 @@ def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
             cp = pc + p * nr * it
             for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
                 ns = min(chunk, ntaps - c0)
-                _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, bp, ((p * ntaps + c0) * K) * nr,
-                       nr, cp, 1 if c0 else first, work)
+                _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, bflat,
+                       ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else first, wflat)
         if nt:
             _sfence()
 
 
-@kernel
 def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
+    """See :func:`bwd_d_phase_panels_kernel` (its address tables for ``dx``'s dtype
+    added)."""
+    name = dx.dtype.name
+    bwd_d_phase_panels_kernel(_tiles.table(name), _pack.table(name), dyp, w, taps, dx, segs,
+                              pg, chunk, nr, work)
+
+
+@kernel
+def bwd_d_phase_panels_kernel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk, nr,
+                              work):
     """:func:`bwd_d_phase` in parallel over the ``NR``-channel panels instead of row blocks,
     each iteration packing its own panel's filter chunk by chunk (``w [T, C, K]``,
     ``taps``: the phase's tap indices) into a local buffer that stays in L2 while every row
@@ -368,6 +391,7 @@ def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
     offs = np.empty((ntiles, 2, MR), np.int64)
     _tile_offsets(pg, 0, ntiles, offs, _rel(work, pc, it), npan * nr)
     ws = w.reshape(w.size)
+    wflat = work.reshape(work.size)
     for p in prange(npan):
         nv = (min(nr, C - p * nr) + vl - 1) // vl
         cp = pc + p * nr * it
@@ -376,9 +400,9 @@ def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
         for c0 in range(0, max(ntaps, 1), chunk):      # no taps: one pass storing zeros
             ns = min(chunk, ntaps - c0)
             for t in range(ns):
-                _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
-            _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp, 1 if c0 else 0,
-                   work)
+                _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+            _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp,
+                   1 if c0 else 0, wflat)
 
 
 @helper
@@ -436,8 +460,14 @@ def pad_dy(dy, dyp, lead):
                 d1[do + i] = zero
 
 
-@kernel
 def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
+    """See :func:`bwd_d_phase_half_kernel` (its address table added)."""
+    bwd_d_phase_half_kernel(_tiles.table("float32"), dyp, bp, dxh, segs, pg, chunk, nth,
+                            work)
+
+
+@kernel
+def bwd_d_phase_half_kernel(tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work):
     """:func:`bwd_d_phase` with ``dX`` as float16 bits (``dxh``, uint16): each thread's
     blocks of row tiles are computed in float32 into its own scratch (``work[th]``: ``MR``
     rows per tile of a block, ``C_panels`` floats each, reused block after block so that
@@ -457,6 +487,7 @@ def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
     pa = dyp.ctypes.data
     psegs = segs.ctypes.data
     d1 = dxh.reshape(dxh.size)
+    bflat = bp.reshape(bp.size)
     for th in prange(nth):
         ws = work[th]
         pw = ws.ctypes.data
@@ -473,14 +504,21 @@ def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
                 cp = pw + p * nr * it
                 for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
                     ns = min(chunk, ntaps - c0)
-                    _tiles(nv, pa, offs[:nt], psegs + c0 * 8, ns, K, bp,
+                    _tiles(tiles_fn, nv, pa, offs[:nt], psegs + c0 * 8, ns, K, bflat,
                            ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else 0, ws)
             for r in range(min(nt * MR, P - t0 * MR)):
                 _round_row(ws, r * ldw, d1, dofs[r // MR, r % MR], C)
 
 
-@kernel
 def bwd_d_phase_panels_half(dyp, w, taps, dxh, segs, pg, chunk, nr, work):
+    """See :func:`bwd_d_phase_panels_half_kernel` (its address tables added)."""
+    bwd_d_phase_panels_half_kernel(_tiles.table("float32"), _pack.table("float32"), dyp, w,
+                                   taps, dxh, segs, pg, chunk, nr, work)
+
+
+@kernel
+def bwd_d_phase_panels_half_kernel(tiles_fn, pack_fn, dyp, w, taps, dxh, segs, pg, chunk, nr,
+                                   work):
     """:func:`bwd_d_phase_panels` with ``dX`` as float16 bits (``dxh``, uint16): each
     panel's ``NR`` columns of every row are computed in float32 into its thread's scratch
     (``work[th]``, ``[row tiles * MR, NR]``, reused panel after panel) and rounded into
@@ -512,8 +550,8 @@ def bwd_d_phase_panels_half(dyp, w, taps, dxh, segs, pg, chunk, nr, work):
             for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
                 ns = min(chunk, ntaps - c0)
                 for t in range(ns):
-                    _pack(ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
-                _tiles(nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, sc.ctypes.data,
-                       1 if c0 else 0, sc)
+                    _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+                _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr,
+                       sc.ctypes.data, 1 if c0 else 0, sc)
             for r in range(P):
                 _round_row(sc, r * nr, d1, dofs[r // MR, r % MR] + p * nr, wdt)

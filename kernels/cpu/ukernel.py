@@ -36,7 +36,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import helper, kernel, separate
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
@@ -177,8 +177,19 @@ def default_nc(kc, itemsize):
                * panel(itemsize))
 
 
-@kernel(parallel=False)
+_GEMM_SIG = ("void(int64, int64, int64, int64, int64, int64, int64, int64, int64[::1], int64, "
+             "int64, int64, int64, int64, int64, {T}[::1], boolean)")
+
+
 def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, pf=False):
+    """See :func:`_gemm`: the serial GEMM called from Python (its separately compiled
+    variant for ``work``'s dtype, the one the parallel kernels call)."""
+    _gemm.dispatcher(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work,
+                     bool(pf))
+
+
+@separate(_GEMM_SIG, float32="float32", float64="float64")
+def _gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, pf):
     """``C[:M, :N] = A @ B`` (``beta`` 0) or ``C += A @ B`` (``beta`` 1) on raw addresses
     (see the module docstring); ``B[k, j]`` at ``b + k*rsb + j*csb`` (any non-negative
     strides: a transposed weight matrix needs no copy); ``rowmap`` (int64, empty: ``i*ldc``)
@@ -205,11 +216,13 @@ def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, 
     wa = work[: MR * kc]                       # padded row tile of A: [MR, kc]
     wb = work[MR * kc: MR * kc + kc * ncp]     # packed panels of B: [ncp/nr, kc, nr]
     wc = work[MR * kc + kc * ncp:]             # scratch tile of C: [MR, nr]
-    pwa, pwb, pwc = wa.ctypes.data, wb.ctypes.data, wc.ctypes.data
+    # addresses as int64, as the operands' are: one typing of _call, not two
+    pwa, pwb, pwc = np.int64(wa.ctypes.data), np.int64(wb.ctypes.data), np.int64(wc.ctypes.data)
     tile_rows = offs[:MR]                      # C offsets of the current row tile
     for i in range(MR):
         offs[MR + i] = i * nr                  # rows of the scratch tile
-    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    p_rows = np.int64(offs.ctypes.data)
+    p_wrows = p_rows + MR * 8
     mapped = rowmap.shape[0] > 0
     # pack B unless its rows are contiguous and close: a transposed B, or rows a multiple
     # of 4 KiB apart that evict each other from L1 (392x512x2048 ran at 40 GFLOP/s unpacked)
@@ -292,6 +305,11 @@ def gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work, 
                                 _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
 
 
+#: The serial GEMM for jitted callers that link it in (the rows weight gradient's driver,
+#: itself compiled on its own).
+_gemm_body = _gemm.dispatcher
+
+
 @intrinsic
 def _claim(typingctx, counter, step):
     """Atomically ``counter[0] += step``; returns the value it had (LLVM ``atomicrmw``)."""
@@ -304,8 +322,9 @@ def _claim(typingctx, counter, step):
     return sig, codegen
 
 
-@helper
-def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work, beta=0):
+@separate("void(int64, int64, int64, {T}[:, :, ::1], int64, int64, int64, int64, int64[::1], "
+          "{T}[::1], {T}[::1], {T}[::1], int64)", float32="float32", float64="float64")
+def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work, beta):
     """``C[:im_total, :N] = A @ B`` for one claimed block of rows: ``A`` at address ``a``
     (strides ``rsa``, ``csa``), ``C`` at address ``c`` (rows ``ldc`` apart), ``B`` all of
     :func:`pack_panels`' panels. ``offs``, ``wa``, ``wc``: :func:`gemm_claimed`'s scratch.
@@ -315,9 +334,11 @@ def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work, bet
     vl = VECTOR_BYTES // it
     nr = NV * vl
     npan, K = bp.shape[0], bp.shape[1]
-    pwa, pwc, pb0 = wa.ctypes.data, wc.ctypes.data, bp.ctypes.data
+    # addresses as int64, as the operands' are: one typing of _call, not two
+    pwa, pwc, pb0 = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data), np.int64(bp.ctypes.data)
     tile_rows = offs[:MR]
-    p_rows, p_wrows = offs.ctypes.data, offs.ctypes.data + MR * 8
+    p_rows = np.int64(offs.ctypes.data)
+    p_wrows = p_rows + MR * 8
     for i0 in range(0, im_total, MR):
         im = min(MR, im_total - i0)
         for i in range(im):
@@ -355,8 +376,14 @@ def _claimed_scratch(K, work):
     return offs, work[: MR * K], work[MR * K: MR * K + MR * nr]
 
 
-@kernel(parallel=False)
 def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
+    """See :func:`gemm_claimed_kernel` (its address table for ``work``'s dtype added)."""
+    gemm_claimed_kernel(_claimed_block.table(work.dtype.name), a, rsa, csa, bp, c, ldc, M,
+                        N, counter, chunk, work)
+
+
+@kernel(parallel=False)
+def gemm_claimed_kernel(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
     """``C[:M, :N] = A @ B`` with all of B packed once by :func:`pack_panels` (``bp``:
     ``[panels, K, NR]``, zero-padded) and the rows of A and C shared out at run time: the
     caller claims blocks of ``chunk`` rows (a multiple of ``MR``) from ``counter[0]`` until
@@ -364,11 +391,11 @@ def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
     goes, so a thread that starts late or runs slow simply takes fewer (oneDNN's and
     OpenMP's dynamic schedule, with no task per block in Python). ``work``: scratch of
     :func:`claimed_workspace` elements, one per thread."""
-    _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, 0)
+    _claim_blocks(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, 0)
 
 
 @helper
-def _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, beta):
+def _claim_blocks(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, beta):
     it = work.itemsize
     offs, wa, wc = _claimed_scratch(bp.shape[1], work)
     while True:
@@ -376,8 +403,8 @@ def _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, beta):
         if r0 >= M:
             break
         r1 = min(M, r0 + chunk)
-        _claimed_block(a + r0 * rsa * it, rsa, csa, bp, c + r0 * ldc * it, ldc, r1 - r0, N,
-                       offs, wa, wc, work, beta)
+        _claimed_block(fns, a + r0 * rsa * it, rsa, csa, bp, c + r0 * ldc * it, ldc, r1 - r0,
+                       N, offs, wa, wc, work, beta)
 
 
 @intrinsic
@@ -396,8 +423,15 @@ def _sfence(typingctx):
     return sig, codegen
 
 
-@kernel
 def gemm_claimed_parallel(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream):
+    """See :func:`gemm_claimed_parallel_kernel` (its address table added)."""
+    gemm_claimed_parallel_kernel(_claimed_block.table(work.dtype.name), a, rsa, csa, bp, c,
+                                 ldc, M, N, counter, chunk, work, stream)
+
+
+@kernel
+def gemm_claimed_parallel_kernel(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work,
+                                 stream):
     """:func:`gemm_claimed` on every thread of one Numba parallel region (``work``: one
     row of scratch per thread): the threads claim blocks of ``chunk`` rows from
     ``counter[0]`` as they go, with no Python worker thread to wake (0.07-0.2 ms each).
@@ -407,7 +441,7 @@ def gemm_claimed_parallel(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, s
     beta = 2 if (stream and STREAMS and c % VECTOR_BYTES == 0
                  and (ldc * it) % VECTOR_BYTES == 0) else 0
     for j in prange(work.shape[0]):
-        _claim_blocks(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work[j], beta)
+        _claim_blocks(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work[j], beta)
         if beta == 2:
             _sfence()
 
@@ -432,8 +466,20 @@ def _round_rows(src, dst, d0, n):
         dst[b + i] = _narrow(src[i])
 
 
-@kernel(parallel=False)
 def gemm_claimed_half(a, bp, c, counter, chunk, work, stage):
+    """See :func:`_claimed_half` (one thread's share, called from Python)."""
+    gemm_claimed_half_kernel(_claimed_block.table("float32"), a, bp, c, counter, chunk, work,
+                             stage)
+
+
+@kernel(parallel=False)
+def gemm_claimed_half_kernel(fns, a, bp, c, counter, chunk, work, stage):
+    """:func:`_claimed_half` as a kernel of its own."""
+    _claimed_half(fns, a, bp, c, counter, chunk, work, stage)
+
+
+@helper
+def _claimed_half(fns, a, bp, c, counter, chunk, work, stage):
     """:func:`gemm_claimed` for ``a [M, K]`` and ``c [M, N]`` as float16 bits (uint16,
     C-contiguous): each claimed block of rows is widened into this thread's float32
     ``stage`` (``chunk * (K + N)`` floats, reused, so that it stays in cache), multiplied
@@ -452,21 +498,33 @@ def gemm_claimed_half(a, bp, c, counter, chunk, work, stage):
             break
         n = min(M, r0 + chunk) - r0
         _widen_rows(a1, r0 * K, sa, n * K)
-        _claimed_block(sa.ctypes.data, K, 1, bp, sc.ctypes.data, N, n, N, offs, wa, wc,
-                       work)
+        _claimed_block(fns, sa.ctypes.data, K, 1, bp, sc.ctypes.data, N, n, N, offs, wa, wc,
+                       work, 0)
         _round_rows(sc, c1, r0 * N, n * N)
 
 
-@kernel
 def gemm_claimed_half_parallel(a, bp, c, counter, chunk, work, stage):
+    """See :func:`gemm_claimed_half_parallel_kernel` (its address table added)."""
+    gemm_claimed_half_parallel_kernel(_claimed_block.table("float32"), a, bp, c, counter,
+                                      chunk, work, stage)
+
+
+@kernel
+def gemm_claimed_half_parallel_kernel(fns, a, bp, c, counter, chunk, work, stage):
     """:func:`gemm_claimed_half` on every thread of one Numba parallel region (``work``
     and ``stage``: one row per thread), as :func:`gemm_claimed_parallel`."""
     for j in prange(work.shape[0]):
-        gemm_claimed_half(a, bp, c, counter, chunk, work[j], stage[j])
+        _claimed_half(fns, a, bp, c, counter, chunk, work[j], stage[j])
+
+
+def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
+    """See :func:`gemm_rows_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
+    gemm_rows_bwd_w_kernel(_rows_bwd_w.table(work.dtype.name), xp, dy, parts, geo, kc, nc,
+                           work)
 
 
 @kernel
-def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
+def gemm_rows_bwd_w_kernel(fns, xp, dy, parts, geo, kc, nc, work):
     """``parts[j] += dW`` over share ``j`` of the output pixels (flat over rows of ``ow``
     pixels), the shares in parallel (``work[j]``: share ``j``'s scratch of
     :func:`workspace` elements): see :func:`_rows_bwd_w`."""
@@ -476,7 +534,7 @@ def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
     wp = xp.shape[3]
     px, py = xp.ctypes.data, dy.ctypes.data
     for j in prange(nch):
-        _rows_bwd_w(px, none, work[j, :0], py, none, work[j, :0], wp, parts[j], geo,
+        _rows_bwd_w(fns, px, none, work[j, :0], py, none, work[j, :0], wp, parts[j], geo,
                     total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
 
 
@@ -486,8 +544,14 @@ def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
 STAGE_GAP = 528
 
 
-@kernel
 def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
+    """See :func:`gemm_rows_bwd_w_half_kernel` (its address table added)."""
+    gemm_rows_bwd_w_half_kernel(_rows_bwd_w.table("float32"), xph, dyh, parts, geo, kc, nc,
+                                work, stage)
+
+
+@kernel
+def gemm_rows_bwd_w_half_kernel(fns, xph, dyh, parts, geo, kc, nc, work, stage):
     """:func:`gemm_rows_bwd_w` with ``xp`` and ``dy`` as float16 bits (``xph``, ``dyh``,
     uint16): each output row's share of ``dy`` is widened ``kc`` pixels at a time into the
     thread's float32 stage (``kc * K`` floats) before their GEMMs, and each tap row's
@@ -505,7 +569,7 @@ def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
     for j in prange(nch):
         sx = stage[j, ny + STAGE_GAP: ny + STAGE_GAP + nx]
         sy = stage[j, :ny]
-        _rows_bwd_w(sx.ctypes.data, x1, sx, sy.ctypes.data, y1, sy, wp, parts[j], geo,
+        _rows_bwd_w(fns, sx.ctypes.data, x1, sx, sy.ctypes.data, y1, sy, wp, parts[j], geo,
                     total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
 
 
@@ -524,8 +588,14 @@ def _add_parts(c, parts, i):
             c[i, n] += parts[j, i, n]
 
 
-@kernel
 def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True):
+    """See :func:`gemm_split_k_kernel` (its address table for ``work``'s dtype added)."""
+    gemm_split_k_kernel(_gemm.table(work.dtype.name), a, rsa, csa, b, rsb, csb, c, parts, K,
+                        kc, nc, work, pf)
+
+
+@kernel
+def gemm_split_k_kernel(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf):
     """``C = A @ B`` with the reduction split into ``len(parts) + 1`` equal shares computed
     in parallel: share 0 into ``C`` (``c [M, N]``, C-contiguous), share ``j`` into
     ``parts[j - 1]``, then added to ``C`` in parallel over its rows. ``A`` and ``B`` on raw
@@ -543,14 +613,20 @@ def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True):
         if k1 == k0:
             dst[:, :] = 0
         else:
-            gemm(a + k0 * csa * it, rsa, csa, b + k0 * rsb * it, rsb, csb,
-                 dst.ctypes.data, N, _NO_MAP, M, N, k1 - k0, 0, kc, nc, work[j], pf)
+            _gemm(fns, a + k0 * csa * it, rsa, csa, b + k0 * rsb * it, rsb, csb,
+                  dst.ctypes.data, N, _NO_MAP, M, N, k1 - k0, 0, kc, nc, work[j], pf)
     for i in prange(M):
         _add_parts(c, parts, i)
 
 
-@kernel
 def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
+    """See :func:`gemm_split_m_kernel` (its address table for ``work``'s dtype added)."""
+    gemm_split_m_kernel(_gemm.table(work.dtype.name), a, rsa, csa, b, rsb, csb, c, K, kc, nc,
+                        work)
+
+
+@kernel
+def gemm_split_m_kernel(fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
     """``C = A @ B`` with the rows of ``C`` (``c [M, N]``, C-contiguous) split into
     ``len(work)`` shares of whole ``MR``-row tiles, computed in parallel (share ``j`` with
     the scratch ``work[j]`` of :func:`workspace` elements); ``A`` and ``B`` on raw
@@ -565,8 +641,8 @@ def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
         i0 = min(M, j * step)
         i1 = min(M, i0 + step)
         if i1 > i0:
-            gemm(a + i0 * rsa * it, rsa, csa, b, rsb, csb, c.ctypes.data + i0 * N * it, N,
-                 _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j])
+            _gemm(fns, a + i0 * rsa * it, rsa, csa, b, rsb, csb, c.ctypes.data + i0 * N * it,
+                  N, _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j], False)
 
 
 @intrinsic
@@ -590,8 +666,13 @@ def _widen_rows(src, s0, dst, n):
         dst[i] = _widen(src[b + i])
 
 
-@kernel
 def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
+    """See :func:`gemm_split_k_half_kernel` (its address table added)."""
+    gemm_split_k_half_kernel(_gemm.table("float32"), x, dy, c, parts, kc, nc, work, stage)
+
+
+@kernel
+def gemm_split_k_half_kernel(fns, x, dy, c, parts, kc, nc, work, stage):
     """:func:`gemm_split_k` for ``dW = X^T @ dY`` with ``x [P, M]`` and ``dy [P, N]`` as
     float16 bits (uint16): each share widens its pixels one reduction block of ``kc`` at a
     time into its own float32 stage (``stage[j]``: ``kc * (M + N)`` floats, reused, so
@@ -616,13 +697,15 @@ def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
             n = min(kc, k1 - r0)
             _widen_rows(x1, r0 * M, sx, n * M)
             _widen_rows(y1, r0 * N, sy, n * N)
-            gemm(sx.ctypes.data, 1, M, sy.ctypes.data, N, 1, dst.ctypes.data, N, _NO_MAP,
-                 M, N, n, 0 if r0 == k0 else 1, kc, nc, work[j])
+            _gemm(fns, sx.ctypes.data, 1, M, sy.ctypes.data, N, 1, dst.ctypes.data, N,
+                  _NO_MAP, M, N, n, 0 if r0 == k0 else 1, kc, nc, work[j], False)
     for i in prange(M):
         _add_parts(c, parts, i)
 
 
-@helper
+@separate("void(int64, uint16[::1], {T}[::1], int64, uint16[::1], {T}[::1], int64, "
+          "{T}[:, ::1], int64[::1], int64, int64, int64, int64, {T}[::1])",
+          float32="float32", float64="float64")
 def _rows_bwd_w(px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
     """``part += dW`` over the output pixels ``t0 .. t1`` (flat over rows of ``ow``
     pixels): backward weights as GEMMs whose A is a strided view of the input, with no
@@ -682,8 +765,8 @@ def _rows_bwd_w(px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
                     else:
                         a = px + s0 * it
                     c = pc + ((t_d * kh + t_h) * M * K) * it
-                    gemm(a, 1, sw * C, b, K, 1, c, K, _NO_MAP, M, K, q1 - q0, 1, kc, nc,
-                         work)
+                    _gemm_body(a, 1, sw * C, b, K, 1, c, K, _NO_MAP, M, K, q1 - q0, 1, kc,
+                               nc, work, False)
         r += 1
 
 

@@ -12,6 +12,13 @@ import numpy as np
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+def is_float_dtype(dt):
+    """Whether ``dt`` is an operand dtype: float16/32/64 in either byte order, or the
+    ``ml_dtypes`` bfloat16 (recognised by name, so that numbaconv never imports
+    ml_dtypes: a bfloat16 array exists only where it is installed)."""
+    return dt.newbyteorder("=") in FLOAT_DTYPES or dt.name == "bfloat16"
+
+
 # -- arrays -------------------------------------------------------------------------------------
 def refuse_masked(value, name):
     """TypeError for a masked array: the kernels would read its data and drop its mask."""
@@ -21,7 +28,8 @@ def refuse_masked(value, name):
 
 
 def as_float_array(value, name):
-    """``value`` as an ndarray of float16/32/64 (never copied when already one)."""
+    """``value`` as an ndarray of float16/32/64 or bfloat16 (never copied when already
+    one)."""
     refuse_masked(value, name)
     if isinstance(value, np.ndarray):
         arr = value
@@ -37,18 +45,19 @@ def as_float_array(value, name):
         except (ValueError, TypeError) as exc:
             raise TypeError(f"{name}: expected a float array, got an object NumPy cannot "
                             f"convert to one ({exc})") from None
-        if arr.dtype.newbyteorder("=") not in FLOAT_DTYPES:
+        if not is_float_dtype(arr.dtype):
             raise TypeError(f"{name}: converted from a {type(value).__name__} to "
                             f"{arr.dtype}, not a float dtype; {_fix(name)}")
-    if arr.dtype.newbyteorder("=") not in FLOAT_DTYPES:  # either byte order is fine
-        raise TypeError(f"{name}: expected dtype float16, float32 or float64, got "
+    if not is_float_dtype(arr.dtype):  # either byte order is fine
+        raise TypeError(f"{name}: expected dtype float16, float32, float64 or bfloat16, got "
                         f"{arr.dtype}; {_fix(name)}")
     return arr
 
 
 def _fix(name, dtype=None):
     if dtype is not None:
-        return f"pass np.asarray({name}, dtype=np.{dtype})"
+        module = "ml_dtypes" if dtype == "bfloat16" else "np"
+        return f"pass np.asarray({name}, dtype={module}.{dtype})"
     return (f"pass np.asarray({name}, dtype=np.float32) (or the dtype of the other "
             f"operands)")
 

@@ -31,7 +31,7 @@ def _value_key(v, depth=0):
     if t is np.ndarray:
         dt = v.dtype
         kind = dt.kind
-        if kind == "f":
+        if kind == "f" or kind == "V" and dt.name == "bfloat16":  # (ml_dtypes' kind is V)
             return ("f", v.shape, dt, v.strides)
         if (kind == "i" or kind == "u") and v.size <= 16:
             return ("i", v.shape, dt, v.tobytes())

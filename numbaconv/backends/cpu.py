@@ -1,10 +1,11 @@
 """The CPU backend: canonicalise operands once, run the plan, return the user's layout.
 
 Canonical layouts are those of :mod:`numbaconv.kernels` (channels last, 3-D, XIO filters,
-compute dtype contiguous), so each kernel compiles once per compute dtype. float16 operands
-are widened to float32 here and the result is rounded to float16 once at the end, except
-those a strategy converts inside its kernels (``half_operands``): they go in and come out
-as float16 bits (``uint16`` arrays).
+compute dtype contiguous), so each kernel compiles once per compute dtype. float16 and
+bfloat16 operands are widened to float32 here and the result is rounded to the user's
+dtype once at the end, except those a strategy converts itself (``half_operands`` for
+float16, ``bf16_operands`` for bfloat16): they go in and come out as their bits
+(``uint16`` arrays).
 
 Thread safety: everything between the operands and the result that may run Numba parallel
 code (float16 conversions included) runs through :func:`numbaconv.runtime.run_parallel`,
@@ -15,6 +16,7 @@ import math
 import numpy as np
 
 from .. import config, memory, runtime
+from ..problem import FLOAT32_COMPUTED, numpy_dtype
 
 
 def threading_layer():
@@ -26,13 +28,30 @@ def threading_layer():
 _OPERANDS = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}
 
 
+def _converted(dtype):
+    """Whether operands of the user's ``dtype`` (a name) computed in float32 are widened
+    and rounded by the convert kernels: float16 where the host has F16C, bfloat16 always
+    (integer shifts). Otherwise NumPy's casts convert them."""
+    if dtype == "bfloat16":
+        return True
+    return dtype == "float16" and _half_kernels() is not None
+
+
+def _bits_operands(strategy, p, tiles):
+    """What ``strategy`` takes and returns as float16 or bfloat16 bits for ``p``."""
+    if p.dtype == "float16":
+        return strategy.half_operands(p, tiles)
+    return strategy.bf16_operands(p, tiles)
+
+
 def _half_io(plan):
-    """What the plan's strategy takes and returns as float16 bits (see ``_Prepared``)."""
+    """What the plan's strategy takes and returns as float16 or bfloat16 bits (see
+    ``_Prepared``)."""
     p = plan.problem
-    if p.dtype != "float16" or p.empty or _half_kernels() is None:
+    if p.dtype not in FLOAT32_COMPUTED or p.empty or not _converted(p.dtype):
         return frozenset()
     from ..planner import implementation
-    return implementation(plan).half_operands(p, plan.tiles)
+    return _bits_operands(implementation(plan), p, plan.tiles)
 
 
 def _operand_copy_bytes(p, name, a, half_io):
@@ -46,16 +65,16 @@ def _operand_copy_bytes(p, name, a, half_io):
         else:
             v = np.moveaxis(a, 1, -1) if p.data_format == "NCX" else a
         native, contiguous = a.dtype.isnative, v.flags.c_contiguous
-        if p.dtype != "float16":
+        if p.dtype not in FLOAT32_COMPUTED:
             return 0 if contiguous and a.dtype == np.dtype(p.compute_dtype) else \
                 n * np.dtype(p.compute_dtype).itemsize
-    elif p.dtype != "float16":
+    elif p.dtype not in FLOAT32_COMPUTED:
         return n * np.dtype(p.compute_dtype).itemsize
-    if name in half_io:  # float16 bits: a float16 copy where not C-contiguous
+    if name in half_io:  # 16-bit bits: a 16-bit copy where not C-contiguous
         return 0 if contiguous and native else n * 2
-    # widened to float32, by the convert kernels after a C-contiguous float16 copy
+    # widened to float32, by the convert kernels after a C-contiguous 16-bit copy
     staging = n * 2 if (a is None or native and not contiguous) and \
-        _half_kernels() is not None else 0
+        _converted(p.dtype) else 0
     return n * 4 + staging
 
 
@@ -64,7 +83,7 @@ def _result_bytes(p, half_io, out):
     the way to the caller (rounded to float16, moved into the user's layout; none into
     ``out``)."""
     n = math.prod(p.result_shape)
-    user = np.dtype(p.dtype).itemsize
+    user = numpy_dtype(p.dtype).itemsize
     if p.empty:  # zeros in the user's dtype and layout
         return n * user, 0
     copies = 0
@@ -72,7 +91,7 @@ def _result_bytes(p, half_io, out):
         result = n * 2
     else:
         result = n * np.dtype(p.compute_dtype).itemsize
-        if p.dtype == "float16" and _half_kernels() is not None:
+        if p.dtype in FLOAT32_COMPUTED and _converted(p.dtype):
             copies = n * 2
     if p.direction == "bwd_w":  # [*X, C/g, K] -> [K, C/g, *X]: a copy unless a view is one
         relayout = (p.filter_format == "OIX"
@@ -80,7 +99,8 @@ def _result_bytes(p, half_io, out):
     else:
         sizes, ch = (p.isz, p.ic) if p.direction == "bwd_d" else (p.osz, p.oc)
         relayout = p.data_format == "NCX" and ch > 1 and math.prod(sizes) > 1
-    if out is None and (relayout or p.dtype == "float16" and _half_kernels() is None):
+    if out is None and (relayout or p.dtype in FLOAT32_COMPUTED
+                        and not _converted(p.dtype)):
         copies += n * user
     return result, copies
 
@@ -134,14 +154,31 @@ def _half_kernels():
 
 
 def to_float32(a, parallel=False):
-    """A C-contiguous float32 copy (from the memory pool) of the float16 array ``a`` (any
-    layout), widened by the convert kernels (hosts with F16C only)."""
-    k = _half_kernels()
+    """A C-contiguous float32 copy (from the memory pool) of the float16 or bfloat16 array
+    ``a`` (any layout), widened by the convert kernels (float16: hosts with F16C only)."""
     a = np.ascontiguousarray(a)
     out = memory.empty(a.shape, np.float32)
     if a.size:
-        (k.convert_parallel if parallel else k.convert)(a.reshape(-1).view(np.uint16),
-                                                        out.reshape(-1), True)
+        if a.dtype.name == "bfloat16":
+            from ..kernels.cpu import convert as k
+            (k.convert_bf16_parallel if parallel else k.convert_bf16)(
+                a.reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32), True)
+        else:
+            k = _half_kernels()
+            (k.convert_parallel if parallel else k.convert)(a.reshape(-1).view(np.uint16),
+                                                            out.reshape(-1), True)
+    return out
+
+
+def to_bfloat16(a, parallel=False):
+    """A C-contiguous bfloat16 copy (from the memory pool) of the float32 array ``a`` (any
+    layout), rounded to nearest even by the convert kernels (NaN kept)."""
+    from ..kernels.cpu import convert as k
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    out = memory.empty(a.shape, numpy_dtype("bfloat16"))
+    if a.size:
+        (k.convert_bf16_parallel if parallel else k.convert_bf16)(
+            a.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16), False)
     return out
 
 
@@ -158,29 +195,31 @@ def to_float16(a, parallel=False):
 
 
 def _as_compute(a, p, parallel=False):
-    """``a`` C-contiguous in the compute dtype (float16 widened to float32 once)."""
-    if a.dtype == np.float16 and _half_kernels() is not None:
-        return to_float32(a, parallel)
+    """``a`` C-contiguous in the compute dtype (float16 and bfloat16 widened to float32
+    once)."""
+    if p.dtype in FLOAT32_COMPUTED and a.dtype.isnative and _converted(p.dtype):
+        return to_float32(a, parallel)  # (byte-swapped float16: NumPy's cast swaps it)
     return memory.ascontiguous(a, p.compute_dtype)
 
 
-def _as_half_bits(a):
-    """``a`` C-contiguous in float16, as its ``uint16`` bits (no copy where it already is)."""
-    return memory.ascontiguous(a, np.float16).view(np.uint16)
+def _as_half_bits(a, p):
+    """``a`` C-contiguous in float16 or bfloat16 (the problem's dtype), as its ``uint16``
+    bits (no copy where it already is)."""
+    return memory.ascontiguous(a, numpy_dtype(p.dtype)).view(np.uint16)
 
 
 def _data_to_canonical(a, p, channels, sizes, parallel=False, half=False):
     if p.data_format == "NCX":
         a = np.moveaxis(a, 1, -1)
     a = a.reshape((p.mb, *sizes, channels))
-    return _as_half_bits(a) if half else _as_compute(a, p, parallel)
+    return _as_half_bits(a, p) if half else _as_compute(a, p, parallel)
 
 
 def _filter_to_canonical(w, p, parallel=False, half=False):
     if p.filter_format == "OIX":
         w = np.moveaxis(w, (0, 1), (-1, -2))  # [K, C/g, *X] -> [*X, C/g, K]
     w = w.reshape((*p.ksz, p.icg, p.oc))
-    return _as_half_bits(w) if half else _as_compute(w, p, parallel)
+    return _as_half_bits(w, p) if half else _as_compute(w, p, parallel)
 
 
 def _to_user(r, p):
@@ -211,7 +250,7 @@ def check_out(out, p):
         raise TypeError("out: masked arrays are not supported; pass np.ma.filled(a, 0) or "
                         "a.data")
     # either byte order, as for the operands: the result is copied into ``out``, swapped
-    if out.dtype.newbyteorder("=") != np.dtype(p.dtype):
+    if out.dtype.newbyteorder("=") != numpy_dtype(p.dtype):
         raise TypeError(f"out: expected dtype {p.dtype} (either byte order), got {out.dtype}")
     if out.shape != p.result_shape:
         raise ValueError(f"out: expected shape {p.result_shape}, got {out.shape}")
@@ -221,9 +260,9 @@ def check_out(out, p):
 
 def canonical_operands(p, operands, parallel=False, half=frozenset()):
     """The operands in canonical layout and compute dtype; ``parallel``: convert float16
-    on every thread (right next to Numba's parallel kernels, not BLAS calls: see
-    :mod:`numbaconv.kernels.cpu.convert`); those named in ``half`` stay float16, as
-    ``uint16`` bits."""
+    and bfloat16 on every thread (right next to Numba's parallel kernels, not BLAS calls:
+    see :mod:`numbaconv.kernels.cpu.convert`); those named in ``half`` stay in the user's
+    16-bit dtype, as ``uint16`` bits."""
     ops = {}
     if "x" in operands:
         ops["x"] = _data_to_canonical(operands["x"], p, p.ic, p.isz, parallel, "x" in half)
@@ -241,12 +280,14 @@ def _set_num_threads(n):
 
 class _Prepared:
     """What :func:`execute` derives from a plan alone, derived once per plan: its strategy
-    object and its bound call (``Strategy.bind``), whether the float16 conversions run on
-    every thread, which operands its kernels take as float16 bits, the user's dtype, that
+    object and its bound call (``Strategy.bind``), whether the float16 and bfloat16
+    conversions run on every thread, which operands it takes as their bits, the user's
+    dtype, that
     it fits in memory (checked again when ``config.MAX_MEMORY_FRACTION`` changes, and on
     every call where the call's own operands decide it: ``check``), and
     the canonical shapes of channels-last operands (``plain``: the user's arrays,
-    reshaped; float16 ones then taken as bits or widened, ``widen``) and the result's
+    reshaped; float16 and bfloat16 ones then taken as bits or widened, ``widen``) and the
+    result's
     shape. Together 20-30 us of Python per call."""
 
     __slots__ = ("plan", "strategy", "call", "parallel", "half", "half_io", "dtype",
@@ -259,16 +300,18 @@ class _Prepared:
         self.check = check_memory(plan, operands, out)
         self.plan = plan
         self.fraction = config.MAX_MEMORY_FRACTION
-        self.dtype = np.dtype(p.dtype)
+        self.dtype = numpy_dtype(p.dtype)
         self.strategy = None if p.empty else implementation(plan)
         # conversions on every thread only next to Numba parallel regions alone
         self.parallel = (self.strategy is not None and plan.threads > 1
                          and self.strategy.numba_parallel(p, plan.tiles))
-        self.half = self.dtype == np.float16
-        # kernels convert in place only where the host has F16C (as the convert kernels)
-        self.half_io = (self.strategy.half_operands(p, plan.tiles)
-                        if self.half and self.strategy is not None
-                        and _half_kernels() is not None else frozenset())
+        # float16 or bfloat16: computed in float32, converted by the convert kernels (or,
+        # for float16 on a host without F16C, by NumPy's casts)
+        self.half = p.dtype in FLOAT32_COMPUTED
+        converted = self.half and _converted(p.dtype)
+        # strategies take bits only where the convert kernels would otherwise convert
+        self.half_io = (_bits_operands(self.strategy, p, plan.tiles)
+                        if converted and self.strategy is not None else frozenset())
         self.call = None if self.strategy is None else self.strategy.bind(p, plan.tiles)
         # channels-last data, XIO filters: the operands are the user's arrays reshaped
         # (where C-contiguous; float16 ones as bits where the kernels take them so, else
@@ -278,7 +321,7 @@ class _Prepared:
         self.shape = p.result_shape
         if (p.data_format == "NXC" and p.filter_format in ("XIO", "XIM")
                 and self.strategy is not None
-                and (not self.half or _half_kernels() is not None)):
+                and (not self.half or converted)):
             self.plain = (("x", (p.mb, *p.isz, p.ic)), ("dy", (p.mb, *p.osz, p.oc)),
                           ("w", (*p.ksz, p.icg, p.oc)))
             if self.half:
@@ -305,9 +348,9 @@ def _prepared(plan, operands=None, out=None):
 
 def _plain_operands(prep, operands):
     """The canonical operands as views of the user's arrays, or None where one needs a
-    copy (see ``_Prepared.plain``); float16 ones as their ``uint16`` bits, except those in
-    ``prep.widen``, widened once."""
-    if prep.half and _half_kernels() is None:  # (only where a test takes them away)
+    copy (see ``_Prepared.plain``); float16 and bfloat16 ones as their ``uint16`` bits,
+    except those in ``prep.widen``, widened once."""
+    if prep.half and not _converted(prep.plan.problem.dtype):  # (where a test takes F16C away)
         return None
     ops = {}
     dtype = prep.dtype
@@ -333,11 +376,11 @@ def _compute(prep, operands):
     if not plain:
         ops = canonical_operands(p, operands, prep.parallel, prep.half_io)
     r = prep.call(ops)
-    if r.dtype == np.uint16:  # float16 bits from a strategy's kernels
-        r = r.view(np.float16)
-    elif prep.half and _half_kernels() is not None:
+    if r.dtype == np.uint16:  # float16 or bfloat16 bits from a strategy's kernels
+        r = r.view(prep.dtype)
+    elif prep.half and _converted(p.dtype):
         # rounded once, before any layout change
-        r = to_float16(r, prep.parallel)
+        r = (to_bfloat16 if p.dtype == "bfloat16" else to_float16)(r, prep.parallel)
     # a canonical result of a plain call is in the user's layout already
     return r.reshape(prep.shape) if plain else _to_user(r, p)
 
@@ -350,7 +393,7 @@ def execute(plan, operands, out=None, threads_current=False):
     check_out(out, p)
     prep = _prepared(plan, operands, out)
     if prep.strategy is None:
-        result = np.zeros(p.result_shape, p.dtype)
+        result = np.zeros(p.result_shape, prep.dtype)
     else:
         if not threads_current:
             # thread-local in Numba: set for this calling thread, the conversions' too

@@ -11,7 +11,7 @@ from .rows import Row
 from .timing import blocked, roof_fraction, traffic_bytes
 from .torch_peer import TorchPass
 
-DTYPES = ("float32", "float16", "float64")
+DTYPES = ("float32", "float16", "float64", "bfloat16")
 DEFAULT_REPEAT = 5
 #: Rounds of timed blocks per pass (numbaconv's and PyTorch's blocks alternate in each).
 DEFAULT_ROUNDS = 2
@@ -27,7 +27,7 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
     layers : sequence of numbaconv.suites.Layer
         The layers (any, not only the suites'); data are seeded random.
     passes : sequence of {"bwd_d", "bwd_w", "fwd"}
-    dtype : {"float32", "float16", "float64"}
+    dtype : {"float32", "float16", "float64", "bfloat16"}
     repeat : int
         Timed calls after the warm-up call; the best counts.
     strategy : {"direct", "gemm", "winograd"}, optional
@@ -61,6 +61,8 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
         raise ValueError(f"passes: expected some of {list(suites.PASSES)}, got {bad}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype!r}")
+    if dtype == "bfloat16":
+        import ml_dtypes  # noqa: F401  (registers the dtype the operands are cast to)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds: expected a positive count, got {rounds!r}")
     table = Table(layers, torch is not None)

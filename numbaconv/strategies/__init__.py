@@ -16,6 +16,8 @@ A strategy is a small object with:
   takes as float16 bits (``uint16`` arrays in canonical layout; its kernels widen them as
   they load) and ``"result"`` when it returns float16 bits; the backend converts only the
   others (whole-array passes that cost as much as a bandwidth-bound kernel);
+* ``bf16_operands(problem, tiles) -> frozenset``: the same for bfloat16 problems (bits of
+  bfloat16 in ``uint16`` arrays);
 * ``numba_parallel(problem, tiles) -> bool``: whether it computes in Numba parallel
   regions alone (no BLAS call, no Python worker threads), so that those conversion passes
   may run on every thread too (see :mod:`numbaconv.kernels.cpu.convert`).
@@ -62,6 +64,11 @@ class Strategy:
     def half_operands(self, problem, tiles):
         """What :meth:`run` takes (and returns) as float16 bits for a float16 problem; it
         must still run on float32 operands (as the tuner passes them)."""
+        return frozenset()
+
+    def bf16_operands(self, problem, tiles):
+        """What :meth:`run` takes (and returns) as bfloat16 bits for a bfloat16 problem,
+        as :meth:`half_operands`."""
         return frozenset()
 
     def numba_parallel(self, problem, tiles):

@@ -35,6 +35,7 @@ import itertools
 import numpy as np
 
 from . import Strategy, canonical_shapes
+from ..problem import numpy_dtype
 
 
 def _padded_shape(p):
@@ -68,9 +69,10 @@ def _pad(x, p):
     return xp
 
 
-def _compute(a, ct):
-    """An operand in the compute dtype (float16 comes as its ``uint16`` bits)."""
-    return a.view(np.float16).astype(ct) if a.dtype == np.uint16 else np.asarray(a, ct)
+def _compute(a, ct, bits):
+    """An operand in the compute dtype (float16 and bfloat16 come as their ``uint16`` bits,
+    ``bits`` their dtype)."""
+    return a.view(bits).astype(ct) if a.dtype == np.uint16 else np.asarray(a, ct)
 
 
 class NumpyTaps(Strategy):
@@ -83,6 +85,10 @@ class NumpyTaps(Strategy):
         kernel (on a small problem they cost microseconds)."""
         return frozenset({"x", "dy", "w", "result"})
 
+    def bf16_operands(self, p, tiles):
+        """bfloat16 likewise, with ml_dtypes' casts (round to nearest even)."""
+        return frozenset({"x", "dy", "w", "result"})
+
     def workspace_bytes(self, p, tiles):
         xs, ys, ws = canonical_shapes(p)
         item = np.dtype(p.compute_dtype).itemsize
@@ -93,9 +99,13 @@ class NumpyTaps(Strategy):
     def run(self, p, tiles, ops):
         ct = np.dtype(p.compute_dtype)
         half = any(a.dtype == np.uint16 for a in ops.values())
-        ops = {k: _compute(a, ct) for k, a in ops.items()}
+        bits = numpy_dtype(p.dtype) if half else None
+        ops = {k: _compute(a, ct, bits) for k, a in ops.items()}
         r = self._run(p, ops, ct)
-        return r.astype(np.float16).view(np.uint16) if half else r
+        if not half:
+            return r
+        with np.errstate(invalid="ignore"):  # (ml_dtypes' cast flags NaN as invalid)
+            return r.astype(bits).view(np.uint16)
 
     def _run(self, p, ops, ct):
         xs, ys, ws = canonical_shapes(p)

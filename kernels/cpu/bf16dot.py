@@ -1,0 +1,276 @@
+"""bfloat16 GEMM with AVX512_BF16's dot-product instruction: ``C (float32) = A @ B`` for
+bfloat16 ``A`` and ``B``, for the ``gemm[bf16-dot]`` entry.
+
+``vdpbf16ps`` (``llvm.x86.avx512bf16.dpbf16ps.512``) takes 16 lanes of float32
+accumulators and two vectors of 32 bfloat16 each, read as 16 pairs, and adds to lane ``j``
+the two products of pair ``j`` of the one vector with pair ``j`` of the other: twice the
+multiply-adds of an FMA on float32 per instruction, from operands half as wide. The
+products of two bfloat16 are exact in float32; the sums are rounded in float32 (inputs and
+results that are subnormal are flushed to zero by the instruction).
+
+The reduction therefore runs over pairs: ``A`` is row-major bfloat16 with an even row
+length, so that ``A[i, 2p]`` and ``A[i, 2p+1]`` form one 32-bit word, which the micro-kernel
+broadcasts; ``B`` is packed by :func:`pack_pairs` into panels ``[N/NR, K/2, NR]`` of 32-bit
+words, word ``(p, j)`` holding ``B[2p, j]`` (low half) and ``B[2p+1, j]`` (high half).
+An ``MR x NR`` tile of ``C`` (``NR = NV*16``) lives in ``MR*NV`` registers for a block of the
+reduction. :func:`gemm` blocks the reduction by ``kc2`` pairs (a ``kc2 x NR`` panel of B,
+32 KiB, stays in L1 while every row tile of a block of rows meets it) and shares blocks of
+rows among the threads. Rows and columns past the last whole tile go through scratch
+tiles, so C is exactly ``[M, N]``.
+
+:func:`im2col` gathers the rows of A from a canonical bfloat16 image (bits, ``uint16``):
+row ``m`` (an output pixel) holds, tap by tap, the channels of the pixel that tap meets (or
+zeros), as the forward pass and (at stride 1, with flipped taps) backward data need it.
+
+Integer bits throughout: Numba has no bfloat16 type, so arrays are ``uint16`` (and
+``uint32`` for pairs); LLVM's ``bfloat`` type appears only inside the micro-kernel's IR.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from numbaconv._jit import kernel, separate
+
+#: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
+#: broadcast fit AVX-512's 32 registers.
+MR = 6
+NV = 4
+#: Columns of a tile (16 float32 lanes per vector).
+NR = NV * 16
+
+
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no such type): the intrinsic's operand type."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+@intrinsic
+def _micro(typingctx, a, lda, b, c, ldc, k2, beta):
+    """``C[:MR, :NR] (+)= A[:MR, :2*k2] @ B[:2*k2, :NR]``: ``a`` the address of A's first
+    pair (rows ``lda`` pairs apart), ``b`` of a packed panel (``k2`` rows of ``NR`` pairs),
+    ``c`` of C's first element (rows ``ldc`` floats apart); ``beta`` 0 stores, 1 adds."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp,
+                     types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        a, lda, b, c, ldc, k2, beta = args
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        vf, vi, vb = (ir.VectorType(f32, 16), ir.VectorType(i32, 16),
+                      ir.VectorType(_BFloat(), 32))
+        dot = cgutils.get_or_insert_function(builder.module,
+                                             ir.FunctionType(vf, [vf, vb, vb]),
+                                             "llvm.x86.avx512bf16.dpbf16ps.512")
+        pa = builder.inttoptr(a, i32.as_pointer())
+        pb = builder.inttoptr(b, vi.as_pointer())
+        pc = builder.inttoptr(c, f32.as_pointer())
+        zero = ir.Constant(vf, None)
+        undef = ir.Constant(vi, ir.Undefined)
+        splat = ir.Constant(vi, None)
+        # accumulators as allocas: mem2reg turns them into registers
+        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(NV)]
+               for _ in range(MR)]
+        arow = [builder.mul(lda, ir.Constant(i64, i)) for i in range(MR)]
+        with cgutils.for_range(builder, k2) as loop:
+            k = loop.index
+            kb = builder.mul(k, ir.Constant(i64, NV))
+            bv = [builder.bitcast(builder.load(builder.gep(
+                pb, [builder.add(kb, ir.Constant(i64, v))]), align=4), vb)
+                for v in range(NV)]
+            for i in range(MR):
+                s = builder.load(builder.gep(pa, [builder.add(arow[i], k)]), align=4)
+                s = builder.insert_element(undef, s, ir.Constant(i32, 0))
+                s = builder.bitcast(builder.shuffle_vector(s, undef, splat), vb)
+                for v in range(NV):
+                    builder.store(builder.call(dot, [builder.load(acc[i][v]), s, bv[v]]),
+                                  acc[i][v])
+        add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
+        for i in range(MR):
+            row = builder.mul(ldc, ir.Constant(i64, i))
+            for v in range(NV):
+                p = builder.bitcast(builder.gep(pc, [builder.add(row, ir.Constant(i64, 16 * v))]),
+                                    vf.as_pointer())
+                val = builder.load(acc[i][v])
+                with builder.if_else(add) as (then, otherwise):
+                    with then:
+                        builder.store(builder.fadd(val, builder.load(p, align=4)), p, align=4)
+                    with otherwise:
+                        builder.store(val, p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@kernel
+def pack_pairs(b, bp):
+    """``bp[q, p, j] = B[2p, q*NR + j] | B[2p+1, q*NR + j] << 16`` (zero past B's edges) for
+    ``b`` a 2-D ``uint16`` array of any strides (bfloat16 bits) and ``bp`` ``uint32``
+    ``[ceil(N/NR), ceil(K/2), NR]``."""
+    K, N = b.shape
+    npan, k2 = bp.shape[0], bp.shape[1]
+    for t in prange(npan * k2):
+        q = t // k2
+        p = t - q * k2
+        for j in range(NR):
+            col = q * NR + j
+            lo = np.uint32(0)
+            hi = np.uint32(0)
+            if col < N:
+                lo = np.uint32(b[2 * p, col])
+                if 2 * p + 1 < K:
+                    hi = np.uint32(b[2 * p + 1, col])
+            bp[q, p, j] = lo | (hi << np.uint32(16))
+
+
+@kernel
+def im2col(src, rows, out, geo, sign):
+    """Rows of A from ``src`` (``uint16`` ``[mb, d, h, w, C]``): row ``m`` of ``out``
+    (``uint16`` ``[M, Kp]``, ``Kp`` the even number at or above ``taps*C``) is output pixel
+    ``m`` of ``rows`` ``(mb, od, oh, ow)``, and holds for each tap ``t`` (row-major over the
+    kernel) the ``C`` channels of the source pixel ``o*s + sign*t*d + off`` on each axis, or
+    zeros outside the source. ``geo``: int64 ``[sd sh sw dd dh dw offd offh offw kd kh kw]``.
+    """
+    mb, od, oh, ow = rows[0], rows[1], rows[2], rows[3]
+    _, sdp, shp, swp, C = src.shape
+    kp = out.shape[1]
+    sd, sh, sw, dd, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    fd, fh, fw, kd, kh, kw = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
+    for m in prange(mb * od * oh * ow):
+        n = m // (od * oh * ow)
+        r = m - n * (od * oh * ow)
+        z = r // (oh * ow)
+        r -= z * (oh * ow)
+        y = r // ow
+        x = r - y * ow
+        col = 0
+        for a in range(kd):
+            iz = z * sd + sign * a * dd + fd
+            for b in range(kh):
+                iy = y * sh + sign * b * dh + fh
+                for c in range(kw):
+                    ix = x * sw + sign * c * dw + fw
+                    if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
+                        for ch in range(C):
+                            out[m, col + ch] = src[n, iz, iy, ix, ch]
+                    else:
+                        for ch in range(C):
+                            out[m, col + ch] = 0
+                    col += C
+        for ch in range(col, kp):
+            out[m, ch] = 0
+
+
+#: Pixels per block of :func:`im2col_t`.
+PIXELS = 64
+
+
+@kernel
+def im2col_t(src, rows, out, geo):
+    """:func:`im2col` transposed (``sign`` 1): ``out`` ``uint16`` ``[taps*C, Me]`` (``Me``
+    the even number at or above the ``M`` output pixels; the column past them zero) holds in
+    row ``t*C + c`` channel ``c`` of the pixel tap ``t`` meets, for every output pixel: the
+    left operand of a weight gradient, its reduction over pixels contiguous in pairs."""
+    mb, od, oh, ow = rows[0], rows[1], rows[2], rows[3]
+    _, sdp, shp, swp, C = src.shape
+    me = out.shape[1]
+    sd, sh, sw, dd, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    fd, fh, fw, kd, kh, kw = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
+    M = mb * od * oh * ow
+    nblk = (M + PIXELS - 1) // PIXELS
+    flat = src.reshape(-1)
+    for tb in prange(kd * kh * kw * nblk):
+        t = tb // nblk
+        m0 = (tb - t * nblk) * PIXELS
+        m1 = min(M, m0 + PIXELS)
+        a = t // (kh * kw)
+        b = (t - a * kh * kw) // kw
+        c = t - a * kh * kw - b * kw
+        offs = np.empty(PIXELS, np.int64)
+        for m in range(m0, m1):
+            n = m // (od * oh * ow)
+            r = m - n * (od * oh * ow)
+            z = r // (oh * ow)
+            r -= z * (oh * ow)
+            y = r // ow
+            x = r - y * ow
+            iz = z * sd + a * dd + fd
+            iy = y * sh + b * dh + fh
+            ix = x * sw + c * dw + fw
+            if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
+                offs[m - m0] = (((n * sdp + iz) * shp + iy) * swp + ix) * C
+            else:
+                offs[m - m0] = -1
+        for ch in range(C):
+            row = t * C + ch
+            for j in range(m1 - m0):
+                o = offs[j]
+                out[row, m0 + j] = flat[o + ch] if o >= 0 else 0
+            if m1 == M and me > M:
+                out[row, M] = 0
+
+
+@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint32[:, ::1], "
+               "float32[:, ::1], int64, int64, int64)")
+def _block(a, bp, c, wa, wc, r0, r1, kc2):
+    """Rows ``r0 .. r1 - 1`` of ``C = A @ B`` (see :func:`gemm`)."""
+    K2 = a.shape[1]
+    N = c.shape[1]
+    npan = bp.shape[0]
+    # addresses as int64 alike: one inlining of the micro-kernel's typing, not two
+    pa0, pb0, pc0 = np.int64(a.ctypes.data), np.int64(bp.ctypes.data), np.int64(c.ctypes.data)
+    pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
+    for k0 in range(0, K2, kc2):
+        kk = min(kc2, K2 - k0)
+        beta = 0 if k0 == 0 else 1
+        for q in range(npan):
+            j = q * NR
+            w = min(NR, N - j)
+            pb = pb0 + (q * K2 * NR + k0 * NR) * 4
+            for i0 in range(r0, r1, MR):
+                im = min(MR, r1 - i0)
+                if im == MR:
+                    pa, lda = pa0 + (i0 * K2 + k0) * 4, K2
+                else:  # a zero-padded copy of the last rows
+                    for i in range(MR):
+                        for k in range(kk):
+                            wa[i, k] = a[i0 + i, k0 + k] if i < im else 0
+                    pa, lda = pwa, wa.shape[1]
+                if im == MR and w == NR:
+                    _micro(pa, lda, pb, pc0 + (i0 * N + j) * 4, N, kk, beta)
+                else:  # through the scratch tile: only im x w of C is touched
+                    if beta:
+                        for i in range(im):
+                            for jj in range(w):
+                                wc[i, jj] = c[i0 + i, j + jj]
+                    _micro(pa, lda, pb, pwc, NR, kk, beta)
+                    for i in range(im):
+                        for jj in range(w):
+                            c[i0 + i, j + jj] = wc[i, jj]
+
+
+def gemm(a, bp, c, kc2, mc):
+    """See :func:`gemm_kernel` (its address table added)."""
+    gemm_kernel(_block.table("bf16"), a, bp, c, kc2, mc)
+
+
+@kernel
+def gemm_kernel(fns, a, bp, c, kc2, mc):
+    """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
+    :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
+    C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
+    threads; the reduction runs in blocks of ``kc2`` pairs."""
+    M = a.shape[0]
+    nblk = (M + mc - 1) // mc
+    for blk in prange(nblk):
+        wa = np.zeros((MR, kc2), np.uint32)
+        wc = np.zeros((MR, NR), np.float32)
+        _block(fns, a, bp, c, wa, wc, blk * mc, min(M, (blk + 1) * mc), kc2)

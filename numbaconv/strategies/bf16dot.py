@@ -1,0 +1,165 @@
+"""``gemm[bf16-dot]``: bfloat16 problems as one GEMM on AVX512_BF16's dot products.
+
+Each direction is one product ``C = A @ B`` of bfloat16 matrices with float32 results
+(:mod:`numbaconv.kernels.cpu.bf16dot`), rounded to bfloat16 once by the backend:
+
+* forward:          ``Y [M, K] = im2col(X) [M, taps*C] @ W [taps*C, K]``
+* backward data:    ``dX [M', C] = im2col~(dY) [M', taps*K] @ W~ [taps*K, C]``, at stride 1:
+  the taps flipped (pixel ``i`` meets ``dY[i + pad - t*d]``) and ``W~[t*K + k, c] = W[t, c, k]``
+* backward weights: ``dW [taps*C, K] = im2col(X)^T [taps*C, M] @ dY [M, K]``
+
+with ``M`` the output pixels of the batch and ``M'`` the input pixels. The operands arrive
+as bfloat16 bits (``bf16_operands``): no widening pass, and half the bytes of float32
+through every copy. One group only; backward data at stride 1 only.
+"""
+import math
+
+import numpy as np
+
+from . import Strategy, canonical_shapes
+from .. import memory
+
+R_DTYPE = "{dtype}, not bfloat16 (the dot products take bfloat16 pairs)"
+R_HOST = "this host has no AVX512_BF16 (vdpbf16ps)"
+R_GROUPS = "{g} groups (one group only)"
+R_STRIDE = "backward data at stride {s} (stride 1 only)"
+R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}): the float32 Winograd "
+              "entry's fewer multiplies win")
+
+#: 2-D 3x3 layers at stride 1 whose smaller channel count lies in this range are left to
+#: the Winograd entry (on widened operands); 2 threads, batch 8, ResNet-50: Winograd took
+#: 20-27 ms against this entry's 35-66 ms at 64 and 128 channels (56x56, 28x28), this entry
+#: 17-24 ms against 28-66 ms at 256 (14x14). Below 64 channels Winograd declines anyway.
+WINOGRAD_CHANNELS = (64, 255)
+
+#: Pairs of the reduction per block: a packed panel of B (``kc2 x NR`` words, 32 KiB)
+#: stays in L1 while every row tile of a block meets it.
+KC2 = 128
+#: Most rows per block shared out to a thread, and blocks per thread at least.
+MAX_MC = 192
+BLOCKS_PER_THREAD = 4
+
+
+def host_has_bf16():
+    from ..kernels.cpu._host import FEATURES
+    return "avx512bf16" in FEATURES
+
+
+def _taps(p):
+    return math.prod(p.ksz)
+
+
+def _im2col_geo(p, backward_data):
+    """The int64 geometry :func:`im2col` takes: strides, dilations, offsets, kernel."""
+    if backward_data:  # source pixel i + pad - t*d (stride 1)
+        return np.array([1, 1, 1, *p.dilation, *p.pad_begin, *p.ksz], np.int64), -1
+    return np.array([*p.stride, *p.dilation, *(-b for b in p.pad_begin), *p.ksz],
+                    np.int64), 1
+
+
+def _bits(a):
+    """bfloat16 bits of an operand (the tuner passes float32 ones: rounded here)."""
+    if a.dtype == np.uint16:
+        return a
+    from ..kernels.cpu import convert
+    a = np.ascontiguousarray(a, np.float32)
+    out = np.empty(a.shape, np.uint16)
+    convert.convert_bf16(a.reshape(-1).view(np.uint32), out.reshape(-1), False)
+    return out
+
+
+def _pairs(a):
+    """A ``uint16`` matrix with an even row length as ``uint32`` pairs."""
+    return a.view(np.uint32)
+
+
+class Bf16Dot(Strategy):
+    name = "gemm"
+    variant = "bf16-dot"
+    compile_heavy = True
+
+    def accepts(self, p):
+        if p.dtype != "bfloat16":
+            return R_DTYPE.format(dtype=p.dtype)
+        if not host_has_bf16():
+            return R_HOST
+        if p.g != 1:
+            return R_GROUPS.format(g=p.g)
+        if p.direction == "bwd_d" and any(s != 1 for s in p.stride):
+            return R_STRIDE.format(s="x".join(str(s) for s in p.stride[3 - p.ndim:]))
+        lo, hi = WINOGRAD_CHANNELS
+        if (p.ndim == 2 and p.ksz == (1, 3, 3) and p.stride == (1, 1, 1)
+                and p.dilation == (1, 1, 1) and lo <= min(p.ic, p.oc) <= hi):
+            return R_WINOGRAD.format(c=min(p.ic, p.oc), lo=lo, hi=hi)
+        return None
+
+    def tiles(self, p, machine):
+        from ..runtime import threads as _threads
+        from ..kernels.cpu.bf16dot import MR
+        rows = (_taps(p) * p.ic if p.direction == "bwd_w" else
+                p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz))
+        per = -(-rows // (BLOCKS_PER_THREAD * max(1, _threads())))
+        mc = max(MR, min(MAX_MC, -(-per // MR) * MR))
+        return {"kc2": KC2, "mc": int(mc)}
+
+    def bf16_operands(self, p, tiles):
+        return frozenset({"x", "dy", "w"})
+
+    def numba_parallel(self, p, tiles):
+        return True
+
+    def workspace_bytes(self, p, tiles):
+        from ..kernels.cpu.bf16dot import NR
+        taps = _taps(p)
+        m = p.mb * math.prod(p.osz)
+        if p.direction == "fwd":
+            k, n, rows = taps * p.ic, p.oc, m
+        elif p.direction == "bwd_d":
+            k, n, rows = taps * p.oc, p.ic, p.mb * math.prod(p.isz)
+        else:
+            k, n, rows = m, p.oc, taps * p.ic
+        k2 = -(-k // 2)
+        return rows * k2 * 4 + -(-n // NR) * k2 * NR * 4  # A (pairs), B's panels
+
+    def run(self, p, tiles, ops):
+        from ..kernels.cpu import bf16dot as k
+
+        xs, ys, ws = canonical_shapes(p)
+        taps = _taps(p)
+        kc2, mc = int(tiles["kc2"]), int(tiles["mc"])
+        if p.direction == "bwd_w":  # dW [taps*C, K] = im2col(X)^T @ dY, over pixels
+            x, dy = _bits(ops["x"]), _bits(ops["dy"])
+            m = p.mb * math.prod(p.osz)
+            k2 = -(-m // 2)
+            a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
+            g, _ = _im2col_geo(p, False)
+            k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
+            bp = memory.empty((-(-p.oc // k.NR), k2, k.NR), np.uint32)
+            k.pack_pairs(dy.reshape(m, p.oc), bp)
+            dw = memory.empty((taps * p.ic, p.oc), np.float32)
+            k.gemm(_pairs(a), bp, dw, kc2, mc)
+            return dw.reshape(ws)
+        bwd = p.direction == "bwd_d"
+        src = _bits(ops["dy"] if bwd else ops["x"])
+        w = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
+        c_in, c_out = (p.oc, p.ic) if bwd else (p.ic, p.oc)
+        sizes = p.isz if bwd else p.osz
+        m = p.mb * math.prod(sizes)
+        kp = -(-taps * c_in // 2) * 2
+        if taps == 1 and c_in % 2 == 0 and all(s == 1 for s in p.stride) \
+                and not any(p.pad_begin) and not any(p.pad_end):
+            a = src.reshape(m, c_in)  # 1x1 at stride 1 without pads: the image itself
+        else:
+            a = memory.empty((m, kp), np.uint16)
+            g, sign = _im2col_geo(p, bwd)
+            k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
+        b = (np.ascontiguousarray(w.transpose(0, 2, 1)) if bwd else w).reshape(
+            taps * c_in, c_out)
+        bp = memory.empty((-(-c_out // k.NR), kp // 2, k.NR), np.uint32)
+        k.pack_pairs(b, bp)
+        c = memory.empty((m, c_out), np.float32)
+        k.gemm(_pairs(a), bp, c, kc2, mc)
+        return c.reshape(xs if bwd else ys)
+
+
+STRATEGY = Bf16Dot()

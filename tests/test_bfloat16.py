@@ -1,0 +1,579 @@
+"""bfloat16 (the ``ml_dtypes`` NumPy dtype): every op and every planner entry forced by
+``strategy=`` against the float64 reference within docs/contract.md section 10's bound,
+computed in float32 and rounded once (bit for bit the float32 call's result rounded to
+nearest even), ``out=``, NaN and Inf, the conversion kernels bit for bit, mixed dtypes,
+and that numbaconv never needs ml_dtypes itself.
+
+The bound: the operands are exact bfloat16 values, so the float32 sums carry only
+float32's error (1e-5 of the scale, 1e-4 under Winograd), and the one rounding to
+bfloat16's 8 significant bits moves a result by at most half a unit in its last place,
+2^-8 of its magnitude: ``2^-8 + 1e-5`` (``2^-8 + 1e-4`` under Winograd).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+import numbaconv as nc  # noqa: E402
+from numbaconv import planner  # noqa: E402
+from numbaconv.backends import cpu  # noqa: E402
+from numbaconv.strategies import label  # noqa: E402
+from reference import (TOL_BF16, assert_matches, conv_bwd_data_ref,  # noqa: E402
+                       conv_bwd_filter_ref, conv_fwd_ref, depthwise_to_xio, normalized_error,
+                       oix_to_xio, to_channels_last, xio_to_oix)
+from strategy_cases import CASES, call, operands, patch  # noqa: E402
+from strategy_cases import plan as plan_of  # noqa: E402
+from numbaconv.strategies.bf16dot import STRATEGY as BF16_DOT, host_has_bf16  # noqa: E402
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _bf16(rng, *shape):
+    return rng.standard_normal(shape).astype(BF16)
+
+
+def _rounded(a):
+    """float32 results rounded to bfloat16 by ml_dtypes (round to nearest even)."""
+    with np.errstate(invalid="ignore"):
+        return np.asarray(a, np.float32).astype(BF16)
+
+
+def _same_bits(got, want):
+    assert got.dtype == BF16 and want.dtype == BF16, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    g, w = got.view(np.uint16), want.view(np.uint16)
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (f"{bad.size} of {g.size} elements differ, first "
+                           f"{got.reshape(-1)[bad[0]]} != {want.reshape(-1)[bad[0]]}")
+
+
+def _as_f32(ops):
+    return {k: np.asarray(v, np.float32) for k, v in ops.items()}
+
+
+# -- the conversion kernels, bit for bit ---------------------------------------------------------
+@pytest.mark.parametrize("parallel", [False, True])
+def test_every_bfloat16_widens_to_its_bits_shifted(parallel):
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(BF16).reshape(256, 256)
+    got = cpu.to_float32(h[:, ::-1], parallel)  # a non-contiguous operand
+    assert got.dtype == np.float32 and got.flags.c_contiguous
+    want = (h[:, ::-1].view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(got[finite], h[:, ::-1][finite].astype(np.float32))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_rounding_to_bfloat16_is_nearest_even_with_nan_kept(parallel):
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 2 ** 32, 300_000, dtype=np.uint64).astype(np.uint32)
+    special = np.array([
+        0x3F808000, 0x3F818000,      # ties: to the even neighbour (down, up)
+        0x3F808001, 0x3F807FFF,      # just above / below a tie
+        0x7F7FFFFF, 0x7F7F7FFF,      # rounds up to Inf / stays the largest finite
+        0xFF7FFFFF,                  # to -Inf
+        0x7F800000, 0xFF800000,      # Inf
+        0x7F800001, 0xFF800001,      # NaN with its payload in the lower half only
+        0x7FC00000, 0x7FFFFFFF,      # quiet NaN, NaN that would carry into the sign
+        0x00000000, 0x80000000,      # zeros
+        0x00000001, 0x00008000, 0x00018000, 0x807FFFFF,  # subnormals
+    ], np.uint32)
+    x = np.concatenate([special, bits]).view(np.float32)
+    got = cpu.to_bfloat16(x, parallel)
+    assert got.dtype == BF16 and got.shape == x.shape
+    want = _rounded(x)
+    nan = np.isnan(x)
+    assert np.isnan(got[nan]).all()
+    np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(x[nan]))
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    assert list(got[:9].view(np.uint16)) == [0x3F80, 0x3F82, 0x3F81, 0x3F80, 0x7F80, 0x7F7F,
+                                            0xFF80, 0x7F80, 0xFF80]
+
+
+# -- every planner entry forced by strategy= ---------------------------------------------------
+def _first_case_per_entry():
+    seen = {}
+    for c in CASES:
+        if c.dtype == "float32":
+            seen.setdefault((c.label, c.direction), c)
+    return seen
+
+
+ENTRIES = _first_case_per_entry()
+
+
+def _reference(case, ops):
+    nd = len(case.isz)
+    pb, pe = case.pads or ((0,) * nd, (0,) * nd)
+    kw = dict(stride=case.stride or 1, dilation=case.dilation or 1, pads_begin=pb,
+              pads_end=pe, groups=case.g)
+    if case.direction == "fwd":
+        return conv_fwd_ref, (ops["x"], ops["w"]), kw
+    if case.direction == "bwd_d":
+        return (lambda dy, w, **k: conv_bwd_data_ref(dy, w, case.isz, **k)), \
+            (ops["dy"], ops["w"]), kw
+    return (lambda x, dy, **k: conv_bwd_filter_ref(x, dy, case.k, **k)), \
+        (ops["x"], ops["dy"]), kw
+
+
+def test_every_entry_has_a_bfloat16_case():
+    for direction in ("fwd", "bwd_d", "bwd_w"):
+        for s in planner.candidates(direction):
+            assert ((label(s), direction) in ENTRIES
+                    or label(s) == "gemm[bf16-dot]" and direction in BF16_DOT_DIRECTIONS), \
+                (label(s), direction)
+
+
+@pytest.mark.parametrize("key", sorted(ENTRIES), ids=[f"{k[0]}-{k[1]}" for k in sorted(ENTRIES)])
+def test_forced_entry_in_bfloat16(key, monkeypatch):
+    """Each entry, forced: within the bound of the reference, and exactly the float32
+    call on the same values rounded once."""
+    case = ENTRIES[key]
+    forced = type(case)(**{**case.__dict__, "strategy": case.label, "dtype": "bfloat16"})
+    patch(forced, monkeypatch)
+    ops = operands(forced)
+    assert all(a.dtype == BF16 for a in ops.values())
+    kept = {k: v.copy() for k, v in ops.items()}
+    p = plan_of(forced, ops)
+    assert label(planner.implementation(p)) == case.label, str(p)
+    assert p.problem.dtype == "bfloat16" and p.problem.compute_dtype == "float32"
+    got = call(forced, ops)
+    ref_fn, args, kw = _reference(forced, ops)
+    assert_matches(got, BF16, ref_fn, *args, strategy=p.strategy, **kw)
+    _same_bits(got, _rounded(call(forced, _as_f32(ops))))
+    for k in ops:  # inputs untouched
+        np.testing.assert_array_equal(ops[k].view(np.uint16), kept[k].view(np.uint16))
+
+
+# -- every op, layout and rank --------------------------------------------------------------------
+def _tf_cases():
+    """(id, call(dtype) -> (got, ref_fn, ref_args, ref_kw)) for the TF-style ops."""
+    rng = np.random.default_rng(11)
+    out = []
+
+    def add(id_, fn):
+        out.append(pytest.param(fn, id=id_))
+
+    # conv2d NCHW, strided, dilated, SAME
+    x2, w2 = _bf16(rng, 2, 6, 9, 8), _bf16(rng, 3, 3, 6, 5)      # x NCHW [2, 6, 9, 8]
+    pb, pe = (2, 2), (2, 2)  # SAME for 9x8, k3 d2 s1
+
+    def conv2d(dt):
+        got = nc.conv2d(x2.astype(dt), w2.astype(dt), 1, "SAME", data_format="NCHW",
+                        dilations=[1, 1, 2, 2])
+        return (to_channels_last(got), conv_fwd_ref, (to_channels_last(x2), w2),
+                dict(dilation=2, pads_begin=pb, pads_end=pe))
+    add("conv2d-nchw-dilated", conv2d)
+
+    # conv2d_backprop_input NHWC, stride 2, grouped filter (C / filter_in = 2 groups)
+    wg, dyg = _bf16(rng, 3, 3, 4, 6), _bf16(rng, 2, 5, 4, 6)
+
+    def bwd_input(dt):
+        got = nc.conv2d_backprop_input([2, 9, 8, 8], wg.astype(dt), dyg.astype(dt), 2,
+                                       "SAME")
+        return (got, lambda dy, w, **k: conv_bwd_data_ref(dy, w, (9, 8), **k), (dyg, wg),
+                dict(stride=2, pads_begin=(1, 0), pads_end=(1, 1), groups=2))
+    add("conv2d_backprop_input-grouped-s2", bwd_input)
+
+    # conv2d_backprop_filter EXPLICIT pads
+    xf, dyf = _bf16(rng, 2, 7, 7, 4), _bf16(rng, 2, 7, 6, 5)
+
+    def bwd_filter(dt):
+        got = nc.conv2d_backprop_filter(xf.astype(dt), [3, 2, 4, 5], dyf.astype(dt), 1,
+                                        "EXPLICIT",
+                                        explicit_paddings=[0, 0, 1, 1, 0, 0, 0, 0])
+        return (got, lambda x, dy, **k: conv_bwd_filter_ref(x, dy, (3, 2), **k), (xf, dyf),
+                dict(pads_begin=(1, 0), pads_end=(1, 0)))
+    add("conv2d_backprop_filter-explicit", bwd_filter)
+
+    # the V2 ops take a bfloat16 array for the shape they do not read
+    def bwd_input_v2(dt):
+        got = nc.conv2d_backprop_input_v2(np.zeros((2, 9, 8, 8), dt), wg.astype(dt),
+                                          dyg.astype(dt), 2, "SAME")
+        return (got, lambda dy, w, **k: conv_bwd_data_ref(dy, w, (9, 8), **k), (dyg, wg),
+                dict(stride=2, pads_begin=(1, 0), pads_end=(1, 1), groups=2))
+    add("conv2d_backprop_input_v2", bwd_input_v2)
+
+    def bwd_filter_v2(dt):
+        got = nc.conv2d_backprop_filter_v2(xf.astype(dt), np.zeros((3, 2, 4, 5), dt),
+                                           dyf.astype(dt), 1, [[1, 1], [0, 0]])
+        return (got, lambda x, dy, **k: conv_bwd_filter_ref(x, dy, (3, 2), **k), (xf, dyf),
+                dict(pads_begin=(1, 0), pads_end=(1, 0)))
+    add("conv2d_backprop_filter_v2-pairs", bwd_filter_v2)
+
+    # depthwise, multiplier 2
+    xd, wd = _bf16(rng, 2, 8, 8, 4), _bf16(rng, 3, 3, 4, 2)
+    dyd = _bf16(rng, 2, 8, 8, 8)
+    wd_xio = depthwise_to_xio(wd)
+    same = dict(pads_begin=(1, 1), pads_end=(1, 1), groups=4)
+
+    def dw_fwd(dt):
+        got = nc.depthwise_conv2d_native(xd.astype(dt), wd.astype(dt), 1, "SAME")
+        return got, conv_fwd_ref, (xd, wd_xio), same
+    add("depthwise_conv2d_native", dw_fwd)
+
+    def dw_bwd_input(dt):
+        got = nc.depthwise_conv2d_native_backprop_input([2, 8, 8, 4], wd.astype(dt),
+                                                        dyd.astype(dt), 1, "SAME")
+        return (got, lambda dy, w, **k: conv_bwd_data_ref(dy, w, (8, 8), **k),
+                (dyd, wd_xio), same)
+    add("depthwise_conv2d_native_backprop_input", dw_bwd_input)
+
+    def dw_bwd_filter(dt):
+        got = nc.depthwise_conv2d_native_backprop_filter(xd.astype(dt), [3, 3, 4, 2],
+                                                         dyd.astype(dt), 1, "SAME")
+        # [3, 3, 4, 2] depthwise filter <- XIO [3, 3, 1, 8]
+        return (got.reshape(3, 3, 1, 8),
+                lambda x, dy, **k: conv_bwd_filter_ref(x, dy, (3, 3), **k), (xd, dyd), same)
+    add("depthwise_conv2d_native_backprop_filter", dw_bwd_filter)
+
+    # 3-D, NCDHW forward and NDHWC backward passes
+    x3, w3 = _bf16(rng, 1, 3, 5, 6, 4), _bf16(rng, 2, 3, 2, 3, 4)   # x NCDHW
+    dy3 = _bf16(rng, 1, 5, 6, 4, 4)                                  # NDHWC, SAME s1
+    p3 = dict(pads_begin=(0, 1, 0), pads_end=(1, 1, 1))
+
+    def c3d(dt):
+        got = nc.conv3d(x3.astype(dt), w3.astype(dt), [1, 1, 1, 1, 1], "SAME",
+                        data_format="NCDHW")
+        return to_channels_last(got), conv_fwd_ref, (to_channels_last(x3), w3), p3
+    add("conv3d-ncdhw", c3d)
+
+    def c3d_bwd_input(dt):
+        got = nc.conv3d_backprop_input_v2([1, 5, 6, 4, 3], w3.astype(dt), dy3.astype(dt),
+                                          [1, 1, 1, 1, 1], "SAME")
+        return (got, lambda dy, w, **k: conv_bwd_data_ref(dy, w, (5, 6, 4), **k),
+                (dy3, w3), p3)
+    add("conv3d_backprop_input_v2", c3d_bwd_input)
+
+    x3l = to_channels_last(x3)
+
+    def c3d_bwd_filter(dt):
+        got = nc.conv3d_backprop_filter_v2(np.ascontiguousarray(x3l).astype(dt),
+                                           [2, 3, 2, 3, 4], dy3.astype(dt), [1, 1, 1, 1, 1],
+                                           "SAME")
+        return (got, lambda x, dy, **k: conv_bwd_filter_ref(x, dy, (2, 3, 2), **k),
+                (x3l, dy3), p3)
+    add("conv3d_backprop_filter_v2", c3d_bwd_filter)
+    return out
+
+
+def _generic_cases():
+    rng = np.random.default_rng(12)
+    out = []
+    for nd, g, fmt, ffmt in ((1, 2, "NCX", "OIX"), (2, 1, "NXC", "XIO"),
+                             (3, 2, "NXC", "OIX"), (2, 6, "NCX", "XIO")):
+        c, k = 6, (6 if g == 6 else 4)
+        isz = (9, 7, 5)[:nd]
+        ksz = (3, 2, 2)[:nd]
+        st, dil = (2, 1, 1)[:nd], (1, 2, 1)[:nd]
+        pb, pe = (1, 0, 1)[:nd], (1, 1, 0)[:nd]
+        osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
+                    for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+        x_cl, dy_cl = _bf16(rng, 2, *isz, c), _bf16(rng, 2, *osz, k)
+        w_xio = _bf16(rng, *ksz, c // g, k)
+        x = x_cl if fmt == "NXC" else np.moveaxis(x_cl, -1, 1)
+        dy = dy_cl if fmt == "NXC" else np.moveaxis(dy_cl, -1, 1)
+        w = w_xio if ffmt == "XIO" else xio_to_oix(w_xio)
+        attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe, groups=g,
+                     data_format=fmt, filter_format=ffmt)
+        kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe, groups=g)
+        cl = (lambda a: a) if fmt == "NXC" else to_channels_last
+        wl = (lambda a: a) if ffmt == "XIO" else oix_to_xio
+        tag = f"{nd}d-g{g}-{fmt}-{ffmt}"
+
+        def fwd(dt, x=x, w=w, attrs=attrs, kw=kw, cl=cl, x_cl=x_cl, w_xio=w_xio):
+            got = nc.convolution(x.astype(dt), w.astype(dt), **attrs)
+            return cl(got), conv_fwd_ref, (x_cl, w_xio), kw
+
+        def bwd_d(dt, dy=dy, w=w, attrs=attrs, kw=kw, cl=cl, dy_cl=dy_cl, w_xio=w_xio,
+                  isz=isz):
+            got = nc.convolution_backprop_data(dy.astype(dt), w.astype(dt), isz, **attrs)
+            return (cl(got), lambda a, b, **k_: conv_bwd_data_ref(a, b, isz, **k_),
+                    (dy_cl, w_xio), kw)
+
+        def bwd_w(dt, x=x, dy=dy, attrs=attrs, kw=kw, wl=wl, x_cl=x_cl, dy_cl=dy_cl,
+                  ksz=ksz):
+            got = nc.convolution_backprop_filters(x.astype(dt), ksz, dy.astype(dt), **attrs)
+            return (wl(got), lambda a, b, **k_: conv_bwd_filter_ref(a, b, ksz, **k_),
+                    (x_cl, dy_cl), kw)
+        out += [pytest.param(fwd, id=f"convolution-{tag}"),
+                pytest.param(bwd_d, id=f"convolution_backprop_data-{tag}"),
+                pytest.param(bwd_w, id=f"convolution_backprop_filters-{tag}")]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["planner", "float32-kernels", "planner-small"])
+@pytest.mark.parametrize("fn", _tf_cases() + _generic_cases())
+def test_op_in_bfloat16(fn, mode, monkeypatch):
+    """Every op, 1-D to 3-D, grouped and depthwise, both layouts: within the bound.
+    ``planner``: the planner's choice (``gemm[bf16-dot]`` where the host has AVX512_BF16
+    and the problem suits it); ``float32-kernels``: that entry off, the compiled float32
+    strategies on widened operands, bit for bit the float32 call rounded once;
+    ``planner-small``: the planner's choice for a small problem (the numpy entry), also
+    bit for bit."""
+    if mode == "planner-small":
+        from numbaconv import config
+        monkeypatch.setattr(config, "SMALL_FLOPS", 10 ** 9)
+    if mode == "float32-kernels":
+        monkeypatch.setattr(type(BF16_DOT), "accepts", lambda self, p: "off in this test")
+    got, ref_fn, args, kw = fn(BF16)
+    assert_matches(got, BF16, ref_fn, *args, **kw)
+    if mode != "planner":
+        want, *_ = fn(np.float32)
+        _same_bits(got, _rounded(want))
+
+
+# -- gemm[bf16-dot]: AVX512_BF16's dot products -------------------------------------------------
+BF16_DOT_DIRECTIONS = ("fwd", "bwd_d", "bwd_w")
+needs_bf16_dot = pytest.mark.skipif(not host_has_bf16(), reason="no AVX512_BF16 on this host")
+
+#: (id, direction, mb, input size, C, K, kernel, stride, dilation, pads): odd channel
+#: counts (an odd reduction, a last row tile and a last panel of partial width), 1-D to 3-D
+_DOT = [
+    ("fwd-2d-odd", "fwd", 2, (9, 7), 5, 70, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ("fwd-1d-strided-dilated", "fwd", 3, (17,), 6, 9, (3,), (2,), (2,), ((2,), (1,))),
+    ("fwd-3d", "fwd", 1, (4, 5, 6), 4, 8, (2, 3, 2), (1, 2, 1), (1, 1, 1),
+     ((0, 1, 1), (1, 1, 0))),
+    ("bwd_d-2d-dilated", "bwd_d", 2, (10, 9), 7, 66, (3, 3), (1, 1), (2, 1),
+     ((2, 1), (1, 1))),
+    ("bwd_d-3d", "bwd_d", 1, (4, 5, 5), 3, 5, (3, 2, 3), (1, 1, 1), (1, 1, 1),
+     ((1, 0, 1), (1, 1, 1))),
+    ("bwd_w-2d-strided", "bwd_w", 3, (11, 10), 6, 13, (3, 3), (2, 2), (1, 1),
+     ((1, 1), (1, 0))),
+    ("bwd_w-1d-odd-pixels", "bwd_w", 1, (15,), 3, 7, (5,), (1,), (1,), ((2,), (2,))),
+]
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("case", _DOT, ids=[c[0] for c in _DOT])
+def test_bf16_dot_entry(case):
+    """Forced, on edges of every tile: within the bound of the float64 reference."""
+    _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
+    rng = np.random.default_rng(len(isz) + c + k)
+    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
+                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
+                 strategy="gemm[bf16-dot]")
+    kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
+    if direction == "fwd":
+        got = nc.convolution(x, w, **attrs)
+        ref_fn, args = conv_fwd_ref, (x, w)
+    elif direction == "bwd_d":
+        got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
+    else:
+        got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
+    assert_matches(got, BF16, ref_fn, *args, **kw)
+
+
+@needs_bf16_dot
+def test_bf16_dot_entry_declines_with_reasons():
+    x = np.zeros((1, 8, 8, 8), BF16)
+    with pytest.raises(ValueError, match=r"gemm\[bf16-dot\]: 2 groups \(one group only\)"):
+        nc.plan("convolution", x, np.zeros((3, 3, 4, 8), BF16), strides=1, groups=2,
+                strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"backward data at stride 2x2 \(stride 1 only\)"):
+        nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
+                np.zeros((3, 3, 8, 8), BF16), (8, 8), strides=2, strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"float32, not bfloat16"):
+        nc.plan("convolution", x.astype(np.float32), np.zeros((3, 3, 8, 8), np.float32),
+                strides=1, strategy="gemm[bf16-dot]")
+    p = nc.plan("convolution", x, np.zeros((3, 3, 8, 8), BF16), strides=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
+    # 3x3 at stride 1 over 64 to 255 channels: left to Winograd's float32 kernels
+    x = np.zeros((2, 28, 28, 128), BF16)
+    with pytest.raises(ValueError, match=r"3x3 at stride 1 over 128 channels \(64 to 255\)"):
+        nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=1, pads_begin=1,
+                pads_end=1, strategy="gemm[bf16-dot]")
+    p = nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=1, pads_begin=1,
+                pads_end=1)
+    assert p.strategy == "winograd"
+    p = nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=2, pads_begin=1,
+                pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
+
+
+@needs_bf16_dot
+def test_bf16_dot_flushes_products_below_float32s_normal_range():
+    """The instruction treats subnormal inputs and results as zero (as oneDNN's bfloat16
+    kernels do): products below 2^-126 vanish on this entry, while the float32 kernels keep
+    them (as subnormals, and round them to bfloat16's subnormals)."""
+    x = np.full((1, 4, 4, 8), 1e-19, BF16)
+    w = np.full((1, 1, 8, 8), 1e-19, BF16)
+    v = float(np.float32(BF16.type(1e-19))) ** 2  # 1e-38: subnormal in float32
+    assert v < 2.0 ** -126
+    dot = nc.convolution(x, w, strides=1, strategy="gemm[bf16-dot]")
+    assert not dot.view(np.uint16).any()
+    direct = nc.convolution(x, w, strides=1, strategy="direct")
+    assert np.all(np.abs(direct.astype(np.float64) - 8 * v) <= 8 * v * 2 ** -7)
+    # a normal range is unaffected
+    big = nc.convolution(x * BF16.type(1e10), w * BF16.type(1e10), strides=1,
+                         strategy="gemm[bf16-dot]")
+    assert np.all(np.abs(big.astype(np.float64) / (8 * v * 1e20) - 1) < 2 ** -6)
+
+
+def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
+    from numbaconv.kernels.cpu import _host
+    monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES
+                                                  if f != "avx512bf16"))
+    assert BF16_DOT.accepts(nc.plan("convolution", np.zeros((1, 8, 8, 8), BF16),
+                                    np.zeros((3, 3, 8, 8), BF16), strides=1).problem) == \
+        "this host has no AVX512_BF16 (vdpbf16ps)"
+
+
+def test_errors_are_of_the_size_the_bound_allows():
+    """The bound is not loose: the errors of a long reduction come close to it (a
+    reduction over many pixels, whose results are large against 2^-8 of the scale)."""
+    rng = np.random.default_rng(8)
+    x = np.abs(_bf16(rng, 4, 32, 32, 8)) + BF16.type(1)
+    dy = np.abs(_bf16(rng, 4, 32, 32, 8)) + BF16.type(1)
+    got = nc.conv2d_backprop_filter(x, [3, 3, 8, 8], dy, 1, "SAME")
+    err = normalized_error(got, lambda a, b: conv_bwd_filter_ref(a, b, (3, 3), pads_begin=1,
+                                                                 pads_end=1), x, dy)
+    assert TOL_BF16 / 16 < err <= TOL_BF16, err
+
+
+# -- out=, specials, empty problems ------------------------------------------------------------
+@pytest.mark.parametrize("data_format", ["NHWC", "NCHW"])
+def test_out_in_bfloat16(data_format, rng):
+    nhwc = data_format == "NHWC"
+    x = _bf16(rng, *((2, 8, 8, 4) if nhwc else (2, 4, 8, 8)))
+    w = _bf16(rng, 3, 3, 4, 6)
+    want = nc.conv2d(x, w, 1, "SAME", data_format=data_format)
+    out = np.full(want.shape, np.nan, BF16)
+    r = nc.conv2d(x, w, 1, "SAME", data_format=data_format, out=out)
+    assert r is out
+    _same_bits(out, want)
+    # a strided out= (every other element of a larger array)
+    big = np.zeros((*want.shape[:-1], 2 * want.shape[-1]), BF16)
+    r = nc.conv2d(x, w, 1, "SAME", data_format=data_format, out=big[..., ::2])
+    _same_bits(np.ascontiguousarray(big[..., ::2]), want)
+    assert not big[..., 1::2].view(np.uint16).any()
+    dw = np.empty((3, 3, 4, 6), BF16)
+    dy = want
+    assert nc.conv2d_backprop_filter(x, [3, 3, 4, 6], dy, 1, "SAME", data_format=data_format,
+                                     out=dw) is dw
+    _same_bits(dw, nc.conv2d_backprop_filter(x, [3, 3, 4, 6], dy, 1, "SAME",
+                                             data_format=data_format))
+
+
+def test_out_of_another_dtype_is_refused(rng):
+    x, w = _bf16(rng, 1, 6, 6, 2), _bf16(rng, 3, 3, 2, 2)
+    with pytest.raises(TypeError, match=r"^out: expected dtype bfloat16 .*got float32"):
+        nc.conv2d(x, w, 1, "SAME", out=np.empty((1, 6, 6, 2), np.float32))
+    with pytest.raises(TypeError, match=r"^out: expected dtype float32 .*got bfloat16"):
+        nc.conv2d(x.astype(np.float32), w.astype(np.float32), 1, "SAME",
+                  out=np.empty((1, 6, 6, 2), BF16))
+
+
+@pytest.mark.parametrize("strategy", ["direct", "numpy", None])
+def test_nan_and_inf_propagate(strategy):
+    """NaN and Inf in bfloat16 operands come out where the reference has them (Inf with
+    operands of one sign, so that no Inf - Inf arises), finite results within the bound."""
+    rng = np.random.default_rng(3)
+    x = (np.abs(rng.standard_normal((1, 9, 9, 3))) + 0.5).astype(BF16)
+    w = (np.abs(rng.standard_normal((3, 3, 3, 4))) + 0.5).astype(BF16)
+    x[0, 1, 1, 0] = np.nan
+    x[0, 6, 7, 2] = np.inf
+    got = nc.conv2d(x, w, 1, "SAME", strategy=strategy)
+    ref = conv_fwd_ref(x, w, pads_begin=1, pads_end=1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(ref))
+    assert np.isnan(got).sum() == 4 * 9 and np.isposinf(got).sum() == 4 * 9
+    fin = np.isfinite(ref)
+    scale = conv_fwd_ref(np.abs(np.where(np.isfinite(x.astype(np.float64)), x, 0)), w,
+                         pads_begin=1, pads_end=1).max()
+    assert np.abs(got[fin].astype(np.float64) - ref[fin]).max() / scale <= TOL_BF16
+    # 2^127 + (2 - 2^-7) 2^126 = (2 - 2^-8) 2^127: a finite float32 halfway between
+    # bfloat16's largest finite value (odd) and 2^128, which rounds (to even) to Inf
+    big = np.array([0x7F00, 0x7EFF], np.uint16).view(BF16).reshape(1, 1, 2, 1)
+    one = np.ones((1, 2, 1, 1), BF16)
+    y = nc.conv2d(big, one, 1, "VALID", strategy=strategy)
+    assert np.isfinite(nc.conv2d(big.astype(np.float32), one.astype(np.float32), 1, "VALID",
+                                 strategy=strategy)).all()
+    assert np.isposinf(y).all()
+
+
+def test_empty_problem_gives_bfloat16_zeros():
+    x = np.zeros((0, 5, 5, 3), BF16)
+    w = np.ones((3, 3, 3, 2), BF16)
+    y = nc.conv2d(x, w, 1, "SAME")
+    assert y.dtype == BF16 and y.shape == (0, 5, 5, 2)
+    dw = nc.conv2d_backprop_filter(x, [3, 3, 3, 2], np.zeros((0, 5, 5, 2), BF16), 1, "SAME")
+    assert dw.dtype == BF16 and dw.shape == (3, 3, 3, 2) and not dw.view(np.uint16).any()
+
+
+def test_non_contiguous_and_read_only_operands(rng):
+    x = _bf16(rng, 2, 10, 9, 12)[:, ::-1, :, ::3]   # negative and non-unit strides
+    w = _bf16(rng, 3, 3, 4, 5)
+    x.flags.writeable = False
+    w.flags.writeable = False
+    got = nc.conv2d(x, w, 1, "VALID")
+    want = nc.conv2d(np.ascontiguousarray(x).astype(np.float32), w.astype(np.float32), 1,
+                     "VALID")
+    _same_bits(got, _rounded(want))
+
+
+# -- dtypes of one call, and what numbaconv needs ----------------------------------------------
+def test_mixing_bfloat16_with_another_float_dtype_is_refused(rng):
+    x, w = _bf16(rng, 1, 5, 5, 2), _bf16(rng, 3, 3, 2, 2)
+    with pytest.raises(TypeError, match=r"^all arrays of one call must share one float dtype, "
+                                        r"got input=bfloat16, filter=float32"):
+        nc.conv2d(x, w.astype(np.float32), 1, "SAME")
+    with pytest.raises(TypeError, match=r"share one float dtype, got output_delta=float16, "
+                                        r"filter=bfloat16"):
+        nc.convolution_backprop_data(x.astype(np.float16), w, (5, 5), strides=1,
+                                     auto_pad="same_upper")
+    # a list becomes float64: the message says how to pass it as bfloat16
+    with pytest.raises(TypeError, match=r"pass np\.asarray\(filter, "
+                                        r"dtype=ml_dtypes\.bfloat16\)"):
+        nc.conv2d(x, w.astype(np.float64).tolist(), 1, "SAME")
+
+
+def test_plan_names_bfloat16():
+    x = np.zeros((2, 8, 8, 16), BF16)
+    p = nc.plan("conv2d", x, np.zeros((3, 3, 16, 16), BF16), 1, "SAME")
+    assert p.problem.dtype == "bfloat16" and p.problem.descriptor().endswith("_bfloat16")
+
+
+def test_check_runs_bfloat16():
+    from numbaconv.check import default_dtypes, run_check
+    assert "bfloat16" in default_dtypes()
+    assert run_check(dtypes=("bfloat16",), verbose=False) == 0
+
+
+def test_numbaconv_imports_no_ml_dtypes_and_a_small_call_compiles_nothing():
+    """``import numbaconv`` leaves ml_dtypes alone, and a first bfloat16 call on a small
+    problem (the numpy entry) compiles or loads no kernel."""
+    code = textwrap.dedent("""
+        import sys
+        import numbaconv as nc
+        assert "ml_dtypes" not in sys.modules, "numbaconv imported ml_dtypes"
+        import numpy as np, ml_dtypes
+        bf = ml_dtypes.bfloat16
+        x = np.ones((2, 16, 16, 8), bf)
+        w = np.ones((3, 3, 8, 8), bf)
+        y = nc.conv2d(x, w, 1, "SAME")
+        assert y.dtype == bf and float(y[0, 5, 5, 0]) == 72.0, y[0, 5, 5, 0]
+        nc.conv2d_backprop_input(x.shape, w, x, 1, "SAME")
+        nc.conv2d_backprop_filter(x, w.shape, x, 1, "SAME")
+        from numba.core.registry import CPUDispatcher
+        used = sorted(f"{name}.{k}" for name, mod in list(sys.modules.items())
+                      if name.startswith("numbaconv.kernels.cpu.")
+                      for k, v in vars(mod).items()
+                      if isinstance(v, CPUDispatcher) and v.signatures)
+        print(used)
+    """)
+    env = dict(os.environ)
+    env.pop("NUMBACONV_GEMM_ENGINE", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout

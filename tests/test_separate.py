@@ -1,0 +1,110 @@
+"""Helpers compiled apart from the kernels that call them (``numbaconv._jit.separate``),
+and callees compiled for their arguments' plain types (``numbaconv._jit._Dispatcher``)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import prange
+from numba.core.errors import TypingError
+
+from numbaconv._jit import helper, kernel, separate
+
+
+@separate("void({T}[:, ::1], {T}[::1], int64, int64)", f32="float32", f64="float64")
+def _row_sums(a, out, r0, r1):
+    for r in range(r0, r1):
+        acc = 0.0
+        for j in range(a.shape[1]):
+            acc += a[r, j]
+        out[r] = acc
+
+
+@kernel
+def _row_sums_parallel(fns, a, out, n):
+    rows = a.shape[0]
+    for c in prange(n):
+        _row_sums(fns, a, out, rows * c // n, rows * (c + 1) // n)
+
+
+@kernel(parallel=False)
+def _row_sums_serial(fns, a, out):
+    _row_sums(fns, a, out, 0, a.shape[0])
+
+
+@kernel(parallel=False)
+def _row_sums_of_ints(fns, a, out):
+    _row_sums(fns, a, out, 0, a.shape[0])
+
+
+@pytest.mark.parametrize("dtype, name", [(np.float32, "f32"), (np.float64, "f64")])
+def test_kernels_call_the_variant_of_their_arguments(dtype, name):
+    a = np.random.default_rng(0).standard_normal((37, 9)).astype(dtype)
+    for n in (1, 3, 5):
+        out = np.full(37, np.nan, dtype)
+        _row_sums_parallel(_row_sums.table(name), a, out, n)
+        np.testing.assert_allclose(out, a.astype(np.float64).sum(1), rtol=1e-5)
+    # a read-only operand fits the variant declared writable (one data model)
+    a.flags.writeable = False
+    out = np.zeros(37, dtype)
+    _row_sums_serial(_row_sums.table(name), a, out)
+    np.testing.assert_allclose(out, a.astype(np.float64).sum(1), rtol=1e-5)
+
+
+def test_a_variant_not_compiled_raises_instead_of_calling_nowhere():
+    a = np.ones((4, 3), np.float64)
+    empty = np.zeros(2, np.int64)  # no address filled in
+    with pytest.raises(RuntimeError, match=r"_row_sums: variant 'f64' is not compiled"):
+        _row_sums_serial(empty, a, np.zeros(4))
+
+
+def test_arguments_that_fit_no_variant_are_a_typing_error():
+    with pytest.raises(TypingError, match=r"_row_sums: no variant of \['f32', 'f64'\]"):
+        _row_sums_of_ints(_row_sums.table("f64"), np.ones((4, 3), np.int64),
+                          np.zeros(4, np.int64))
+    with pytest.raises(ValueError):
+        _row_sums.table("f16")
+
+
+def test_the_kernel_and_its_helper_load_from_the_disk_cache(tmp_path):
+    code = (
+        "import numpy as np, tests.test_separate as t\n"
+        "a = np.arange(12.0).reshape(4, 3); out = np.zeros(4)\n"
+        "t._row_sums_parallel(t._row_sums.table('f64'), a, out, 2)\n"
+        "assert out.tolist() == [3.0, 12.0, 21.0, 30.0], out\n"
+        "ds = [t._row_sums.dispatcher, t._row_sums_parallel]\n"
+        "print(sum(len(d.stats.cache_hits) for d in ds),"
+        " sum(len(d.stats.cache_misses) for d in ds))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBACONV_CACHE="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, cwd=root, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert runs[0].stdout.split() == ["0", "2"]   # both compiled (and stored)
+    assert runs[1].stdout.split() == ["2", "0"]   # both loaded
+
+
+@helper
+def _count(n, step):
+    s = 0
+    for i in range(0, n, step):
+        s += i
+    return s
+
+
+@kernel(parallel=False)
+def _calls_with_a_literal(n):
+    k = 0            # seen first as the literal 0, then as int64
+    t = _count(n, 1)
+    for i in range(3):
+        t += _count(n, k + 1)
+        k += 1
+    return t + _count(5, 1)
+
+
+def test_a_callee_is_compiled_once_for_literal_and_plain_arguments():
+    assert _calls_with_a_literal(10) == 45 + 45 + 20 + 18 + 10
+    assert len(_count.signatures) == 1, _count.signatures
