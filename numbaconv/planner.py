@@ -11,17 +11,19 @@ Every kernel choice is one entry, ``family[variant]`` (``Plan.strategy`` is the 
 ``Plan.variant`` the variant); the tiles only size it (and pick the GEMM engine, Numba
 micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 
-* ``fwd``: numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
+* ``fwd``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
   direct[depthwise-unrolled], direct[depthwise], direct
-* ``bwd_d``: numpy, winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
+* ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
   gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
   direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
-* ``bwd_w``: numpy, winograd, direct[grouped], gemm[rows], gemm[split-k], gemm[identity],
+* ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[rows], gemm[split-k], gemm[identity],
   gemm[split-dw], gemm[slabs], direct[depthwise-rows], direct[depthwise-spans],
   direct[depthwise], direct
 
 What each takes, in brief (its ``accepts`` has the guards and the reasons):
 
+* ``numpy[depthwise]``: small depthwise problems with multiplier 1 (one elementwise
+  product per tap in NumPy);
 * ``numpy``: problems under ``config.SMALL_FLOPS`` only (per-tap matrix products in NumPy:
   nothing to compile); below that limit the planner also passes over every entry whose
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
@@ -61,10 +63,11 @@ from .strategies.direct import DIRECT
 FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
-LABELS = ("numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]", "gemm[rows]",
-          "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]", "gemm[per-tap]",
-          "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[depthwise-rows]",
-          "direct[depthwise-unrolled]", "direct[depthwise-spans]", "direct[depthwise]", "direct")
+LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
+          "gemm[rows]", "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
+          "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]",
+          "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
+          "direct[depthwise]", "direct")
 STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
 
 R_SMALL = ("small problem ({mflop:.2g} MFLOP < {limit:g}): its kernels take seconds to "
@@ -97,10 +100,10 @@ def _strategies():
         from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
-        from .strategies.numpy_taps import STRATEGY as NUMPY
+        from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
-        _STRATEGIES[:] = [NUMPY, BF16DOT, WINOGRAD, GROUPED, ROWGEMM, IGEMM, *GEMM, COL2IM,
-                          *DEPTHWISE, DIRECT]
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, ROWGEMM, IGEMM,
+                          *GEMM, COL2IM, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

@@ -189,8 +189,18 @@ CASES = [
        pads=((2,), (1,)), label="numpy", config=_SMALL_RULE),
     _c("numpy-bwdw", "bwd_w", 1, 4, 4, 1, (4, 5, 6), (3, 3, 3),
        pads=((1, 1, 1), (1, 1, 1)), label="numpy", config=_SMALL_RULE),
-    _c("numpy-bwdw-depthwise", "bwd_w", 8, 8, 8, 2, (8, 8), (3, 3),
+    _c("numpy-bwdw-depthwise-m2", "bwd_w", 8, 8, 16, 2, (8, 8), (3, 3),
        pads=((1, 1), (1, 1)), label="numpy", config=_SMALL_RULE),
+    # (multiplier 1: numpy[depthwise] since it exists; the snapshot's plan was numpy)
+    _c("numpy-bwdw-depthwise", "bwd_w", 8, 8, 8, 2, (8, 8), (3, 3),
+       pads=((1, 1), (1, 1)), label="numpy[depthwise]", config=_SMALL_RULE),
+    # -- numpy[depthwise]: small depthwise problems with multiplier 1 ----------------------
+    _c("numpy-depthwise-fwd", "fwd", 8, 8, 8, 2, (9, 7), (3, 3), stride=(2, 1),
+       pads=((1, 0), (2, 1)), label="numpy[depthwise]", config=_SMALL_RULE),
+    _c("numpy-depthwise-bwdd", "bwd_d", 6, 6, 6, 2, (11,), (5,), stride=(2,), dilation=(2,),
+       pads=((4,), (3,)), label="numpy[depthwise]", config=_SMALL_RULE),
+    _c("numpy-depthwise-bwdw-3d", "bwd_w", 4, 4, 4, 1, (4, 5, 6), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), label="numpy[depthwise]", config=_SMALL_RULE),
 ]
 
 #: float16 operands take other kernels on the paths that reduce over threads or widen

@@ -6,6 +6,7 @@ ran), so the counts below are written down by hand and compared with what asv's 
 discovery finds, not derived from the benchmark classes.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +33,10 @@ EXPECTED = {
     "mobilenet": 5,
     # as conv3d
     "resnet50": 6,
+    # ZooGenericOps.time_op/track_gflops
+    "zoo": 2,
 }
-EXPECTED_TOTAL = 24
+EXPECTED_TOTAL = 26
 PREFIXES = ("time_", "peakmem_", "mem_", "track_", "timeraw_")
 
 
@@ -68,12 +71,20 @@ def test_asv_check_passes():
     assert "No problems found" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_config_runs_offline_on_the_installed_package():
+def test_config_builds_each_commit_in_its_own_virtualenv():
     from asv.config import Config
 
     conf = Config.load(str(ASV_BENCH / "asv.conf.json"))
-    assert conf.environment_type == "existing"
-    assert conf.branches == ["HEAD"]
+    assert conf.environment_type == "virtualenv"
+    assert conf.branches == ["main"]
+    # NumPy and Numba pinned to one version each: commits differ, the stack does not
+    for pkg in ("numpy", "numba"):
+        versions = conf.matrix["req"][pkg]
+        assert len(versions) == 1 and versions[0].count(".") == 2, (pkg, versions)
+    # a wheel of the checkout (pyproject's package-dir mapping of kernels/ travels in it),
+    # installed without dependencies into the matrix's environment
+    assert any("pip wheel" in c and "{build_dir}" in c for c in conf.build_command)
+    assert any("{wheel_file}" in c and "--no-deps" in c for c in conf.install_command)
     # asv resolves the paths from the directory it runs in: asv_bench/
     assert (ASV_BENCH / conf.repo).resolve() == ASV_BENCH.parent
     assert (ASV_BENCH / conf.benchmark_dir).resolve() == BENCHMARKS
@@ -91,3 +102,36 @@ def test_importing_the_suite_compiles_nothing():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_zoo_benchmark_layers_are_the_zoos():
+    """benchmarks/zoo.py spells its layers out (so that older commits can be timed); they
+    must be the zoo's layers of the same names."""
+    sys.path.insert(0, str(ASV_BENCH))
+    try:
+        from benchmarks import zoo
+    finally:
+        sys.path.remove(str(ASV_BENCH))
+    from numbaconv import suites
+    fields = ("mb", "g", "ic", "oc", "isz", "ksz", "stride", "pad_begin", "pad_end",
+              "dilation")
+    for name in zoo.LAYERS:
+        got, want = zoo._layer(name), suites.layer(name)
+        assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields], name
+        assert got.descriptor() == want.descriptor()
+
+
+def test_numba_cache_is_kept_per_environment():
+    """In a virtualenv (asv's), importing the benchmarks points Numba's cache inside it."""
+    code = ("import os, sys; sys.path.insert(0, sys.argv[1]); import benchmarks\n"
+            "print(os.environ.get('NUMBA_CACHE_DIR'))")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBACONV_ASV_NUMBA_CACHE"}
+    proc = subprocess.run([sys.executable, "-c", code, str(ASV_BENCH)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    if sys.prefix != sys.base_prefix:
+        assert proc.stdout.strip() == os.path.join(sys.prefix, "numba_cache")
+    env["NUMBACONV_ASV_NUMBA_CACHE"] = "/tmp/somewhere"
+    proc = subprocess.run([sys.executable, "-c", code, str(ASV_BENCH)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.stdout.strip() == "/tmp/somewhere"

@@ -8,12 +8,13 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import numbaconv
-from numbaconv import bench, reference
+from numbaconv import bench, reference, suites
 from numbaconv.bench import timing
 from numbaconv.planner import STRATEGY_NAMES
 from numbaconv.suites import Layer
@@ -29,14 +30,15 @@ T3D = Layer("tiny", "t3d_g2", 2, 2, 4, 4, (4, 5, 4), (3, 3, 3), (2, 1, 1), (1, 1
 TINY = [T2D, T2D_SAME, T1D, T3D]
 
 ROW_FIELDS = {"suite", "layer", "descriptor", "direction", "dtype", "strategy", "variant",
-              "threads", "flops", "ms", "gflops", "peak_pct", "error", "tolerance", "torch_ms",
-              "torch_gflops", "ratio", "torch_diff", "note"}
+              "threads", "flops", "ms", "gflops", "peak_pct", "bytes", "roof", "error",
+              "tolerance", "torch_ms", "torch_gflops", "ratio", "torch_diff", "note"}
 
 
 @pytest.fixture(autouse=True)
 def small_sgemm(monkeypatch):
     """A 2048^3 sgemm is the real peak; tests only need the code path."""
     monkeypatch.setattr(timing, "SGEMM_N", 128)
+    monkeypatch.setattr(timing, "STREAM_BYTES", 1 << 20)
     monkeypatch.setattr(timing, "IDLE_PAUSE", 0.0)
     monkeypatch.setattr(timing, "MIN_BLOCK_SECONDS", 0.0)
 
@@ -107,7 +109,7 @@ def test_bad_rounds(capsys):
 
 def test_run_rows():
     rows = bench.run(TINY, ["bwd_d", "bwd_w", "fwd"], "float32", repeat=1, peak=100.0,
-                     progress=False, echo=False)
+                     progress=False, echo=False, bandwidth=10.0)
     assert [(r.layer, r.direction) for r in rows] == [
         (lay.name, d) for lay in TINY for d in ("bwd_d", "bwd_w", "fwd")]
     for r, lay in zip(rows, [lay for lay in TINY for _ in range(3)]):
@@ -115,6 +117,9 @@ def test_run_rows():
         assert r.descriptor == lay.descriptor() and r.flops == lay.flops
         assert r.strategy in STRATEGY_NAMES
         assert r.ms > 0 and r.gflops > 0 and r.peak_pct > 0
+        assert r.bytes == bench.traffic_bytes(lay, r.direction, 4)
+        want = max(lay.flops / 100e9, r.bytes / 10e9) / (r.ms / 1e3)
+        assert math.isclose(r.roof, want, rel_tol=1e-9) and 0 < r.roof
         assert r.tolerance == reference.TOLERANCE["float32"]
         assert 0 <= r.error <= r.tolerance, r
         assert r.error_ok and r.torch_ok
@@ -128,7 +133,8 @@ def test_run_other_dtypes(dtype):
     for r in rows:
         assert r.dtype == dtype and r.tolerance == reference.TOLERANCE[dtype]
         assert r.error <= r.tolerance, r
-        assert r.peak_pct is None  # no peak given
+        assert r.peak_pct is None and r.roof is None  # no peak given
+        assert r.bytes == bench.traffic_bytes(T2D_SAME, r.direction, np.dtype(dtype).itemsize)
 
 
 def test_no_check_leaves_error_empty():
@@ -153,8 +159,8 @@ def test_declined_strategy_is_a_row_with_a_note(monkeypatch, capsys):
     (r,) = bench.run([T1D], ["bwd_d"], repeat=1, strategy="winograd", progress=False)
     assert r.ms is None and r.strategy is None and "skipped" in r.note
     assert "skipped" in capsys.readouterr().out
-    assert bench.summarize([r]) == {"bwd_d": {"n": 0, "gflops": None, "torch_gflops": None,
-                                              "ratio": None}}
+    assert bench.summarize([r]) == {"bwd_d": {"n": 0, "gflops": None, "roof": None,
+                                              "torch_gflops": None, "ratio": None}}
 
 
 def test_summarize_geometric_means():
@@ -174,6 +180,36 @@ def test_sgemm_peak():
     assert gflops > 0 and how
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_stream_bandwidth_copies_every_chunk(threads, monkeypatch):
+    """Every element of the destination is written, whatever the thread count."""
+    seen = []
+    real = np.copyto
+    monkeypatch.setattr(np, "copyto", lambda d, s: (seen.append(d.size), real(d, s)))
+    gbs, how = bench.stream_bandwidth(threads=threads, repeat=2, nbytes=4 * 1001)
+    assert gbs > 0 and f"{threads} thread(s)" in how
+    assert sum(seen) == 3 * 1001 and len(seen) == 3 * threads  # untimed copy + 2 timed
+
+
+def test_traffic_bytes_counts_operands_and_result_once():
+    # T2D: mb 2, 4 -> 6 channels, 7x6 input, 3x3 kernel, pad 1 (output 7x6)
+    x, w, y = 2 * 7 * 6 * 4, 3 * 3 * 4 * 6, 2 * 7 * 6 * 6
+    for d in ("fwd", "bwd_d", "bwd_w"):
+        assert bench.traffic_bytes(T2D, d) == 4 * (x + w + y)
+        assert bench.traffic_bytes(T2D, d, 2) == 2 * (x + w + y)
+    # grouped: the filter holds ic/g input channels per output channel
+    assert bench.traffic_bytes(T2D_SAME, "bwd_w") == 4 * (2 * 64 * 4 + 9 * 2 * 6 + 2 * 16 * 6)
+
+
+def test_roof_fraction():
+    # compute-bound: 2 GFLOP at 100 GFLOP/s is 20 ms; the bytes would take 1 ms
+    assert math.isclose(bench.roof_fraction(2e9, 1e7, 0.04, 100.0, 10.0), 0.5)
+    # bandwidth-bound: 1e8 bytes at 10 GB/s is 10 ms
+    assert math.isclose(bench.roof_fraction(1e6, 1e8, 0.01, 100.0, 10.0), 1.0)
+    assert bench.roof_fraction(1e6, 1e8, 0.01, None, 10.0) is None
+    assert bench.roof_fraction(1e6, 1e8, 0.01, 100.0, None) is None
+
+
 # ------------------------------------------------------------------------- main, outputs
 
 def test_main_writes_json(tmp_path, capsys):
@@ -190,10 +226,20 @@ def test_main_writes_json(tmp_path, capsys):
         assert key in m
     assert "malloc:" in text
     assert m["numbaconv"] == numbaconv.__version__ and m["sgemm_peak_gflops"] > 0
+    assert m["bandwidth_gbs"] > 0 and "copy" in m["bandwidth_how"]
+    assert "bandwidth" in text
     assert m["threads"] == numbaconv.get_num_threads()
     assert len(doc["rows"]) == 6
+    header = next(line for line in text.splitlines() if line.startswith("pass "))
+    assert " roof " in header
     for r in doc["rows"]:
         assert ROW_FIELDS <= set(r) and r["error_ok"] and r["error"] <= r["tolerance"]
+        # the roofline of the measured peak and bandwidth (a 128^3 sgemm here, so a peak
+        # far below the machine's: only the formula is checked, not a bound)
+        want = max(r["flops"] / (m["sgemm_peak_gflops"] * 1e9),
+                   r["bytes"] / (m["bandwidth_gbs"] * 1e9)) / (r["ms"] / 1e3)
+        assert r["roof"] > 0 and math.isclose(r["roof"], want, rel_tol=1e-9), r
+        assert r["bytes"] > 0
     assert set(doc["summary"]) == {"bwd_d", "bwd_w", "fwd"}
     assert doc["options"]["repeat"] == 1
 
@@ -294,3 +340,68 @@ def test_rounds_alternate_the_contenders(monkeypatch):
     assert "".join(order) == "aaabbb" * 3
     assert 0.001 <= best[0] < 0.015  # a's best timed call: the 0.001 s one of round 2
 
+
+
+# ------------------------------------------------------------------------- the zoo
+
+ZOO_DOC = Path(__file__).resolve().parent.parent / "docs" / "zoo.md"
+
+
+def test_zoo_suite_option():
+    assert parse(["--suite", "zoo"]).suite == "zoo"
+
+
+def test_zoo_size_and_names():
+    zoo = suites.layers("zoo")
+    names = [lay.name for lay in zoo]
+    assert len(zoo) >= 150 and len(set(names)) == len(names)
+    nets = {n.split(":", 1)[0] for n in names}
+    assert nets == set(suites.NETWORKS) and len(nets) >= 15
+    for lay in zoo:
+        net = lay.name.split(":", 1)[0]
+        assert lay.suite == "zoo" and lay.nd == suites.NETWORKS[net][2], lay
+        assert suites.layer(lay.name) is lay
+    # the four suites and "all" are what they were
+    assert [len(suites.layers(s)) for s in suites.SUITES] == [23, 14, 6, 6]
+    assert len(suites.layers("all")) == 49
+    assert not set(names) & {lay.name for lay in suites.layers("all")}
+    assert bench.select_layers("zoo", ["alexnet:conv2"])[0].g == 2
+
+
+def test_zoo_covers_the_classes():
+    zoo = suites.layers("zoo")
+
+    def count(pred):
+        return sum(1 for lay in zoo if pred(lay))
+    assert count(lambda l: l.nd == 1) >= 20 and count(lambda l: l.nd == 3) >= 20
+    assert count(lambda l: l.g == l.ic == l.oc and l.g > 1) >= 30           # depthwise
+    assert count(lambda l: 1 < l.g < l.ic) >= 8                           # grouped
+    assert count(lambda l: l.g == 2) >= 3                                 # AlexNet-style
+    assert count(lambda l: max(l.dilation) > 1) >= 15                     # dilated
+    assert count(lambda l: max(l.stride) > 1) >= 30                       # strided
+    assert count(lambda l: len(set(l.ksz)) > 1 and 1 in l.ksz and max(l.ksz) > 1) >= 15
+    assert count(lambda l: min(l.ic, l.oc) <= 4) >= 15                    # stems, heads
+    assert count(lambda l: l.oc <= 32 and l.ic >= 64 and l.g == 1) >= 8   # few-output dW
+    assert count(lambda l: not l.symmetric) >= 4                          # causal pads
+
+
+def test_zoo_layers_parse_and_plan():
+    """Every zoo layer is a valid problem in every pass: the generic op parses it and the
+    planner plans it (planning compiles nothing), with the layer's own FLOPs."""
+    from numbaconv.planner import LABELS
+    for lay in suites.layers("zoo"):
+        assert all(o > 0 for o in lay.osz), lay
+        for d in suites.PASSES:
+            c = suites.call(lay, d, shapes_only=True)
+            p = numbaconv.plan(c.op, *c.args, **c.kwargs)
+            assert p.flops == lay.flops, (lay.name, d)
+            assert (f"{p.strategy}[{p.variant}]" if p.variant else p.strategy) in LABELS
+            assert p.problem.osz[3 - lay.nd:] == lay.osz and p.problem.g == lay.g
+
+
+def test_zoo_doc_names_every_network_and_source():
+    text = ZOO_DOC.read_text()
+    for key, (network, source, nd, mb) in suites.NETWORKS.items():
+        assert f"`{key}`" in text, key
+        assert network in text, network
+        assert source.split(";")[0].split(",")[0] in text, source

@@ -13,12 +13,13 @@ from numbaconv.strategies import winograd as W
 
 
 def test_registered_first_for_every_direction():
-    # first after the entries that take only problems under SMALL_FLOPS (numpy) or only
-    # bfloat16 (gemm[bf16-dot])
+    # first after the entries that take only problems under SMALL_FLOPS (numpy[depthwise],
+    # numpy) or only bfloat16 (gemm[bf16-dot])
     from numbaconv.strategies.bf16dot import STRATEGY as BF16DOT
-    from numbaconv.strategies.numpy_taps import STRATEGY as NUMPY
+    from numbaconv.strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
     for direction in ("fwd", "bwd_d", "bwd_w"):
-        assert planner.candidates(direction)[:3] == [NUMPY, BF16DOT, W.STRATEGY]
+        assert planner.candidates(direction)[:4] == [NUMPY_DEPTHWISE, NUMPY, BF16DOT,
+                                                     W.STRATEGY]
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ PLOT_HINT = ("--plot: matplotlib is not installed; `pip install matplotlib` (or 
 
 def add_arguments(parser):
     """Add the options of ``numbaconv bench`` to an :class:`argparse.ArgumentParser`."""
-    parser.add_argument("--suite", default="resnet50", choices=[*suites.SUITES, "all"],
+    parser.add_argument("--suite", default="resnet50", choices=[*suites.SUITES, *suites.EXTRA_SUITES, "all"],
                         help="layer suite (default: resnet50)")
     parser.add_argument("--layers", nargs="+", metavar="NAME",
                         help="only these layers of the suite (by name, e.g. res4b_branch2b)")
@@ -126,11 +126,15 @@ def main(args, layers=None):
 
     allocator = steady_allocator() if getattr(args, "malloc", "steady") == "steady" else None
     peak, how = timing.sgemm_peak(threads, repeat=1 if args.quick else timing.SGEMM_REPEAT)
+    bandwidth, bw_how = timing.stream_bandwidth(threads, repeat=1 if args.quick else
+                                                timing.STREAM_REPEAT)
     print(f"numbaconv {numbaconv.__version__}: {len(layers)} layer(s), "
           f"{' '.join(args.passes)}, {args.dtype}, {threads} thread(s), best of {repeat} "
           f"or more calls (blocks of at least {timing.MIN_BLOCK_SECONDS:g} s, {rounds} round(s)) "
           f"after a warm-up" + (f", strategy {args.strategy}" if args.strategy else ""))
     print(f"sgemm peak {peak:.1f} GFLOP/s (numpy float32 matmul {timing.SGEMM_N}^3, {how})")
+    print(f"bandwidth {bandwidth:.1f} GB/s ({bw_how}); roof = max(FLOPs at the sgemm peak, "
+          f"least bytes at the bandwidth) / time")
     print(f"malloc: {allocator or 'as it is'}")
     if torch is not None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
@@ -140,7 +144,8 @@ def main(args, layers=None):
         print("error: vs the float64 reference on the batch-1 slice (docs/contract.md section 10)")
 
     rows = run(layers, args.passes, args.dtype, repeat=repeat, strategy=args.strategy,
-               check=args.check, torch=torch, peak=peak, rounds=rounds)
+               check=args.check, torch=torch, peak=peak, rounds=rounds,
+               bandwidth=bandwidth)
     summary = summarize(rows)
     for line in summary_lines(summary, peak):
         print(line)
@@ -159,8 +164,9 @@ def main(args, layers=None):
         options = {k: v for k, v in vars(args).items() if k not in ("func", "cmd")}
         options["repeat"] = repeat
         options["rounds"] = rounds
-        write_json(args.json, machine_info(threads, peak, how, torch, allocator), rows, summary,
-                   options)
+        info = machine_info(threads, peak, how, torch, allocator)
+        info["bandwidth_gbs"], info["bandwidth_how"] = bandwidth, bw_how
+        write_json(args.json, info, rows, summary, options)
         print(f"wrote {args.json}")
     if args.plot:
         plot(args.plot, rows, peak)

@@ -64,7 +64,7 @@ class Table:
 
     def header(self):
         h = (f"{'pass':<6} {'descriptor':<{self.dw}} {'strategy':<17} {'ms':>9} "
-             f"{'GFLOP/s':>8} {'%peak':>6} {'error':>8}")
+             f"{'GFLOP/s':>8} {'%peak':>6} {'roof':>5} {'error':>8}")
         if self.torch_on:
             h += f" | {'torch ms':>9} {'GFLOP/s':>8} {'ratio':>6} {'vs torch':>8}"
         return h
@@ -72,6 +72,7 @@ class Table:
     def row(self, r):
         s = (f"{r.direction:<6} {r.descriptor:<{self.dw}} {label(r):<17} "
              f"{_fmt(r.ms, '.2f', 9)} {_fmt(r.gflops, '.2f', 8)} {_fmt(r.peak_pct, '.1f', 6)} "
+             f"{_fmt(r.roof, '.2f', 5)} "
              f"{_fmt(r.error, '.1e', 8)}")
         if self.torch_on:
             s += (f" | {_fmt(r.torch_ms, '.2f', 9)} {_fmt(r.torch_gflops, '.2f', 8)} "

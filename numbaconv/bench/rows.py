@@ -19,6 +19,10 @@ def label(r):
 class Row:
     """One layer and pass. Times in ms; ``None`` where a number does not apply.
 
+    ``bytes`` is the least traffic of the pass (operands read once, result written once,
+    :func:`numbaconv.bench.timing.traffic_bytes`); ``roof`` the fraction of the row's roofline
+    reached: ``max(flops at the sgemm peak, bytes at the measured bandwidth) / time`` (1: at
+    the roof; Winograd, which does fewer multiplies than ``flops`` counts, can pass 1).
     ``ratio`` is ``torch_ms / ms``: above 1, numbaconv is faster. ``error`` is the normalised
     error against the float64 reference on the batch-1 slice of the layer, ``tolerance``
     the bound of docs/contract.md section 10 for the dtype and strategy, ``torch_diff`` the normalised difference from
@@ -38,6 +42,8 @@ class Row:
     ms: float = None
     gflops: float = None
     peak_pct: float = None
+    bytes: int = 0
+    roof: float = None
     error: float = None
     tolerance: float = None
     torch_ms: float = None
@@ -61,12 +67,13 @@ def _geomean(values):
 
 
 def summarize(rows):
-    """Geometric means per pass: ``{pass: {"gflops", "torch_gflops", "ratio", "n"}}``."""
+    """Geometric means per pass: ``{pass: {"gflops", "roof", "torch_gflops", "ratio", "n"}}``."""
     out = {}
     for direction in dict.fromkeys(r.direction for r in rows):
         rs = [r for r in rows if r.direction == direction and r.ms is not None]
         out[direction] = {"n": len(rs),
                           "gflops": _geomean(r.gflops for r in rs),
+                          "roof": _geomean(r.roof for r in rs),
                           "torch_gflops": _geomean(r.torch_gflops for r in rs),
                           "ratio": _geomean(r.ratio for r in rs)}
     return out
@@ -81,6 +88,8 @@ def summary_lines(summary, peak):
         line = f"  {direction:<6} numbaconv {s['gflops']:.2f} GFLOP/s"
         if peak:
             line += f" ({100 * s['gflops'] / peak:.1f}% of sgemm)"
+        if s.get("roof") is not None:
+            line += f", {s['roof']:.2f} of the roofline"
         if s["torch_gflops"] is not None:
             line += (f", torch {s['torch_gflops']:.2f} GFLOP/s, "
                      f"ratio torch_ms/numbaconv_ms {s['ratio']:.2f}")

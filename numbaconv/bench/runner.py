@@ -8,7 +8,7 @@ from .. import suites
 from .accuracy import check_error, numbaconv_fn
 from .console import Table, progress as _progress
 from .rows import Row
-from .timing import blocked
+from .timing import blocked, roof_fraction, traffic_bytes
 from .torch_peer import TorchPass
 
 DTYPES = ("float32", "float16", "float64", "bfloat16")
@@ -19,7 +19,7 @@ DEFAULT_ROUNDS = 2
 
 def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEAT,
         strategy=None, check=True, torch=None, peak=None, progress=True, echo=True,
-        rounds=DEFAULT_ROUNDS):
+        rounds=DEFAULT_ROUNDS, bandwidth=None):
     """Time ``passes`` of ``layers``; the core of ``numbaconv bench``.
 
     Parameters
@@ -38,7 +38,10 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
     torch : module, optional
         PyTorch to time alongside (from :func:`import_torch`); ``None``: numbaconv alone.
     peak : float, optional
-        sgemm GFLOP/s for the ``peak_pct`` column.
+        sgemm GFLOP/s for the ``peak_pct`` column (and the roofline's compute roof).
+    bandwidth : float, optional
+        Memory GB/s (:func:`numbaconv.bench.timing.stream_bandwidth`): with ``peak``, the
+        ``roof`` column.
     progress : bool
         Show a progress bar (tqdm, else a counter) on stderr while it runs.
     echo : bool
@@ -76,7 +79,7 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
                 for direction in passes:
                     bar.set_description_str(f"{layer.name} {direction}")
                     row = _run_one(numbaconv, layer, direction, dtype, arrays, repeat,
-                                   strategy, check, torch, peak, rounds)
+                                   strategy, check, torch, peak, rounds, bandwidth)
                     rows.append(row)
                     emit(table.row(row))
                     bar.update(1)
@@ -86,11 +89,12 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
 
 
 def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check, torch,
-             peak, rounds=DEFAULT_ROUNDS):
+             peak, rounds=DEFAULT_ROUNDS, bandwidth=None):
     c = suites.call(layer, direction, dtype, arrays=arrays)
     row = Row(suite=layer.suite, layer=layer.name, descriptor=layer.descriptor(),
               direction=direction, dtype=dtype, flops=layer.flops,
-              threads=numbaconv.get_num_threads())
+              threads=numbaconv.get_num_threads(),
+              bytes=traffic_bytes(layer, direction, np.dtype(dtype).itemsize))
     try:
         plan = numbaconv.plan(c.op, *c.args, strategy=strategy, **c.kwargs)
     except ValueError as exc:  # a forced strategy that declines this layer
@@ -128,6 +132,7 @@ def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check
     row.gflops = layer.flops / best[0] / 1e9
     if peak:
         row.peak_pct = 100.0 * row.gflops / peak
+    row.roof = roof_fraction(layer.flops, row.bytes, best[0], peak, bandwidth)
     if tp is not None:
         row.torch_ms = best[1] * 1e3
         row.torch_gflops = layer.flops / best[1] / 1e9

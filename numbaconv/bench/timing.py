@@ -51,6 +51,76 @@ def sgemm_peak(threads=None, repeat=SGEMM_REPEAT, n=None):
     return 2.0 * n ** 3 / best / 1e9, how
 
 
+#: Bytes of each of the two arrays of the streaming copy that measures the memory bandwidth:
+#: far larger than the last-level cache (tests shrink it).
+STREAM_BYTES = 256 << 20
+STREAM_REPEAT = 5
+
+
+def stream_bandwidth(threads=None, repeat=STREAM_REPEAT, nbytes=None):
+    """Best GB/s of a streaming copy between two float32 arrays of ``nbytes`` each.
+
+    The copy is split into ``threads`` contiguous chunks, each copied by ``np.copyto`` on its
+    own Python thread (NumPy releases the GIL while it copies), so that as many cores pull
+    memory as run the kernels. Bytes are counted as STREAM counts its ``copy``: one read and
+    one write per element (a write-allocating cache moves a third stream it does not count).
+
+    Parameters
+    ----------
+    threads : int, optional
+        Copying threads (default: Numba's thread count).
+    repeat : int
+        Timed copies after one untimed copy (page faults); the best counts.
+    nbytes : int, optional
+        Size of each array (default :data:`STREAM_BYTES`).
+
+    Returns
+    -------
+    (float, str)
+        GB/s (1e9 bytes) and how it was measured.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if threads is None:
+        import numba
+        threads = numba.get_num_threads()
+    threads = max(int(threads), 1)
+    n = (nbytes or STREAM_BYTES) // 4
+    src = np.ones(n, np.float32)
+    dst = np.empty_like(src)
+    bounds = np.linspace(0, n, threads + 1).astype(np.int64)
+    chunks = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    best = math.inf
+    with ThreadPoolExecutor(threads) as pool:
+        def copy():
+            for f in [pool.submit(np.copyto, d, s_) for d, s_ in chunks]:
+                f.result()
+        copy()  # page faults of both arrays
+        for _ in range(max(repeat, 1)):
+            t0 = time.perf_counter()
+            copy()
+            best = min(best, time.perf_counter() - t0)
+    return 2.0 * 4 * n / best / 1e9, (f"numpy copy of {4 * n >> 20} MiB on {threads} "
+                                        f"thread(s), read + write counted")
+
+
+def traffic_bytes(layer, direction, itemsize=4):
+    """The least bytes a pass moves: both operands read once, the result written once."""
+    x = layer.mb * math.prod(layer.isz) * layer.ic
+    w = math.prod(layer.ksz) * (layer.ic // layer.g) * layer.oc
+    y = layer.mb * math.prod(layer.osz) * layer.oc
+    return (x + w + y) * itemsize
+
+
+def roof_fraction(flops, nbytes, seconds, peak_gflops, bandwidth_gbs):
+    """The fraction of the roofline a measured time reaches: the time at the roof,
+    ``max(flops / peak, bytes / bandwidth)``, over the measured time (1: at the roof).
+    ``None`` without a peak or a bandwidth."""
+    if not peak_gflops or not bandwidth_gbs or not seconds:
+        return None
+    return max(flops / (peak_gflops * 1e9), nbytes / (bandwidth_gbs * 1e9)) / seconds
+
+
 #: Seconds of rest before each contender's block: OpenBLAS workers busy-wait for about
 #: 2^28 cycles after a call and OpenMP workers spin too; resting lets them go to sleep.
 IDLE_PAUSE = 0.3

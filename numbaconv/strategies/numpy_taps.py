@@ -14,6 +14,21 @@ zero-padded input, ``X_t[n, o, c] = xpad[n, o*s + t*d, c]``, and
 with the groups as the batch axis of ``np.matmul``, summed over the taps in order, in the
 compute dtype. The planner takes it only for problems under ``config.SMALL_FLOPS``
 (``Strategy.small_only``); ``strategy="numpy"`` forces it on any problem.
+
+``numpy[depthwise]`` (:class:`NumpyDepthwise`), ranked before it, takes the small depthwise
+problems with channel multiplier 1 (``groups == in == out channels``): there every group's
+product is ``[M, 1] x [1, 1]``, and ``np.matmul`` loops over ``groups x taps`` of them
+(2160 for a 7x7x240 layer), so each tap is one elementwise product over all channels
+instead:
+
+* forward:          ``Y += X_t * w_t``
+* backward data:    ``dXpad[view t] += dY * w_t``
+* backward weights: ``dw_t = sum over pixels of X_t * dY``
+
+(``w_t`` the tap's row of ``C`` weights, broadcast over the pixels), summed over the taps in
+order; the pixel sum of the weight gradient is ``np.add.reduce`` over a ``[M, C]`` array,
+whose order NumPy fixes for given shapes. Nothing is compiled and no thread is used, so the
+result is the same for any thread count.
 """
 import itertools
 
@@ -125,3 +140,54 @@ class NumpyTaps(Strategy):
 
 
 STRATEGY = NumpyTaps()
+
+R_NOT_DEPTHWISE = "not depthwise with multiplier 1 ({g} groups, {ic} -> {oc} channels)"
+
+
+class NumpyDepthwise(NumpyTaps):
+    variant = "depthwise"
+
+    def accepts(self, p):
+        if not p.g == p.ic == p.oc:
+            return R_NOT_DEPTHWISE.format(g=p.g, ic=p.ic, oc=p.oc)
+        return None
+
+    def workspace_bytes(self, p, tiles):
+        item = np.dtype(p.compute_dtype).itemsize
+        padded = p.mb * int(np.prod(_padded_shape(p))) * p.ic
+        return (padded + p.mb * int(np.prod(p.osz)) * p.oc) * item
+
+    def _run(self, p, ops, ct):
+        xs, ys, ws = canonical_shapes(p)
+        c = p.ic
+        taps = list(itertools.product(*(range(k) for k in p.ksz)))
+        w = ops["w"].reshape(len(taps), c) if p.direction != "bwd_w" else None
+        if p.direction == "fwd":
+            xp = _pad(ops["x"], p)
+            y = np.zeros(ys, ct)
+            tmp = np.empty(ys, ct)
+            for i, t in enumerate(taps):
+                np.multiply(_view(xp, t, p), w[i], out=tmp)
+                y += tmp
+            return y
+        if p.direction == "bwd_d":
+            dy = ops["dy"]
+            dxp = np.zeros((p.mb, *_padded_shape(p), c), ct)
+            tmp = np.empty(ys, ct)
+            for i, t in enumerate(taps):
+                np.multiply(dy, w[i], out=tmp)
+                _view(dxp, t, p)[...] += tmp
+            inner = tuple(slice(b, b + i) for b, i in zip(p.pad_begin, p.isz))
+            return np.ascontiguousarray(dxp[(slice(None),) + inner])
+        xp = _pad(ops["x"], p)
+        dy = ops["dy"]
+        m = p.mb * int(np.prod(p.osz))
+        dw = np.empty((len(taps), c), ct)
+        tmp = np.empty(ys, ct)
+        for i, t in enumerate(taps):
+            np.multiply(_view(xp, t, p), dy, out=tmp)
+            np.add.reduce(tmp.reshape(m, c), axis=0, out=dw[i])
+        return dw.reshape(ws)
+
+
+DEPTHWISE = NumpyDepthwise()
