@@ -39,15 +39,22 @@ DEFAULTS = {
     "CUDA_TARGET_BLOCKS": 1024,
     "CUDA_SPLIT_MIN_PIXELS": 256,
     "CUDA_MAX_SPLITS": 64,
-    # forward and backward data: the largest tile that still gives this many thread blocks
+    # forward and backward data: the largest tile that still gives this many thread blocks,
+    # else the smallest tile with K split into ranges of at least CUDA_SPLIT_MIN_SLICES
+    # slices of BK until the grid has that many blocks (deterministic split-K)
     "CUDA_MIN_BLOCKS": 264,
+    "CUDA_SPLIT_MIN_SLICES": 4,
 }
 
-#: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first, 256 threads each. An 8x8 register
-#: tile does 64 multiply-adds per 16 shared-memory loads (a 4x4 one 16 per 8), so the large
-#: tiles run at several times the small ones' speed where there are enough blocks to fill
-#: the GPU; float64 stops at 8x4 (64 float64 accumulators alone take 128 registers).
-GEMM_TILES = ((128, 128, 8, 8, 8), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (64, 32, 8, 4, 2))
+#: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first: 256 threads each but the last (128).
+#: An 8x8 register tile does 64 multiply-adds per four 16-byte shared-memory loads (a 4x4
+#: one 16 per two; its K slice is twice as deep, so that each slice's loads and index
+#: arithmetic spread over as many multiply-adds), so the large tiles run at several
+#: times the small ones' speed where
+#: there are enough blocks to fill the GPU; where there are not, K is split (see
+#: :func:`plan_tiles`) rather than the tile shrunk further. float64 stops at 8x4 (64
+#: float64 accumulators alone take 128 registers).
+GEMM_TILES = ((128, 128, 8, 8, 8), (128, 64, 8, 8, 4), (64, 64, 16, 4, 4), (64, 32, 16, 4, 4))
 #: The gemm's ``N`` (output channels of the result, per group) below which the GPU
 #: ``direct`` kernel runs instead: a 32-wide (or wider) tile would be mostly padding.
 MIN_GEMM_N = 8
@@ -264,14 +271,28 @@ def plan_tiles(problem, kernel=None):
         if threads > MAX_THREADS_PER_BLOCK:
             raise ValueError(f"config: {threads} threads per block exceed "
                              f"{MAX_THREADS_PER_BLOCK}")
-        shared = (bm + bn + 2) * bk * item  # rows padded by one (kernels.cuda.gemm)
+        # two buffers of each tile, rows padded by a 16-byte word (kernels.cuda.gemm)
+        vw = 16 // item
+        shared = 2 * bk * (bm + vw + bn + vw) * item
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}
         if p.direction != "bwd_w":
             if p.direction == "bwd_d":
                 t["phases"] = math.prod(p.stride)
-            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z))
+                taps = math.prod(max(axis_taps(s, d, k)) for s, d, k
+                                 in zip(p.stride, p.dilation, p.ksz))
+                slices = taps * _cdiv(p.ocg, bk)
+            else:
+                slices = math.prod(p.ksz) * _cdiv(p.icg, bk)
+            base = max(1, _cdiv(M, bm) * _cdiv(N, bn) * z)
+            splits = 1
+            if base < cfg("CUDA_MIN_BLOCKS"):
+                splits = min(_cdiv(cfg("CUDA_MIN_BLOCKS"), base),
+                             slices // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                             MAX_GRID_YZ // max(1, z))
+            t["splits"] = splits = max(1, splits)
+            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
         else:
             # K runs in chunks of bk pixels of one output row (see kernels.cuda.gemm)
             chunks = p.mb * p.osz[0] * p.osz[1] * _cdiv(p.osz[2], bk)
@@ -282,6 +303,9 @@ def plan_tiles(problem, kernel=None):
             t["splits"] = splits = max(1, splits)
             t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
         return t
+    rows = depthwise_rows(p)
+    if rows is not None:
+        return rows
     threads = cfg("CUDA_THREADS")
     t = {"kernel": "direct", "threads": threads, "shared_bytes": 0, "splits": 1}
     if p.direction == "bwd_w":
@@ -299,12 +323,84 @@ def plan_tiles(problem, kernel=None):
     return t
 
 
+def axis_taps(s, d, k):
+    """Per stride phase of one axis, how many taps reach it (backward data)."""
+    from math import gcd
+    step = s // gcd(s, d)
+    return [len(range(t0, k, step)) if t0 is not None else 0
+            for t0 in (next((t for t in range(step) if t * d % s == q), None)
+                       for q in range(s))]
+
+
+#: Row kernels (kernels.cuda.depthwise): channels per block, thread segments per block, most
+#: filter taps kept in registers, most shared memory staged per block.
+ROWS_CHANNELS, ROWS_SEGMENTS, ROWS_MAX_TAPS, ROWS_MAX_SHARED = 32, 8, 64, 40 * 1024
+
+
+def row_config(direction, n, s):
+    """``(rw, nseg)`` of a row kernel: results per thread and thread segments per block
+    along a last axis of ``n`` results and stride ``s``. About 64 multiply-adds per thread
+    for a 3x3 filter (fewer results per thread leave the stores' index arithmetic
+    unshared), 64 results per block (a forward stride stages ``s`` source positions per
+    result, backward data reaches each result from one tap in ``s``), fewer on narrow
+    rows; backward data's ``rw`` is a multiple of ``s``."""
+    if direction == "fwd":
+        rw, nseg = 8, max(2, ROWS_SEGMENTS // s)
+    else:
+        rw, nseg = 8 * s, max(2, ROWS_SEGMENTS // s)
+    while nseg > 2 and rw * nseg >= 2 * n:
+        nseg //= 2
+    return rw, nseg
+
+
+def depthwise_rows(p):
+    """Launch configuration of the depthwise row kernels for ``p``, or None where they do not
+    apply: forward with ``icg == 1`` (any multiplier), backward data with
+    ``icg == ocg == 1``, at most :data:`ROWS_MAX_TAPS` taps and
+    :data:`ROWS_MAX_SHARED` bytes of staged rows. Keys as :func:`plan_tiles`, with
+    ``variant`` ``"rows"`` and ``row_width`` (results per thread)."""
+    if p.icg != 1 or p.direction == "bwd_w" or (p.direction == "bwd_d" and p.ocg != 1):
+        return None
+    kd, kh, kw = p.ksz
+    sd, sh, sw = p.stride
+    dd, dh, dw = p.dilation
+    if kd * kh * kw > ROWS_MAX_TAPS:
+        return None
+    if p.direction == "fwd":
+        rw, seg = row_config("fwd", p.osz[2], sw)
+        span = (seg * rw - 1) * sw + (kw - 1) * dw + 1
+        outer, last, ch = p.mb * p.osz[0] * p.osz[1], p.osz[2], p.oc
+    else:
+        rw, seg = row_config("bwd_d", p.isz[2], sw)
+        ob0 = (p.pad_begin[2] - (kw - 1) * dw) // sw
+        span = (seg * rw - 1 + p.pad_begin[2]) // sw - ob0 + 1
+        outer, last, ch = p.mb * p.isz[0] * p.isz[1], p.isz[2], p.ic
+    shared = kd * kh * span * ROWS_CHANNELS * np.dtype(p.compute_dtype).itemsize
+    if shared > ROWS_MAX_SHARED:
+        return None
+    return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+            "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
+            "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
+
+
+def depthwise_args(name, dtype, geo):
+    """Factory arguments of depthwise kernel ``name`` of :mod:`numbaconv.kernels.cuda.depthwise`
+    for the 22-int geometry ``geo`` (the row kernels' ``rw`` as :func:`depthwise_rows` picks)."""
+    if name == "fwd_depthwise_rows":
+        return (dtype, geo, *row_config("fwd", geo[12], geo[15]))
+    if name == "bwd_d_depthwise_rows":
+        return (dtype, geo, *row_config("bwd_d", geo[6], geo[15]))
+    return (dtype,)
+
+
 def workspace_bytes(problem, tiles):
-    """Device bytes beyond the result: the weight gradient's partial buffers."""
+    """Device bytes beyond the result: the partial results of a split K (weight gradient,
+    and forward/backward data of layers with few output tiles)."""
     if tiles.get("splits", 1) <= 1:
         return 0
     item = np.dtype(problem.compute_dtype).itemsize
-    return tiles["splits"] * math.prod(canonical_shapes(problem)[2]) * item
+    which = {"fwd": 1, "bwd_d": 0, "bwd_w": 2}[problem.direction]
+    return tiles["splits"] * math.prod(canonical_shapes(problem)[which]) * item
 
 
 def gpu_plan(problem, strategy=None):
@@ -457,16 +553,30 @@ def _run(cuda, p, t, ops):
     grid, threads, splits = tuple(t["grid"]), t["threads"], t["splits"]
     if t["kernel"] == "gemm":
         tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
+        kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
+                "bwd_w": gemm.bwd_w_gemm}[p.direction](ct, *tile, geo, splits)
+        a, b = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
+        rs = {"fwd": ys, "bwd_d": xs, "bwd_w": ws}[p.direction]
+        part = cuda.device_array(splits * math.prod(rs), ct)
+        kern[grid, threads](ops[a], ops[b], part)
+        if splits == 1:
+            return part.reshape(rs)
+        n = math.prod(rs)
+        r = cuda.device_array(n, ct)
+        rt = cfg("CUDA_THREADS")
+        gemm.reduce_partials(ct)[_blocks(n, rt), rt](part.reshape(splits, n), r)
+        return r.reshape(rs)
+    elif t.get("variant") == "rows":
+        rw, seg = t["row_width"], t["segments"]
         if p.direction == "fwd":
             y = cuda.device_array(math.prod(ys), ct)
-            gemm.fwd_gemm(ct, *tile)[grid, threads](ops["x"], ops["w"], y, geo)
+            depthwise.fwd_depthwise_rows(ct, geo, rw, seg)[grid, threads](
+                ops["x"], ops["w"], y)
             return y.reshape(ys)
-        if p.direction == "bwd_d":
-            dx = cuda.device_array(math.prod(xs), ct)
-            gemm.bwd_d_gemm(ct, *tile)[grid, threads](ops["dy"], ops["w"], dx, geo)
-            return dx.reshape(xs)
-        part = cuda.device_array((splits, math.prod(ws)), ct)
-        gemm.bwd_w_gemm(ct, *tile)[grid, threads](ops["x"], ops["dy"], part, geo)
+        dx = cuda.device_array(math.prod(xs), ct)
+        depthwise.bwd_d_depthwise_rows(ct, geo, rw, seg)[grid, threads](
+            ops["dy"], ops["w"], dx)
+        return dx.reshape(xs)
     else:
         if p.direction == "fwd":
             y = cuda.device_array(ys, ct)
@@ -510,7 +620,7 @@ def execute(plan, operands, out=None):
         layout.fill_zero()[_blocks(n, threads), threads](r)
         r = r.reshape(_layout(p, _result_which(p))[0])
     else:
-        flat = tiles["kernel"] == "gemm"
+        flat = tiles["kernel"] == "gemm" or tiles.get("variant") == "rows"
         canon = {k: _to_canonical(cuda, a, p, k, flat) for k, a in ops.items()}
         r = _run(cuda, p, tiles, canon)
     return _to_user(cuda, r, p, dst)
