@@ -655,9 +655,9 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     # row, and one state serves them all
     SAME = ACH == 1 and nt % bm == 0
     NS = 1 if SAME else ANP
-    # (one row per pass holds more load registers across the multiply: one K step per
-    # iteration of it then, or the 8x8 tile spills)
-    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn, 1 if SAME and ANP > 1 else None)
+    # (one row per pass of a 3-D problem holds more load registers across the multiply:
+    # one K step per iteration of it then, or the 8x8 tile spills)
+    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn, 1 if SAME and ANP > 1 and KD > 1 else None)
     TMN = tm * tn
     ALIGN16 = ALIGN
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
