@@ -53,14 +53,28 @@ def _kernels():
             smem = 2 * tile[2] * (tile[0] + vw + tile[1] + vw) * item
             tag = "x".join(map(str, tile))
             for name in ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm"):
-                # float32 on sm_90: tests/test_cuda_sass.py
+                # one architecture (sm_80): compiling these takes seconds each; float32 on
+                # sm_90 is tests/test_cuda_sass.py
                 out.append((f"{name}[{dt},{tag},3d-g]", "gemm", name,
                             (dt, *tile, GEOMETRY, 1), ("flat", dt), gemm_threads, smem,
-                            CCS[:1] if dt == "float32" else CCS))
+                            CCS[:1]))
         for name, last in (("fwd_depthwise", 5), ("bwd_d_depthwise", 5),
                            ("bwd_w_depthwise", 6)):
             out.append((f"{name}[{dt}]", "depthwise", name, (dt,), ("geo", dt, 5, 5, last),
                         ew, 0))
+        # the depthwise row kernels (specialised per geometry, like the GEMMs)
+        from numbaconv.kernels.cuda import depthwise as dwk
+        for gname, geo in ROW_GEOMETRIES.items():
+            for name in ("fwd_depthwise_rows", "bwd_d_depthwise_rows"):
+                if name.startswith("bwd_d") and geo[3] != 1:
+                    continue
+                args = backend.depthwise_args(name, dt, geo)
+                rw, nseg = args[2], args[3]
+                span = (dwk.fwd_rows_span(geo, rw, nseg) if name.startswith("fwd")
+                        else dwk.bwd_d_rows_span(geo, rw, nseg)[1])
+                smem = geo[7] * geo[8] * span * dwk.CT * item
+                out.append((f"{name}[{dt},{gname}]", "depthwise", name, args, ("flat", dt),
+                            dwk.CT * nseg, smem))
         out.append((f"reduce_partials[{dt}]", "gemm", "reduce_partials", (dt,),
                     ("reduce", dt), ew, 0))
         out.append((f"fill_zero[{dt}]", "layout", "fill_zero", (), ("fill", dt), ew, 0))
@@ -78,6 +92,11 @@ def _kernels():
 #: strides, dilations, leading pads): here a 3-D grouped one with channel counts that are
 #: no multiple of the tile
 GEOMETRY = (2, 4, 6, 10, 6, 7, 7, 3, 3, 3, 6, 7, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+#: depthwise row kernels: a 2-D stride-2 layer, a 3-D one with channel multiplier 2
+ROW_GEOMETRIES = {
+    "2d-s2": (2, 8, 1, 1, 1, 9, 9, 1, 3, 3, 1, 5, 5, 1, 2, 2, 1, 1, 1, 0, 1, 1),
+    "3d-m2": (2, 4, 1, 2, 4, 6, 6, 3, 3, 3, 4, 6, 6, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+}
 
 
 def _signature(spec):

@@ -365,3 +365,98 @@ def bwd_d_depthwise_rows(dtype, geo, rw, nseg):
                     dx[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * C + c)] = acc[q]
 
     return cuda.jit(bwd_d_depthwise_rows)
+
+
+@functools.lru_cache(maxsize=256)
+def bwd_w_depthwise_rows(dtype, geo, rw, nseg, nsplit):
+    """``part[j, t, 0, k] = sum x[n, o*s - p + t*d, k // ocg] * dy[n, o, k]`` over the
+    output rows of split ``j``, for ``icg == 1``.
+
+    Flat ``x``, ``dy``, ``part`` (``[nsplit, kd*kh*kw*oc]``, fully written). Grid
+    ``(ceil(oc/CT), nsplit)``, ``CT*nseg`` threads. The block steps over (output row, segment
+    of ``WT`` positions) pairs ``[Q*j // nsplit, Q*(j+1) // nsplit)``; per step it stages the
+    input rows (as the forward kernel) and the ``dy`` segment, and each thread adds its
+    ``rw`` positions' products into one register per tap. The ``nseg`` threads of a channel
+    are summed at the end through shared memory, in a fixed order.
+    """
+    T = _TYPES[dtype]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    IC, OC = G * ICG, G * OCG
+    WT = nseg * rw
+    NSEG = nseg
+    NWT = -(-OW // WT)
+    SPAN = fwd_rows_span(geo, rw, nseg)
+    ROWS = KD * KH
+    KT = ROWS * KW
+    SSZ = ROWS * SPAN * CT
+    DSZ = WT * CT
+    if KT * NSEG > ROWS * SPAN:
+        raise ValueError("bwd_w_depthwise_rows: the final sum needs more shared memory "
+                         "than the staged rows")
+    RW = rw
+    Q = MB * OD * OH * NWT
+    PS = KT * OC
+
+    def bwd_w_depthwise_rows(x, dy, part):
+        S = cuda.shared.array(SSZ, T)
+        D = cuda.shared.array(DSZ, T)
+        R = S  # the final sum's buffer, once S is no longer read (RSZ <= SSZ)
+        acc = cuda.local.array(KT, T)
+        dv = cuda.local.array(RW, T)
+        tid = cuda.threadIdx.x
+        cl = tid % CT
+        sg = tid // CT
+        k0 = cuda.blockIdx.x * CT
+        sp = cuda.blockIdx.y
+        for t in range(KT):
+            acc[t] = T(0)
+        base = sg * RW * SW * CT + cl
+        dbase = sg * RW * CT + cl
+        for it in range(Q * sp // nsplit, Q * (sp + 1) // nsplit):
+            w0 = (it % NWT) * WT
+            r = it // NWT
+            o_h = r % OH
+            r = r // OH
+            o_d = r % OD
+            n = r // OD
+            for e in range(tid, SSZ, CT * NSEG):
+                c = e % CT
+                s = (e // CT) % SPAN
+                row = e // (CT * SPAN)
+                i_d = o_d * SD - PD + (row // KH) * DD
+                i_h = o_h * SH - PH + (row % KH) * DH
+                i_w = w0 * SW - PW + s
+                kc = k0 + c
+                v = T(0)
+                if (kc < OC and i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
+                        and i_w >= 0 and i_w < IW):
+                    v = x[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + kc // OCG)]
+                S[uint64(e)] = v
+            for e in range(tid, DSZ, CT * NSEG):
+                kc = k0 + e % CT
+                o_w = w0 + e // CT
+                v = T(0)
+                if kc < OC and o_w < OW:
+                    v = dy[uint64((((n * OD + o_d) * OH + o_h) * OW + o_w) * OC + kc)]
+                D[uint64(e)] = v
+            cuda.syncthreads()
+            for q in range(RW):
+                dv[q] = D[uint64(dbase + q * CT)]
+            for row in range(ROWS):
+                for tw in range(KW):
+                    for q in range(RW):
+                        acc[row * KW + tw] += (S[uint64(base + (row * SPAN + q * SW + tw * DW)
+                                                        * CT)] * dv[q])
+            cuda.syncthreads()
+        for t in range(KT):
+            R[uint64((t * NSEG + sg) * CT + cl)] = acc[t]
+        cuda.syncthreads()
+        k = k0 + cl
+        for t in range(sg, KT, NSEG):
+            v = T(0)
+            for j in range(NSEG):
+                v += R[uint64((t * NSEG + j) * CT + cl)]
+            if k < OC:
+                part[uint64(sp * PS + t * OC + k)] = v
+
+    return cuda.jit(bwd_w_depthwise_rows)

@@ -385,32 +385,48 @@ def row_config(direction, n, s):
 
 def depthwise_rows(p):
     """Launch configuration of the depthwise row kernels for ``p``, or None where they do not
-    apply: forward with ``icg == 1`` (any multiplier), backward data with
-    ``icg == ocg == 1``, at most :data:`ROWS_MAX_TAPS` taps and
+    apply: forward and weight gradient with ``icg == 1`` (any multiplier), backward data
+    with ``icg == ocg == 1``, at most :data:`ROWS_MAX_TAPS` taps and
     :data:`ROWS_MAX_SHARED` bytes of staged rows. Keys as :func:`plan_tiles`, with
     ``variant`` ``"rows"`` and ``row_width`` (results per thread)."""
-    if p.icg != 1 or p.direction == "bwd_w" or (p.direction == "bwd_d" and p.ocg != 1):
+    if p.icg != 1 or (p.direction == "bwd_d" and p.ocg != 1):
         return None
     kd, kh, kw = p.ksz
     sd, sh, sw = p.stride
     dd, dh, dw = p.dilation
     if kd * kh * kw > ROWS_MAX_TAPS:
         return None
-    if p.direction == "fwd":
+    extra = 0
+    if p.direction != "bwd_d":
         rw, seg = row_config("fwd", p.osz[2], sw)
         span = (seg * rw - 1) * sw + (kw - 1) * dw + 1
         outer, last, ch = p.mb * p.osz[0] * p.osz[1], p.osz[2], p.oc
+        if p.direction == "bwd_w":  # the dy segment; the final sum reuses the rows' buffer
+            extra = seg * rw
+            if kw * seg > span:
+                return None
     else:
         rw, seg = row_config("bwd_d", p.isz[2], sw)
         ob0 = (p.pad_begin[2] - (kw - 1) * dw) // sw
         span = (seg * rw - 1 + p.pad_begin[2]) // sw - ob0 + 1
         outer, last, ch = p.mb * p.isz[0] * p.isz[1], p.isz[2], p.ic
-    shared = kd * kh * span * ROWS_CHANNELS * np.dtype(p.compute_dtype).itemsize
+    shared = (kd * kh * span + extra) * ROWS_CHANNELS * np.dtype(p.compute_dtype).itemsize
     if shared > ROWS_MAX_SHARED:
         return None
-    return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
-            "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
-            "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
+    t = {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+         "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
+         "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
+    if p.direction == "bwd_w":
+        # blocks: channel tiles x splits of the (output row, segment) steps, each split at
+        # least CUDA_SPLIT_MIN_SLICES steps
+        base = _cdiv(ch, ROWS_CHANNELS)
+        steps = outer * _cdiv(last, seg * rw)
+        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
+                     steps // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                     MAX_GRID_YZ)
+        t["splits"] = splits = max(1, splits)
+        t["grid"] = (base, splits)
+    return t
 
 
 def depthwise_args(name, dtype, geo):
@@ -420,6 +436,8 @@ def depthwise_args(name, dtype, geo):
         return (dtype, geo, *row_config("fwd", geo[12], geo[15]))
     if name == "bwd_d_depthwise_rows":
         return (dtype, geo, *row_config("bwd_d", geo[6], geo[15]))
+    if name == "bwd_w_depthwise_rows":
+        return (dtype, geo, *row_config("fwd", geo[12], geo[15]), 1)
     return (dtype,)
 
 
@@ -683,6 +701,14 @@ def _run(call, p, t, ops, out):
             return r.reshape(rs)
         part = call.work(splits * n, ct)
         kern[grid, threads, st](ops[a], ops[b], part)
+    elif t.get("variant") == "rows" and p.direction == "bwd_w":
+        kern = depthwise.bwd_w_depthwise_rows(ct, geo, t["row_width"], t["segments"], splits)
+        if splits == 1:
+            r = result(n)
+            kern[grid, threads, st](ops["x"], ops["dy"], r)
+            return r.reshape(rs)
+        part = call.work(splits * n, ct)
+        kern[grid, threads, st](ops["x"], ops["dy"], part)
     elif t.get("variant") == "rows":
         r = result(n)
         kern = (depthwise.fwd_depthwise_rows if p.direction == "fwd"
