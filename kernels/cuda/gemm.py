@@ -343,11 +343,14 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
             if it < qe:
                 # slice it: tap t, channels c0... (divisions by constants; counters kept
                 # across the multiply loop would hold registers)
-                t = it // NSL
+                # (unsigned: a division by a constant is then a multiply-high and a
+                # shift, without the sign fix-ups of Python's floor division)
+                t = int64(uint64(it) // uint64(NSL))
                 c0 = (it - t * NSL) * bk
-                t_w = t % KW
-                t_h = (t // KW) % KH
-                t_d = t // (KW * KH)
+                tq = uint64(t) // uint64(KW)
+                t_w = t - int64(tq) * KW
+                t_h = int64(tq % uint64(KH))
+                t_d = int64(tq // uint64(KH))
                 if c0 == 0 or it == qb:
                     # the pass's pixel, decoded again per tap (divisions by constants)
                     # rather than kept in registers across the multiply loop
@@ -356,17 +359,18 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                         m = m0 + e0 // bk
                         aoff[l] = -1
                         if e0 < bm * bk and m < M:
-                            o_w = m % OW
-                            r = m // OW
-                            o_h = r % OH
-                            r = r // OH
-                            i_d = (r % OD) * SD - PD + t_d * DD
+                            um = uint64(m)
+                            o_w = int64(um % uint64(OW))
+                            ur = um // uint64(OW)
+                            o_h = int64(ur % uint64(OH))
+                            ur = ur // uint64(OH)
+                            i_d = int64(ur % uint64(OD)) * SD - PD + t_d * DD
                             i_h = o_h * SH - PH + t_h * DH
                             i_w = o_w * SW - PW + t_w * DW
                             if (i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
                                     and i_w >= 0 and i_w < IW):
-                                aoff[l] = ((((r // OD) * ID + i_d) * IH + i_h) * IW
-                                           + i_w) * IC + xc
+                                aoff[l] = (((int64(ur // uint64(OD)) * ID + i_d) * IH + i_h)
+                                           * IW + i_w) * IC + xc
                 for l in range(ANP):
                     cc = c0 + ((tid + l * nt) * ACH) % bk
                     for j in range(ACH):
