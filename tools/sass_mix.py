@@ -4,9 +4,11 @@ For a kernel, ``numba.cuda.compile_ptx`` gives PTX for one architecture; ``ptxas
 assembles it (registers, spills, static shared memory) and ``nvdisasm`` disassembles the
 cubin into SASS. The SASS is split into loops (a branch to an earlier address closes a loop
 that starts at the branch's target); the *hot loop* is, of the innermost loops holding
-floating-point multiply-adds, the one with the most. Its mix gives the figures the GPU kernels are held to
-(docs/gpu.md): the FMA share of its instructions, how many shared-memory loads are
-128-bit (``LDS.128``), and integer instructions per FMA.
+floating-point multiply-adds, the one with the most. Its mix gives the figures the GPU
+kernels are held to (docs/gpu.md): the FMA share of its instructions, how many
+shared-memory loads are 128-bit (``LDS.128``), and integer instructions per FMA. Where no
+loop holds an FMA (straight-line multiply-adds), the whole kernel's mix is given, and
+that of the code after its last barrier.
 
 Needs NVVM (a CUDA toolkit that numba.cuda finds), ``ptxas`` and ``nvdisasm``
 (``pip install nvidia-cuda-nvdisasm``); no GPU. Used by tests/test_cuda_sass.py, and from
@@ -254,7 +256,8 @@ def line(label, f, threads=None):
     h = f["hot"]
     if h is None:
         return s + "  (no loop with an FMA)"
-    s += (f"  {'hot loop' if h['region'] == 'loop' else 'kernel  '} {h['n']:4d} instr  FMA {100 * h['fma_share']:5.1f}%  "
+    where = "hot loop" if h["region"] == "loop" else "kernel  "
+    s += (f"  {where} {h['n']:4d} instr  FMA {100 * h['fma_share']:5.1f}%  "
           f"LDS {h['lds']} ({h['lds128']} x128)  LDG {h['ldg']}  "
           f"int/FMA {h['int_per_fma']:.2f}")
     b = h.get("after_barrier")

@@ -285,7 +285,8 @@ def fwd_depthwise_rows(dtype, geo, rw, nseg):
         for row in range(ROWS):
             for q in range(RW):
                 for tw in range(KW):
-                    acc[q] += S[uint64(base + (row * SPAN + q * SW + tw * DW) * CT)] * wr[row * KW + tw]
+                    acc[q] += (S[uint64(base + (row * SPAN + q * SW + tw * DW) * CT)]
+                               * wr[row * KW + tw])
         if k < OC:
             for q in range(RW):
                 o_w = w0 + sg * RW + q

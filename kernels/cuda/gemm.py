@@ -563,7 +563,8 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                         if aoff[l] >= 0 and kc + j < OCG:
                             v = dy[uint64(aoff[l] + kc + j)]
                         ga[l * ACH + j] = v
-                wt = (((t0d + u_d * tsd) * KH + t0h + u_h * tsh) * KW + t0w + u_w * tsw) * ICG * OC + yc
+                wt = ((((t0d + u_d * tsd) * KH + t0h + u_h * tsh) * KW + t0w + u_w * tsw)
+                      * ICG * OC + yc)
                 for l in range(BNP):
                     e0 = (tid + l * nt) * BCH
                     nn = e0 // bk
