@@ -18,6 +18,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import sass_mix  # noqa: E402
 
 CCS = ((8, 0), (9, 0))
+
+
+def _numba_cuda():
+    """Whether numba.cuda is the numba-cuda package (its compile_ptx takes launch bounds and
+    compiles device functions without a driver), not numba's own older CUDA target."""
+    try:
+        import inspect
+
+        from numba import cuda
+        return "launch_bounds" in inspect.signature(cuda.compile_ptx).parameters
+    except Exception:  # pragma: no cover
+        return False
+
+
+NUMBA_CUDA = _numba_cuda()
 REGS_PER_SM = 65536
 
 
@@ -143,12 +158,16 @@ def test_kernel_assembles_within_budget(toolchain, label):
 
     spec = {k[0]: k for k in _kernels()}[label]
     _, module, name, args, sig, threads, shared = spec[:7]
+    if name.endswith("_gemm") and not NUMBA_CUDA:
+        pytest.skip("numba's own CUDA target compiles the GEMM kernels' device functions only "
+                    "with a CUDA driver: pip install numba-cuda (the cuda12/cuda13 extras)")
     ccs = spec[7] if len(spec) > 7 else CCS
     mod = importlib.import_module(f"numbaconv.kernels.cuda.{module}")
     kernel = getattr(mod, name)(*args)
     for cc in ccs:
+        bounds = kernel.targetoptions.get("launch_bounds")
         ptx, _ = cuda.compile_ptx(kernel.py_func, _signature(sig), cc=cc,
-                                  launch_bounds=kernel.targetoptions.get("launch_bounds"))
+                                  **({"launch_bounds": bounds} if bounds else {}))
         try:
             log = sass_mix.assemble(ptx, f"sm_{cc[0]}{cc[1]}", nvdisasm=False)[0]["log"]
         except RuntimeError as exc:

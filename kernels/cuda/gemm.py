@@ -32,6 +32,7 @@ output row (weights), so the K loop does no 64-bit division. float16 never reach
 backend widens it to float32 once, on the device.
 """
 import functools
+import inspect
 
 from numba import config as _nconfig
 from numba import cuda, float32, float64, int32, int64, uint64
@@ -47,9 +48,22 @@ from numba import cuda, float32, float64, int32, int64, uint64
 
 #: Elements per 16-byte word.
 WIDTH = {"float32": 4, "float64": 2}
+def _takes(fn, name):
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
 #: Alignment (bytes) of the shared tiles read by :func:`load16`; None in the simulator,
 #: which does not take the ``alignment=`` argument of ``cuda.shared.array``.
 ALIGN = None if _nconfig.ENABLE_CUDASIM else 16
+#: Whether 16-byte shared loads are used: the simulator (same results), and numba-cuda,
+#: whose ``cuda.shared.array`` takes ``alignment=``; numba's own older CUDA target does
+#: not, and its kernels read shared memory one element at a time.
+VECTOR = ALIGN is None or _takes(cuda.shared.array, "alignment")
+#: Whether ``cuda.jit`` takes ``launch_bounds=`` (numba-cuda).
+LAUNCH_BOUNDS = ALIGN is not None and _takes(cuda.jit, "launch_bounds")
 
 
 def _load16_py(a, i):
@@ -168,8 +182,8 @@ def tile_constants(dtype, bm, bn, bk, tm, tn):
     _check(bm, bn, bk, tm, tn)
     nty, ntx = bm // tm, bn // tn
     vw = WIDTH[dtype]
-    ga = vw if tm % vw == 0 else 1
-    gb = vw if tn % vw == 0 else 1
+    ga = vw if tm % vw == 0 and VECTOR else 1
+    gb = vw if tn % vw == 0 and VECTOR else 1
     lx, ly, wx = thread_map(nty, ntx)
     return dict(nty=nty, ntx=ntx, nt=nty * ntx, vw=vw, ga=ga, ra=tm // ga, sa=nty * ga,
                 gb=gb, rb=tn // gb, sb=ntx * gb, lx=lx, ly=ly, wx=wx, lanes=lx * ly,
@@ -191,7 +205,7 @@ def launch_bounds(threads, dtype="float32"):
 
 def _kernel(fn, threads, dtype):
     """``cuda.jit(fn)`` with :func:`launch_bounds` (not in the simulator, which takes none)."""
-    if ALIGN is None:
+    if not LAUNCH_BOUNDS:
         return cuda.jit(fn)
     return cuda.jit(fn, launch_bounds=launch_bounds(threads, dtype))
 
@@ -309,14 +323,20 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     ACH, ANP = loader(bk, bm, nt)
     BCH, BNP = loader(bn, bk, nt)
     TMN = tm * tn
-    ALIGN16 = ALIGN
+    ALIGNED = VECTOR and ALIGN is not None
     mma_slice = mma_step(dtype, bm, bn, bk, tm, tn)
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
     AE, BE = ANP * ACH, BNP * BCH
 
     def fwd_gemm(x, w, y):
-        As = cuda.shared.array(ASZ, T, alignment=ALIGN16)
-        Bs = cuda.shared.array(BSZ, T, alignment=ALIGN16)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            As = cuda.shared.array(ASZ, T, alignment=16)
+        else:
+            As = cuda.shared.array(ASZ, T)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            Bs = cuda.shared.array(BSZ, T, alignment=16)
+        else:
+            Bs = cuda.shared.array(BSZ, T)
         acc = cuda.local.array(TMN, T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
@@ -443,7 +463,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     ACH, ANP = loader(bk, bm, nt)
     BCH, BNP = loader(bk, bn, nt)
     TMN = tm * tn
-    ALIGN16 = ALIGN
+    ALIGNED = VECTOR and ALIGN is not None
     mma_slice = mma_step(dtype, bm, bn, bk, tm, tn)
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
     AE, BE = ANP * ACH, BNP * BCH
@@ -454,8 +474,14 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     IS = (ID, IH, IW)
 
     def bwd_d_gemm(dy, w, dx):
-        As = cuda.shared.array(ASZ, T, alignment=ALIGN16)
-        Bs = cuda.shared.array(BSZ, T, alignment=ALIGN16)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            As = cuda.shared.array(ASZ, T, alignment=16)
+        else:
+            As = cuda.shared.array(ASZ, T)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            Bs = cuda.shared.array(BSZ, T, alignment=16)
+        else:
+            Bs = cuda.shared.array(BSZ, T)
         acc = cuda.local.array(TMN, T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
@@ -664,13 +690,19 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     # one K step per iteration of it then, or the 8x8 tile spills)
     mma_slice = mma_step(dtype, bm, bn, bk, tm, tn, 1 if SAME and ANP > 1 and KD > 1 else None)
     TMN = tm * tn
-    ALIGN16 = ALIGN
+    ALIGNED = VECTOR and ALIGN is not None
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
     AE, BE = ANP * ACH, BNP * BCH
 
     def bwd_w_gemm(x, dy, part):
-        As = cuda.shared.array(ASZ, T, alignment=ALIGN16)
-        Bs = cuda.shared.array(BSZ, T, alignment=ALIGN16)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            As = cuda.shared.array(ASZ, T, alignment=16)
+        else:
+            As = cuda.shared.array(ASZ, T)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            Bs = cuda.shared.array(BSZ, T, alignment=16)
+        else:
+            Bs = cuda.shared.array(BSZ, T)
         acc = cuda.local.array(TMN, T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
