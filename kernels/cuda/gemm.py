@@ -5,11 +5,8 @@ are never materialised: a thread block computes a ``BM x BN`` tile of ``C``, ste
 ``K`` in slices of ``BK`` that the block stages in shared memory (``As[BK, BM]``,
 ``Bs[BK, BN]``, gathered straight from the canonical tensors with zeros outside the
 image); each of its ``(BM/TM) * (BN/TN)`` threads keeps a ``TM x TN`` register tile of
-``C``. Thread ``(ty, tx)`` owns rows ``ty + a*BM/TM`` and columns ``tx + b*BN/TN``, so a warp
-reads consecutive ``Bs`` columns (no bank conflicts) and writes consecutive channels. The
-tile loads are laid out so that consecutive threads read consecutive channels (coalesced),
-and the part of each load's address that does not depend on the ``K`` step is decoded once,
-before the main loop.
+``C``, read out of shared memory in 16-byte words (see the comment above
+:func:`fwd_gemm` for the layout, the warp tiles and the double buffering).
 
 With ``i = o*s - p + t*d`` per axis (see :mod:`numbaconv.kernels.cpu.direct`):
 
@@ -25,11 +22,12 @@ With ``i = o*s - p + t*d`` per axis (see :mod:`numbaconv.kernels.cpu.direct`):
   ``dW``; :func:`reduce_partials` sums the partials in a fixed order (deterministic, no
   atomics).
 
-Kernels take flat (1-D) views of the canonical contiguous arrays, the geometry as a tuple
-of 22 ints (see :func:`numbaconv.kernels.geometry`) and validate nothing. Each thread's
-share of a tile load is decoded into a pixel once per tap (forward, backward data) or per
-output row (weights), so the K loop does no 64-bit division. float16 never reaches them: the
-backend widens it to float32 once, on the device.
+Kernels take flat (1-D) views of the canonical contiguous arrays and validate nothing; a
+factory builds one per (dtype, tile, geometry, splits), the geometry's 22 ints (``mb g
+icg ocg``, input, filter and output sizes, strides, dilations, leading pads) and the split
+count being compile-time constants. Each thread's share of a tile load is decoded into a
+pixel once per tap (forward, backward data) or per output row (weights). float16 never
+reaches them: the backend widens it to float32 once, on the device.
 """
 import functools
 import inspect
@@ -112,9 +110,7 @@ def axis_phase(q, s, d, p, k, n_in):
 
     Taps ``t0 + u*tstep`` (``u < nt``) feed the inputs ``i = s*j + q - p``
     (``j0 <= j < j0 + nj``) from outputs ``o = j - c0 - u*ostep``. The host's copy (the
-    planner sizes the grid with it) of the code :func:`bwd_d_gemm` inlines: kernels call no
-    device functions, whose compilation needs a GPU (numba compiles them for the current
-    device), so that ``compile_ptx`` works on machines without one.
+    planner sizes the grid with it) of the code :func:`bwd_d_gemm` inlines.
     """
     a = s
     b = d
@@ -278,8 +274,8 @@ def shared_bytes(dtype, bm, bn, bk):
     return 2 * bk * (bm + vw + bn + vw) * (4 if dtype == "float32" else 8)
 
 
-# The three kernels share one structure (kernels call no device functions, see
-# :func:`axis_phase`, so the shared parts are repeated):
+# The three kernels share one structure (repeated in each; the multiply is the inline
+# device function of :func:`mma_step`):
 #
 # * thread (ty, tx) owns rows ``(a // GA)*SA + ty*GA + a % GA`` and columns
 #   ``(b // GB)*SB + tx*GB + b % GB`` of the block tile: groups of GA (GB) consecutive rows
