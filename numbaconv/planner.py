@@ -233,8 +233,15 @@ def implementation(plan):
 
 def _gpu_plan(problem, strategy):
     """The GPU's plan: implicit GEMM or direct kernels, block and tile sizes (``threads`` is
-    threads per block); ``tune`` does not apply on the GPU."""
+    threads per block); ``tune`` does not apply on the GPU. Cached like the CPU's plans,
+    keyed by the problem, ``strategy`` and the ``config.CUDA_*`` settings."""
     from .backends import cuda as gpu
+    key = None
+    if not config.VERBOSE:
+        key = ("cuda", problem, strategy, gpu.settings())
+        plan = _PLANS.get(key)
+        if plan is not None:
+            return plan
     f = gpu.gpu_plan(problem, strategy)  # ValueError for a strategy the GPU does not have
     plan = Plan(problem=problem, strategy=f["strategy"], tiles=FrozenMapping(f["tiles"]),
                 threads=f["threads"], flops=problem.flops,
@@ -242,6 +249,10 @@ def _gpu_plan(problem, strategy):
                 declined=f["declined"], variant=f["variant"])
     if config.VERBOSE:
         print(f"numbaconv: {plan}", file=sys.stderr)
+    if key is not None:
+        if len(_PLANS) >= PLAN_CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = plan
     return plan
 
 

@@ -41,6 +41,8 @@ _DEPTHWISE = [
 _TILES = {  # config patches: (BM, BN, BK, TM, TN)
     "small": (4, 4, 2, 2, 2),          # 4 threads
     "odd": (6, 4, 3, 2, 2),            # 6 threads, loads not a multiple of the threads
+    # 32 threads in one 8x4 warp tile, 16-byte shared loads (float32), 8 K steps unrolled
+    "vec": (32, 16, 8, 4, 4),
 }
 
 
@@ -50,6 +52,13 @@ def _groups():
     for d in dirs:
         g[f"gemm_{d}"] = [dict(direction=d, kernel="gemm", geo=geo, tiles=t)
                           for geo in _GEOMETRIES for t in ("small", "odd")]
+        # split-K: every slice range its own partial, summed in a fixed order
+        g[f"gemm_{d}"] += [dict(direction=d, kernel="gemm", geo=geo, tiles="odd", split=True)
+                           for geo in _GEOMETRIES[:2]]
+        g[f"gemm_{d}"] += [dict(direction=d, kernel="gemm", geo=_GEOMETRIES[1], tiles="vec",
+                                dtype="float32"),
+                           dict(direction=d, kernel="gemm", geo=_GEOMETRIES[0], tiles="vec",
+                                dtype="float64", split=True)]
     g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
                    for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
     g["gemm_depthwise"] = [dict(direction=d, kernel="gemm", geo=_DEPTHWISE[0], tiles="odd")
@@ -105,6 +114,9 @@ def _run_case(case):
     config.CUDA_THREAD_M, config.CUDA_THREAD_N = tm, tn
     config.CUDA_THREADS = 16
     config.CUDA_SPLIT_MIN_PIXELS = 2          # several weight-gradient splits
+    # forward/backward data split K only where asked (every layer is "too few blocks")
+    config.CUDA_MIN_BLOCKS = 10 ** 6 if case.get("split") else 1
+    config.CUDA_SPLIT_MIN_SLICES = 1
     mb, g, ic, oc, isz, ksz, st, dl, pb, pe = case["geo"]
     if case.get("empty"):
         mb = 0
@@ -132,6 +144,8 @@ def _run_case(case):
     ref = f(*args)
     ref_abs = f(*(np.abs(a) for a in args))
     plan = types.SimpleNamespace(problem=p, tiles=backend.plan_tiles(p, case["kernel"]))
+    if case.get("split") and direction != "bwd_w" and plan.tiles["splits"] < 2:
+        return f"expected a split K, got tiles {plan.tiles}"
     out = None
     if case.get("out"):
         out = cuda.to_device(np.full(p.result_shape, np.nan, dtype))

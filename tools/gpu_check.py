@@ -6,12 +6,17 @@ tests). Operands are PyTorch CUDA tensors passed straight to the public generic 
 * Correctness: normalised error (docs/contract.md section 10) against PyTorch in float64 on the GPU.
 * Wall time: best of 5 rounds of CALLS calls then a synchronise, after a warm-up, both
   sides; PyTorch with TF32 off (numbaconv computes in true float32), cudnn.benchmark on.
-* ``KT=1``: also the GPU kernel time per call (CUPTI through torch.profiler, every kernel the
-  call launched), which leaves out the host's launch overhead.
+* Kernel time (``KT=1``, the default): the GPU time per call of every kernel the call
+  launched (CUPTI through torch.profiler), which leaves out the host's launch overhead.
+* Host time: the time a call takes to return, without waiting for the GPU (numbaconv with
+  its plan cached and a preallocated ``out=``), against PyTorch's.
+* The plan of each layer and pass (kernel family, tile, splits, row kernels) is printed.
+* Per (suite, pass) the geometric means of the ratios torch/numbaconv (above 1: numbaconv
+  faster) of wall time, of wall time with ``out=``, and of kernel time.
 
 Environment: SUITES, LAYERS (comma-separated names), DTYPES, PASSES, CALLS, TIME=0 (errors
-only), KT=1. Example: ``KT=1 python tools/gpu_check.py``. Exit status 1 if any error is
-above the tolerance.
+only), KT=0 (no kernel time), PLAN=0 (no plans). Example: ``python tools/gpu_check.py``.
+Exit status 1 if any error is above the tolerance.
 """
 from collections import defaultdict
 import math
@@ -51,7 +56,22 @@ def best(fn):
     return min(t) * 1e3
 
 
-KT = os.environ.get("KT", "0") == "1"
+KT = os.environ.get("KT", "1") == "1"
+PLAN = os.environ.get("PLAN", "1") == "1"
+
+
+def host_us(fn, calls=50):
+    """Host time per call (us): the calls return without waiting for the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+        torch.cuda.synchronize()
+    return best * 1e6
 
 
 def kernel_ms(fn, calls=3):
@@ -120,6 +140,7 @@ def main():
     bad = 0
     rows = []
     krows = []
+    orows = []
     for suite in SUITES:
         for lay in suites.layers(suite):
             if os.environ.get("LAYERS") and lay.name not in os.environ["LAYERS"].split(","):
@@ -146,19 +167,31 @@ def main():
                     ok = err <= TOLERANCE[dt]
                     bad += not ok
                     line = f"{suite:16s} {lay.name:24s} {d:5s} {dt:7s} err {err:9.2e} {'ok ' if ok else 'BAD'}"
+                    if PLAN:
+                        print("    plan:", numbaconv.plan(c.op, *c.args, **c.kwargs), flush=True)
                     if TIME:
                         tf, _ = torch_fn(lay, d, X, W, DY)
+                        out = torch.empty(tuple(got.shape), device=dev,
+                                          dtype=getattr(torch, dt))
+                        kw_out = dict(c.kwargs, out=out)
                         tn = best(lambda: fn(*c.args, **c.kwargs))
+                        to = best(lambda: fn(*c.args, **kw_out))
                         tt = best(tf)
-                        line += f"  nc {tn:8.3f} ms  torch {tt:8.3f} ms  ratio {tt / tn:6.3f}"
+                        hn = host_us(lambda: fn(*c.args, **kw_out))
+                        ht = host_us(tf)
+                        line += (f"  wall nc {tn:8.3f} ms (out= {to:8.3f})  torch {tt:8.3f} ms"
+                                 f"  ratio {tt / tn:6.3f} (out= {tt / to:6.3f})"
+                                 f"  host nc {hn:7.1f} us  torch {ht:7.1f} us")
                         rows.append((suite, d, dt, tt / tn))
+                        orows.append((suite, d, dt, tt / to))
                         if KT:
                             kn = kernel_ms(lambda: fn(*c.args, **c.kwargs))
                             kt = kernel_ms(tf)
                             line += f"  kernels nc {kn:8.3f} torch {kt:8.3f} ratio {kt / kn:6.3f}"
                             krows.append((suite, d, dt, kt / kn))
                     print(line, flush=True)
-    _geomeans("geomean", rows)
+    _geomeans("wall geomean", rows)
+    _geomeans("wall geomean with out=", orows)
     _geomeans("kernel geomean", krows)
     print("bad", bad)
     return 1 if bad else 0

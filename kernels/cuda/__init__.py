@@ -2,14 +2,16 @@
 
 Importing a module of this package imports ``numba.cuda`` (which needs neither a GPU nor a
 driver); only :mod:`numbaconv.backends.cuda` imports them, lazily. Kernels are built by small
-factories keyed on the compute dtype and the compile-time tile sizes (shared and local array
-shapes must be constants), cached per process, and compiled lazily at the first launch: no
+factories keyed on the compute dtype, the compile-time tile sizes (shared and local array
+shapes must be constants) and, for the GEMM and row kernels, the problem's geometry (so
+index arithmetic folds), cached per process, and compiled lazily at the first launch: no
 eager signature is ever compiled at import.
 
 * :mod:`.gemm`: implicit-GEMM kernels (shared-memory tiles, per-thread register tiles) for
   the three directions, and the deterministic split reduction of the weight gradient.
-* :mod:`.depthwise`: one output element per thread, channels across threads; written for
-  depthwise (``icg == 1``) but correct for any grouping.
+* :mod:`.depthwise`: row kernels for depthwise proper (``icg == 1``: source rows staged in
+  shared memory, a row of results and the filter in registers), and one-element-per-thread
+  kernels, channels across threads, correct for any grouping.
 * :mod:`.layout`: the small gather/scatter kernels that bring user layouts and dtypes to the
   canonical form and back on the device.
 """

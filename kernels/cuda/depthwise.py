@@ -15,7 +15,7 @@ consecutive channels (coalesced) and accumulate in a register. They loop over ``
 """
 import functools
 
-from numba import cuda, float32, float64, int64
+from numba import cuda, float32, float64, int64, uint64
 
 _TYPES = {"float32": float32, "float64": float64}
 
@@ -200,3 +200,264 @@ def bwd_w_depthwise(dtype):
         part[sp, t_d, t_h, t_w, c, k] = acc
 
     return cuda.jit(bwd_w_depthwise)
+
+
+# -- row kernels: depthwise proper (icg == 1), geometry as compile-time constants --------------
+#
+# A block of ``CT * nseg`` threads owns one row of results (fixed ``n`` and the two outer
+# spatial coordinates), ``CT`` consecutive channels (lane ``cl``, coalesced) and
+# ``WT = nseg * rw`` consecutive positions along the last axis (thread segment ``sg`` owns
+# ``rw`` of them, accumulated in registers). The block first stages every source row it
+# needs (one per outer tap pair, ``SPAN`` positions x ``CT`` channels) in shared memory, with
+# zeros where a row or position lies outside the image, and the thread its filter taps in
+# registers; the multiply-adds then read shared memory at the thread's base plus
+# compile-time offsets, with no bounds test, division or index arithmetic of their own.
+
+CT = 32    # channels per block (one warp's lanes)
+
+
+def fwd_rows_span(geo, rw, nseg):
+    """Source positions a block stages per row (forward)."""
+    kw, sw, dw = geo[9], geo[15], geo[18]
+    return (nseg * rw - 1) * sw + (kw - 1) * dw + 1
+
+
+def bwd_d_rows_span(geo, rw, nseg):
+    """``(first offset, positions)`` of the ``dy`` row a block stages (backward data)."""
+    kw, pw, sw, dw = geo[9], geo[21], geo[15], geo[18]
+    ob0 = (pw - (kw - 1) * dw) // sw
+    return ob0, (nseg * rw - 1 + pw) // sw - ob0 + 1
+
+
+@functools.lru_cache(maxsize=256)
+def fwd_depthwise_rows(dtype, geo, rw, nseg):
+    """``y[n, o, k] = sum_t x[n, o*s - p + t*d, k // ocg] * w[t, 0, k]`` for ``icg == 1``.
+
+    Flat ``x``, ``w``, ``y``. Grid ``(mb*od*oh*ceil(ow/WT), ceil(oc/CT))``, ``CT*nseg``
+    threads; ``y`` fully written.
+    """
+    T = _TYPES[dtype]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    IC, OC = G * ICG, G * OCG
+    WT = nseg * rw
+    NSEG = nseg
+    NWT = -(-OW // WT)
+    SPAN = fwd_rows_span(geo, rw, nseg)
+    ROWS = KD * KH
+    KT = ROWS * KW
+    SSZ = ROWS * SPAN * CT
+    RW = rw
+
+    def fwd_depthwise_rows(x, w, y):
+        S = cuda.shared.array(SSZ, T)
+        wr = cuda.local.array(KT, T)
+        acc = cuda.local.array(RW, T)
+        tid = cuda.threadIdx.x
+        cl = tid % CT
+        sg = tid // CT
+        bx = cuda.blockIdx.x
+        w0 = (bx % NWT) * WT
+        r = bx // NWT
+        o_h = r % OH
+        r = r // OH
+        o_d = r % OD
+        n = r // OD
+        k = cuda.blockIdx.y * CT + cl
+        for t in range(KT):
+            wr[t] = w[uint64(t * OC + k)] if k < OC else T(0)
+        for e in range(tid, SSZ, CT * NSEG):
+            c = e % CT
+            s = (e // CT) % SPAN
+            row = e // (CT * SPAN)
+            i_d = o_d * SD - PD + (row // KH) * DD
+            i_h = o_h * SH - PH + (row % KH) * DH
+            i_w = w0 * SW - PW + s
+            kc = cuda.blockIdx.y * CT + c
+            v = T(0)
+            if (kc < OC and i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
+                    and i_w >= 0 and i_w < IW):
+                v = x[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + kc // OCG)]
+            S[uint64(e)] = v
+        cuda.syncthreads()
+        base = sg * RW * SW * CT + cl
+        for q in range(RW):
+            acc[q] = T(0)
+        for row in range(ROWS):
+            for q in range(RW):
+                for tw in range(KW):
+                    acc[q] += (S[uint64(base + (row * SPAN + q * SW + tw * DW) * CT)]
+                               * wr[row * KW + tw])
+        if k < OC:
+            for q in range(RW):
+                o_w = w0 + sg * RW + q
+                if o_w < OW:
+                    y[uint64((((n * OD + o_d) * OH + o_h) * OW + o_w) * OC + k)] = acc[q]
+
+    return cuda.jit(fwd_depthwise_rows)
+
+
+@functools.lru_cache(maxsize=256)
+def bwd_d_depthwise_rows(dtype, geo, rw, nseg):
+    """``dx[n, i, c] = sum_t dy[n, (i + p - t*d)/s, c] * w[t, 0, c]`` (the taps where the
+    division is exact) for ``icg == ocg == 1``.
+
+    Flat ``dy``, ``w``, ``dx``. Grid ``(mb*id*ih*ceil(iw/WT), ceil(ic/CT))``; ``rw`` a
+    multiple of the last stride, so that which taps reach each of a thread's positions is
+    known at compile time; the outer axes' taps that miss a row stage zeros.
+    """
+    T = _TYPES[dtype]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    C = G
+    WT = nseg * rw
+    NSEG = nseg
+    NWT = -(-IW // WT)
+    OB0, SPAN = bwd_d_rows_span(geo, rw, nseg)
+    ROWS = KD * KH
+    KT = ROWS * KW
+    SSZ = ROWS * SPAN * CT
+    RW = rw
+    RS = rw // SW
+
+    def bwd_d_depthwise_rows(dy, w, dx):
+        S = cuda.shared.array(SSZ, T)
+        wr = cuda.local.array(KT, T)
+        acc = cuda.local.array(RW, T)
+        tid = cuda.threadIdx.x
+        cl = tid % CT
+        sg = tid // CT
+        bx = cuda.blockIdx.x
+        w0 = (bx % NWT) * WT
+        r = bx // NWT
+        i_h = r % IH
+        r = r // IH
+        i_d = r % ID
+        n = r // ID
+        c = cuda.blockIdx.y * CT + cl
+        for t in range(KT):
+            wr[t] = w[uint64(t * C + c)] if c < C else T(0)
+        for e in range(tid, SSZ, CT * NSEG):
+            cc = cuda.blockIdx.y * CT + e % CT
+            s = (e // CT) % SPAN
+            row = e // (CT * SPAN)
+            a_d = i_d + PD - (row // KH) * DD
+            a_h = i_h + PH - (row % KH) * DH
+            o_d = a_d // SD
+            o_h = a_h // SH
+            o_w = w0 // SW + OB0 + s
+            v = T(0)
+            if (cc < C and a_d >= 0 and a_d == o_d * SD and o_d < OD and a_h >= 0
+                    and a_h == o_h * SH and o_h < OH and o_w >= 0 and o_w < OW):
+                v = dy[uint64((((n * OD + o_d) * OH + o_h) * OW + o_w) * C + cc)]
+            S[uint64(e)] = v
+        cuda.syncthreads()
+        base = (sg * RS - OB0) * CT + cl
+        for q in range(RW):
+            acc[q] = T(0)
+        for row in range(ROWS):
+            for q in range(RW):
+                for tw in range(KW):
+                    if (q + PW - tw * DW) % SW == 0:
+                        acc[q] += (S[uint64(base + (row * SPAN + (q + PW - tw * DW) // SW) * CT)]
+                                   * wr[row * KW + tw])
+        if c < C:
+            for q in range(RW):
+                i_w = w0 + sg * RW + q
+                if i_w < IW:
+                    dx[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * C + c)] = acc[q]
+
+    return cuda.jit(bwd_d_depthwise_rows)
+
+
+@functools.lru_cache(maxsize=256)
+def bwd_w_depthwise_rows(dtype, geo, rw, nseg, nsplit):
+    """``part[j, t, 0, k] = sum x[n, o*s - p + t*d, k // ocg] * dy[n, o, k]`` over the
+    output rows of split ``j``, for ``icg == 1``.
+
+    Flat ``x``, ``dy``, ``part`` (``[nsplit, kd*kh*kw*oc]``, fully written). Grid
+    ``(ceil(oc/CT), nsplit)``, ``CT*nseg`` threads. The block steps over (output row, segment
+    of ``WT`` positions) pairs ``[Q*j // nsplit, Q*(j+1) // nsplit)``; per step it stages the
+    input rows (as the forward kernel) and the ``dy`` segment, and each thread adds its
+    ``rw`` positions' products into one register per tap. The ``nseg`` threads of a channel
+    are summed at the end through shared memory, in a fixed order.
+    """
+    T = _TYPES[dtype]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    IC, OC = G * ICG, G * OCG
+    WT = nseg * rw
+    NSEG = nseg
+    NWT = -(-OW // WT)
+    SPAN = fwd_rows_span(geo, rw, nseg)
+    ROWS = KD * KH
+    KT = ROWS * KW
+    SSZ = ROWS * SPAN * CT
+    DSZ = WT * CT
+    if KT * NSEG > ROWS * SPAN:
+        raise ValueError("bwd_w_depthwise_rows: the final sum needs more shared memory "
+                         "than the staged rows")
+    RW = rw
+    Q = MB * OD * OH * NWT
+    PS = KT * OC
+
+    def bwd_w_depthwise_rows(x, dy, part):
+        S = cuda.shared.array(SSZ, T)
+        D = cuda.shared.array(DSZ, T)
+        R = S  # the final sum's buffer, once S is no longer read (RSZ <= SSZ)
+        acc = cuda.local.array(KT, T)
+        dv = cuda.local.array(RW, T)
+        tid = cuda.threadIdx.x
+        cl = tid % CT
+        sg = tid // CT
+        k0 = cuda.blockIdx.x * CT
+        sp = cuda.blockIdx.y
+        for t in range(KT):
+            acc[t] = T(0)
+        base = sg * RW * SW * CT + cl
+        dbase = sg * RW * CT + cl
+        for it in range(Q * sp // nsplit, Q * (sp + 1) // nsplit):
+            w0 = (it % NWT) * WT
+            r = it // NWT
+            o_h = r % OH
+            r = r // OH
+            o_d = r % OD
+            n = r // OD
+            for e in range(tid, SSZ, CT * NSEG):
+                c = e % CT
+                s = (e // CT) % SPAN
+                row = e // (CT * SPAN)
+                i_d = o_d * SD - PD + (row // KH) * DD
+                i_h = o_h * SH - PH + (row % KH) * DH
+                i_w = w0 * SW - PW + s
+                kc = k0 + c
+                v = T(0)
+                if (kc < OC and i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
+                        and i_w >= 0 and i_w < IW):
+                    v = x[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + kc // OCG)]
+                S[uint64(e)] = v
+            for e in range(tid, DSZ, CT * NSEG):
+                kc = k0 + e % CT
+                o_w = w0 + e // CT
+                v = T(0)
+                if kc < OC and o_w < OW:
+                    v = dy[uint64((((n * OD + o_d) * OH + o_h) * OW + o_w) * OC + kc)]
+                D[uint64(e)] = v
+            cuda.syncthreads()
+            for q in range(RW):
+                dv[q] = D[uint64(dbase + q * CT)]
+            for row in range(ROWS):
+                for tw in range(KW):
+                    for q in range(RW):
+                        acc[row * KW + tw] += (S[uint64(base + (row * SPAN + q * SW + tw * DW)
+                                                        * CT)] * dv[q])
+            cuda.syncthreads()
+        for t in range(KT):
+            R[uint64((t * NSEG + sg) * CT + cl)] = acc[t]
+        cuda.syncthreads()
+        k = k0 + cl
+        for t in range(sg, KT, NSEG):
+            v = T(0)
+            for j in range(NSEG):
+                v += R[uint64((t * NSEG + j) * CT + cl)]
+            if k < OC:
+                part[uint64(sp * PS + t * OC + k)] = v
+
+    return cuda.jit(bwd_w_depthwise_rows)

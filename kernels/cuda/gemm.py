@@ -5,11 +5,8 @@ are never materialised: a thread block computes a ``BM x BN`` tile of ``C``, ste
 ``K`` in slices of ``BK`` that the block stages in shared memory (``As[BK, BM]``,
 ``Bs[BK, BN]``, gathered straight from the canonical tensors with zeros outside the
 image); each of its ``(BM/TM) * (BN/TN)`` threads keeps a ``TM x TN`` register tile of
-``C``. Thread ``(ty, tx)`` owns rows ``ty + a*BM/TM`` and columns ``tx + b*BN/TN``, so a warp
-reads consecutive ``Bs`` columns (no bank conflicts) and writes consecutive channels. The
-tile loads are laid out so that consecutive threads read consecutive channels (coalesced),
-and the part of each load's address that does not depend on the ``K`` step is decoded once,
-before the main loop.
+``C``, read out of shared memory in 16-byte words (see the comment above
+:func:`fwd_gemm` for the layout, the warp tiles and the double buffering).
 
 With ``i = o*s - p + t*d`` per axis (see :mod:`numbaconv.kernels.cpu.direct`):
 
@@ -25,15 +22,85 @@ With ``i = o*s - p + t*d`` per axis (see :mod:`numbaconv.kernels.cpu.direct`):
   ``dW``; :func:`reduce_partials` sums the partials in a fixed order (deterministic, no
   atomics).
 
-Kernels take flat (1-D) views of the canonical contiguous arrays, the geometry as a tuple
-of 22 ints (see :func:`numbaconv.kernels.geometry`) and validate nothing. Each thread's
-share of a tile load is decoded into a pixel once per tap (forward, backward data) or per
-output row (weights), so the K loop does no 64-bit division. float16 never reaches them: the
-backend widens it to float32 once, on the device.
+Kernels take flat (1-D) views of the canonical contiguous arrays and validate nothing; a
+factory builds one per (dtype, tile, geometry, splits), the geometry's 22 ints (``mb g
+icg ocg``, input, filter and output sizes, strides, dilations, leading pads) and the split
+count being compile-time constants. Each thread's share of a tile load is decoded into a
+pixel once per tap (forward, backward data) or per output row (weights). float16 never
+reaches them: the backend widens it to float32 once, on the device.
 """
 import functools
+import inspect
 
-from numba import cuda, float32, float64, int64
+from numba import config as _nconfig
+from numba import cuda, float32, float64, int32, int64, uint64
+
+
+# -- 16-byte loads from shared memory ---------------------------------------------------------
+# ``load16(a, i)`` is ``(a[i], a[i+1], ...)`` (4 float32 or 2 float64) read by one vector load
+# (``ld.shared.v4.f32``, SASS ``LDS.128``); numba compiles reads of neighbouring elements into
+# scalar loads only. ``a`` is a 1-D C-contiguous array whose element ``i`` starts on a 16-byte
+# boundary: the kernels below declare their shared tiles ``ALIGN``-aligned and index them in
+# whole 16-byte words. Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``load16`` is a
+# plain function with the same result, so the kernels call it unchanged there.
+
+#: Elements per 16-byte word.
+WIDTH = {"float32": 4, "float64": 2}
+def _takes(fn, name):
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+
+
+#: Alignment (bytes) of the shared tiles read by :func:`load16`; None in the simulator,
+#: which does not take the ``alignment=`` argument of ``cuda.shared.array``.
+ALIGN = None if _nconfig.ENABLE_CUDASIM else 16
+#: Whether 16-byte shared loads are used: the simulator (same results), and numba-cuda,
+#: whose ``cuda.shared.array`` takes ``alignment=``; numba's own older CUDA target does
+#: not, and its kernels read shared memory one element at a time.
+VECTOR = ALIGN is None or _takes(cuda.shared.array, "alignment")
+#: Whether ``cuda.jit`` takes ``launch_bounds=`` (numba-cuda).
+LAUNCH_BOUNDS = ALIGN is not None and _takes(cuda.jit, "launch_bounds")
+
+
+def _load16_py(a, i):
+    if a.dtype.itemsize == 4:
+        return (a[i], a[i + 1], a[i + 2], a[i + 3])
+    return (a[i], a[i + 1])
+
+
+if _nconfig.ENABLE_CUDASIM:
+    load16 = _load16_py
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def load16(typingctx, a, i):
+        if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+                and a.dtype in (types.float32, types.float64)
+                and isinstance(i, types.Integer)):
+            return None
+        n = 128 // a.dtype.bitwidth
+        sig = types.UniTuple(a.dtype, n)(a, i)
+
+        def codegen(context, builder, sig, args):
+            aty, ity = sig.args
+            ary = context.make_array(aty)(context, builder, args[0])
+            idx = context.cast(builder, args[1], ity, types.intp)
+            elt = context.get_data_type(aty.dtype)
+            vty = ir.VectorType(elt, n)
+            ptr = builder.gep(builder.bitcast(ary.data, elt.as_pointer()), [idx],
+                              inbounds=True)
+            vec = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=16)
+            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
+                    for k in range(n)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+
 
 _TYPES = {"float32": float32, "float64": float64}
 
@@ -43,9 +110,7 @@ def axis_phase(q, s, d, p, k, n_in):
 
     Taps ``t0 + u*tstep`` (``u < nt``) feed the inputs ``i = s*j + q - p``
     (``j0 <= j < j0 + nj``) from outputs ``o = j - c0 - u*ostep``. The host's copy (the
-    planner sizes the grid with it) of the code :func:`bwd_d_gemm` inlines: kernels call no
-    device functions, whose compilation needs a GPU (numba compiles them for the current
-    device), so that ``compile_ptx`` works on machines without one.
+    planner sizes the grid with it) of the code :func:`bwd_d_gemm` inlines.
     """
     a = s
     b = d
@@ -78,182 +143,371 @@ def _check(bm, bn, bk, tm, tn):
                          f"tile {tm}x{tn}")
 
 
-def _loads(bm, bn, bk, tm, tn):
-    nty = bm // tm
-    ntx = bn // tn
-    nt = nty * ntx
-    return nty, ntx, nt, (bm * bk + nt - 1) // nt, (bk * bn + nt - 1) // nt
+def thread_map(nty, ntx):
+    """``(lx, ly, wx)``: thread ``tid`` of a block of ``nty x ntx`` threads is lane
+    ``tid % (lx*ly)`` of warp tile ``tid // (lx*ly)``; warp tiles are ``ly x lx`` threads,
+    ``wx`` of them across. A warp of 8 x 4 threads reads 8 distinct 16-byte words of the A
+    tile and 4 of the B tile per step (one shared-memory wavefront each) where a warp of
+    2 x 16 threads would read 2 and 16 (two wavefronts for B). Blocks that are not a whole
+    number of such warp tiles are one tile, row-major."""
+    if (nty * ntx) % 32 == 0:
+        for lx in (4, 8, 2, 16, 1, 32):
+            ly = 32 // lx
+            if ntx % lx == 0 and nty % ly == 0:
+                return lx, ly, ntx // lx
+    return ntx, nty, 1
+
+
+def loader(contiguous, other, threads):
+    """``(ch, passes)``: a tile of ``contiguous x other`` elements (``contiguous`` the axis
+    that is contiguous in memory) is loaded by ``threads`` threads in ``passes`` passes,
+    each thread reading ``ch`` consecutive elements per pass (``ch`` divides
+    ``contiguous``, so a chunk never crosses a row)."""
+    ch = next(c for c in (4, 3, 2, 1) if contiguous % c == 0)
+    return ch, -(-(contiguous * other) // (threads * ch))
+
+
+def index_type(*sizes):
+    """int32 for the kernels' per-thread offsets where every array of the problem has fewer
+    than 2**31 elements (half the registers of int64), else int64."""
+    return int32 if max(sizes) < 2 ** 31 else int64
+
+
+def tile_constants(dtype, bm, bn, bk, tm, tn):
+    """The compile-time constants of a tile (see :func:`fwd_gemm`)."""
+    _check(bm, bn, bk, tm, tn)
+    nty, ntx = bm // tm, bn // tn
+    vw = WIDTH[dtype]
+    ga = vw if tm % vw == 0 and VECTOR else 1
+    gb = vw if tn % vw == 0 and VECTOR else 1
+    lx, ly, wx = thread_map(nty, ntx)
+    return dict(nty=nty, ntx=ntx, nt=nty * ntx, vw=vw, ga=ga, ra=tm // ga, sa=nty * ga,
+                gb=gb, rb=tn // gb, sb=ntx * gb, lx=lx, ly=ly, wx=wx, lanes=lx * ly,
+                pa=bm + vw, pb=bn + vw)
+
+
+#: Registers a GEMM thread may use: 65536 per SM over 512 threads (two 256-thread blocks).
+MAX_REGISTERS = 128
+
+
+def launch_bounds(threads, dtype="float32"):
+    """``(threads per block, blocks per SM)`` that caps a float32 GEMM kernel at
+    :data:`MAX_REGISTERS` registers per thread (PTX ``.maxntid``/``.minnctapersm``); float64
+    (twice the registers per value) gets one block per SM."""
+    if dtype != "float32":
+        return threads, 1
+    return threads, max(1, 65536 // (MAX_REGISTERS * threads))
+
+
+def _kernel(fn, threads, dtype):
+    """``cuda.jit(fn)`` with :func:`launch_bounds` (not in the simulator, which takes none)."""
+    if not LAUNCH_BOUNDS:
+        return cuda.jit(fn)
+    return cuda.jit(fn, launch_bounds=launch_bounds(threads, dtype))
+
+
+def unroll(bk, tm, tn):
+    """K steps written out per iteration of the multiply loop: about 128 multiply-adds per
+    iteration (the loop's own bookkeeping then costs under a tenth of the issue slots;
+    the compiler unrolls a thread's register tile but not a slice of K steps), at most
+    8 and half of ``bk`` (a fully written-out slice holds more registers across it), and
+    a divisor of ``bk``."""
+    return next(u for u in (8, 4, 2, 1)
+                if bk % u == 0 and (u == 1 or u * tm * tn <= 128 and 2 * u <= bk))
 
 
 @functools.lru_cache(maxsize=None)
-def fwd_gemm(dtype, bm, bn, bk, tm, tn):
-    """``y[n, o, gi*ocg + col] = sum_{t, c} x[n, o*s - p + t*d, gi*icg + c] * w[t, c, gi*ocg + col]``.
+def mma_step(dtype, bm, bn, bk, tm, tn, ku=None):
+    """The multiply of one K slice (``bk`` steps) into a thread's register tile:
+    ``acc[a, b] += As[kk, row a] * Bs[kk, col b]`` with ``As``/``Bs`` read from ``ao``/``bo``
+    (the buffer plus the thread's first row/column) on, one 16-byte word per group of rows
+    (columns). An inline device function; :func:`unroll` steps per loop iteration."""
+    k = tile_constants(dtype, bm, bn, bk, tm, tn)
+    GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
+    PA, PB = k["pa"], k["pb"]
+    KU = ku or unroll(bk, tm, tn)
 
-    ``x``, ``w`` and ``y`` are flat (1-D views of the canonical arrays). Grid
-    ``(ceil(M/bm), ceil(ocg/bn), g)``, ``(bm/tm)*(bn/tn)`` threads; ``y`` is fully written.
-    ``K`` runs tap by tap and, within a tap, over channel slices of ``bk``: the input
-    position of each of a thread's A loads is worked out once per tap, so the slice loop
-    does no division (the 64-bit divisions of a per-element decode cost ten times the
-    multiply-adds on a GPU).
-    """
-    _check(bm, bn, bk, tm, tn)
-    T = _TYPES[dtype]
-    nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
-    pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
-
-    def fwd_gemm(x, w, y, geo):
-        # As rows padded by one: the loads store with kk fastest, bm apart
-        As = cuda.shared.array((bk, pm), T)
-        Bs = cuda.shared.array((bk, bn), T)
-        acc = cuda.local.array((tm, tn), T)
-        ra = cuda.local.array(tm, T)
-        rb = cuda.local.array(tn, T)
-        # per A load: image's first row (n*id), first input plane/row/col (o*s - p), and the
-        # flat offset of the current tap's pixel (-1: outside the image or past M)
-        lbase = cuda.local.array(a_loads, int64)
-        lbd = cuda.local.array(a_loads, int64)
-        lbh = cuda.local.array(a_loads, int64)
-        lbw = cuda.local.array(a_loads, int64)
-        loff = cuda.local.array(a_loads, int64)
-        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
-        id_, ih, iw = geo[4], geo[5], geo[6]
-        kd, kh, kw = geo[7], geo[8], geo[9]
-        od, oh, ow = geo[10], geo[11], geo[12]
-        sd, sh, sw = geo[13], geo[14], geo[15]
-        dd, dh, dw = geo[16], geo[17], geo[18]
-        pd, ph, pw = geo[19], geo[20], geo[21]
-        ic = g * icg
-        oc = g * ocg
-        tid = cuda.threadIdx.x
-        tx = tid % ntx
-        ty = tid // ntx
-        m0 = cuda.blockIdx.x * bm
-        n0 = cuda.blockIdx.y * bn
-        gi = cuda.blockIdx.z
-        M = mb * od * oh * ow
-        xc = gi * icg
-        wc = gi * ocg + n0
+    def step(As, Bs, ao, bo, ra, rb, acc):
+        for g in range(RA):
+            if GA == VW:
+                v4 = load16(As, ao + g * SA)
+                for i in range(GA):
+                    ra[g * GA + i] = v4[i]
+            else:
+                for i in range(GA):
+                    ra[g * GA + i] = As[uint64(ao + g * SA + i)]
+        for g in range(RB):
+            if GB == VW:
+                v4 = load16(Bs, bo + g * SB)
+                for i in range(GB):
+                    rb[g * GB + i] = v4[i]
+            else:
+                for i in range(GB):
+                    rb[g * GB + i] = Bs[uint64(bo + g * SB + i)]
         for a in range(tm):
             for b in range(tn):
-                acc[a, b] = T(0)
-        for l in range(a_loads):
-            m = m0 + (tid + l * nt) // bk
-            lbase[l] = -1
-            if m < M:
-                o_w = m % ow
-                r = m // ow
-                o_h = r % oh
-                r = r // oh
-                lbase[l] = (r // od) * id_
-                lbd[l] = (r % od) * sd - pd
-                lbh[l] = o_h * sh - ph
-                lbw[l] = o_w * sw - pw
-        for t in range(kd * kh * kw):
-            t_w = t % kw
-            t_h = (t // kw) % kh
-            t_d = t // (kw * kh)
-            for l in range(a_loads):
-                loff[l] = -1
-                if lbase[l] >= 0:
-                    i_d = lbd[l] + t_d * dd
-                    i_h = lbh[l] + t_h * dh
-                    i_w = lbw[l] + t_w * dw
-                    if (i_d >= 0 and i_d < id_ and i_h >= 0 and i_h < ih
-                            and i_w >= 0 and i_w < iw):
-                        loff[l] = (((lbase[l] + i_d) * ih + i_h) * iw + i_w) * ic + xc
-            wt = t * icg * oc + wc
-            for c0 in range(0, icg, bk):
-                for l in range(a_loads):
-                    e = tid + l * nt
-                    if e < bm * bk:
-                        kk = e % bk
-                        c = c0 + kk
-                        v = T(0)
-                        if loff[l] >= 0 and c < icg:
-                            v = x[loff[l] + c]
-                        As[kk, e // bk] = v
-                for l in range(b_loads):
-                    e = tid + l * nt
-                    if e < bk * bn:
-                        nn = e % bn
-                        c = c0 + e // bn
-                        v = T(0)
-                        if c < icg and n0 + nn < ocg:
-                            v = w[wt + c * oc + nn]
-                        Bs[e // bn, nn] = v
-                cuda.syncthreads()
-                for kk in range(bk):
-                    for a in range(tm):
-                        ra[a] = As[kk, ty + a * nty]
-                    for b in range(tn):
-                        rb[b] = Bs[kk, tx + b * ntx]
-                    for a in range(tm):
-                        for b in range(tn):
-                            acc[a, b] += ra[a] * rb[b]
-                cuda.syncthreads()
-        for a in range(tm):
-            m = m0 + ty + a * nty
-            if m < M:
-                for b in range(tn):
-                    col = tx + b * ntx
-                    if n0 + col < ocg:
-                        y[m * oc + wc + col] = acc[a, b]
+                acc[a * tn + b] += ra[a] * rb[b]
 
-    return cuda.jit(fwd_gemm)
+    step = cuda.jit(device=True, inline="always")(step)
+
+    def mma_slice(As, Bs, ao, bo, ra, rb, acc):
+        for ku in range(bk // KU):
+            kk = ku * KU
+            step(As, Bs, ao + kk * PA, bo + kk * PB, ra, rb, acc)
+            if KU > 1:
+                step(As, Bs, ao + (kk + 1) * PA, bo + (kk + 1) * PB, ra, rb, acc)
+            if KU > 2:
+                step(As, Bs, ao + (kk + 2) * PA, bo + (kk + 2) * PB, ra, rb, acc)
+                step(As, Bs, ao + (kk + 3) * PA, bo + (kk + 3) * PB, ra, rb, acc)
+            if KU > 4:
+                step(As, Bs, ao + (kk + 4) * PA, bo + (kk + 4) * PB, ra, rb, acc)
+                step(As, Bs, ao + (kk + 5) * PA, bo + (kk + 5) * PB, ra, rb, acc)
+                step(As, Bs, ao + (kk + 6) * PA, bo + (kk + 6) * PB, ra, rb, acc)
+                step(As, Bs, ao + (kk + 7) * PA, bo + (kk + 7) * PB, ra, rb, acc)
+
+    return cuda.jit(device=True, inline="always")(mma_slice)
 
 
-@functools.lru_cache(maxsize=None)
-def bwd_d_gemm(dtype, bm, bn, bk, tm, tn):
-    """``dx`` by stride phase: ``dx[n, i, gi*icg + c] = sum dy[n, o, gi*ocg + k] * w[t, c, gi*ocg + k]``.
+def shared_bytes(dtype, bm, bn, bk):
+    """Static shared memory of the GEMM kernels: two buffers of each padded tile."""
+    vw = WIDTH[dtype]
+    return 2 * bk * (bm + vw + bn + vw) * (4 if dtype == "float32" else 8)
 
-    Flat ``dy``, ``w``, ``dx``. Grid ``(ceil(max_phase_M/bm), ceil(icg/bn), g*sd*sh*sw)``;
-    every element of ``dx`` belongs to exactly one phase and is written once (zeros where no
-    tap reaches it). ``K`` runs over the phase's taps and, within a tap, over slices of
-    ``bk`` output channels (no division in the slice loop, as in :func:`fwd_gemm`).
+
+# The three kernels share one structure (repeated in each; the multiply is the inline
+# device function of :func:`mma_step`):
+#
+# * thread (ty, tx) owns rows ``(a // GA)*SA + ty*GA + a % GA`` and columns
+#   ``(b // GB)*SB + tx*GB + b % GB`` of the block tile: groups of GA (GB) consecutive rows
+#   (columns), read from shared memory as one 16-byte word each (``load16``);
+# * shared tiles ``As[buf, kk, m]`` and ``Bs[buf, kk, n]`` (``m``, ``n`` fastest), rows
+#   padded by a 16-byte word: the transposed stores of a K-contiguous operand then hit 32
+#   distinct banks per warp, and every row stays 16-byte aligned;
+# * one loop step per K slice ``it``: read slice ``it`` from global memory into registers,
+#   multiply slice ``it - 1`` out of shared buffer ``(it - 1) % 2``, store the registers
+#   into buffer ``it % 2``, synchronise once (double buffering: the global loads' latency
+#   hides behind the multiply-adds);
+# * the geometry is a closure constant (one kernel per problem and tile, cached), so
+#   divisions by sizes and strides fold into multiplications or away;
+# * split-K: ``blockIdx.z`` also runs over ``nsplit`` contiguous ranges of K slices, each
+#   written to its own partial result (``out`` is ``[nsplit, size]``, flat) and summed
+#   afterwards by :func:`reduce_partials` in a fixed order.
+
+
+@functools.lru_cache(maxsize=512)
+def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
+    """``y[n, o, gi*ocg + col] = sum_{t, c} x[n, o*s - p + t*d, gi*icg + c] * w[t, c, gi*ocg + col]``.
+
+    ``x``, ``w`` and ``y`` flat (1-D views of the canonical arrays; ``y`` is
+    ``[nsplit, mb*od*oh*ow*oc]``). Grid ``(ceil(M/bm), ceil(ocg/bn), g*nsplit)``,
+    ``(bm/tm)*(bn/tn)`` threads; ``y`` is fully written. ``K`` runs tap by tap and, within
+    a tap, over channel slices of ``bk``; each thread's A loads are one pixel per pass,
+    whose input offset is worked out once per tap.
     """
-    _check(bm, bn, bk, tm, tn)
+    k = tile_constants(dtype, bm, bn, bk, tm, tn)
     T = _TYPES[dtype]
-    nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
-    pm = bm + 1  # padded rows (a closure constant: shared shapes must be literal)
-    pn = bn + 1
+    nt, lanes, lx, ly, wx = k["nt"], k["lanes"], k["lx"], k["ly"], k["wx"]
+    GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
+    PA, PB = k["pa"], k["pb"]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    IC, OC = G * ICG, G * OCG
+    M = MB * OD * OH * OW
+    NSL = -(-ICG // bk)
+    Q = KD * KH * KW * NSL
+    YS = M * OC
+    IX = index_type(MB * ID * IH * IW * IC, KD * KH * KW * ICG * OC, nsplit * YS)
+    ACH, ANP = loader(bk, bm, nt)
+    BCH, BNP = loader(bn, bk, nt)
+    TMN = tm * tn
+    ALIGNED = VECTOR and ALIGN is not None
+    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn)
+    ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
+    AE, BE = ANP * ACH, BNP * BCH
 
-    def bwd_d_gemm(dy, w, dx, geo):
-        # both tiles store with kk fastest: rows padded by one
-        As = cuda.shared.array((bk, pm), T)
-        Bs = cuda.shared.array((bk, pn), T)
-        acc = cuda.local.array((tm, tn), T)
+    def fwd_gemm(x, w, y):
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            As = cuda.shared.array(ASZ, T, alignment=16)
+        else:
+            As = cuda.shared.array(ASZ, T)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            Bs = cuda.shared.array(BSZ, T, alignment=16)
+        else:
+            Bs = cuda.shared.array(BSZ, T)
+        acc = cuda.local.array(TMN, T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
-        lbase = cuda.local.array(a_loads, int64)
-        lbd = cuda.local.array(a_loads, int64)
-        lbh = cuda.local.array(a_loads, int64)
-        lbw = cuda.local.array(a_loads, int64)
-        loff = cuda.local.array(a_loads, int64)
-        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
-        id_, ih, iw = geo[4], geo[5], geo[6]
-        kh, kw = geo[8], geo[9]
-        od, oh, ow = geo[10], geo[11], geo[12]
-        sd, sh, sw = geo[13], geo[14], geo[15]
-        pd, ph, pw = geo[19], geo[20], geo[21]
-        ic = g * icg
-        oc = g * ocg
+        ga = cuda.local.array(AE, T)
+        gb = cuda.local.array(BE, T)
+        # per A pass: the flat offset of the current tap's pixel (-1: outside the image)
+        aoff = cuda.local.array(ANP, IX)
         tid = cuda.threadIdx.x
-        tx = tid % ntx
-        ty = tid // ntx
+        wq = tid // lanes
+        lane = tid % lanes
+        ty = (wq // wx) * ly + lane // lx
+        tx = (wq % wx) * lx + lane % lx
         m0 = cuda.blockIdx.x * bm
         n0 = cuda.blockIdx.y * bn
-        nph = sd * sh * sw
-        gi = cuda.blockIdx.z // nph
-        q = cuda.blockIdx.z % nph
-        q_w = q % sw
-        q_h = (q // sw) % sh
-        q_d = q // (sw * sh)
+        gi = cuda.blockIdx.z // nsplit
+        sp = cuda.blockIdx.z % nsplit
+        qb = Q * sp // nsplit
+        qe = Q * (sp + 1) // nsplit
+        xc = gi * ICG
+        wc = gi * OCG + n0
+        for i in range(TMN):
+            acc[i] = T(0)
+        for it in range(qb, qe + 1):
+            if it < qe:
+                # slice it: tap t, channels c0... (divisions by constants; counters kept
+                # across the multiply loop would hold registers)
+                # (unsigned: a division by a constant is then a multiply-high and a
+                # shift, without the sign fix-ups of Python's floor division)
+                t = int64(uint64(it) // uint64(NSL))
+                c0 = (it - t * NSL) * bk
+                tq = uint64(t) // uint64(KW)
+                t_w = t - int64(tq) * KW
+                t_h = int64(tq % uint64(KH))
+                t_d = int64(tq // uint64(KH))
+                if c0 == 0 or it == qb:
+                    # the pass's pixel, decoded again per tap (divisions by constants)
+                    # rather than kept in registers across the multiply loop
+                    for l in range(ANP):
+                        e0 = (tid + l * nt) * ACH
+                        m = m0 + e0 // bk
+                        aoff[l] = -1
+                        if e0 < bm * bk and m < M:
+                            um = uint64(m)
+                            o_w = int64(um % uint64(OW))
+                            ur = um // uint64(OW)
+                            o_h = int64(ur % uint64(OH))
+                            ur = ur // uint64(OH)
+                            i_d = int64(ur % uint64(OD)) * SD - PD + t_d * DD
+                            i_h = o_h * SH - PH + t_h * DH
+                            i_w = o_w * SW - PW + t_w * DW
+                            if (i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
+                                    and i_w >= 0 and i_w < IW):
+                                aoff[l] = (((int64(ur // uint64(OD)) * ID + i_d) * IH + i_h)
+                                           * IW + i_w) * IC + xc
+                for l in range(ANP):
+                    cc = c0 + ((tid + l * nt) * ACH) % bk
+                    for j in range(ACH):
+                        v = T(0)
+                        if aoff[l] >= 0 and cc + j < ICG:
+                            v = x[uint64(aoff[l] + cc + j)]
+                        ga[l * ACH + j] = v
+                wt = ((t_d * KH + t_h) * KW + t_w) * ICG * OC + wc
+                for l in range(BNP):
+                    e0 = (tid + l * nt) * BCH
+                    c = c0 + e0 // bn
+                    nn = e0 % bn
+                    for j in range(BCH):
+                        v = T(0)
+                        if e0 < bk * bn and c < ICG and n0 + nn + j < OCG:
+                            v = w[uint64(wt + c * OC + nn + j)]
+                        gb[l * BCH + j] = v
+            if it > qb:
+                ab = ((it - qb - 1) % 2) * (bk * PA) + ty * GA
+                bb = ((it - qb - 1) % 2) * (bk * PB) + tx * GB
+                mma_slice(As, Bs, ab, bb, ra, rb, acc)
+            if it < qe:
+                ab = ((it - qb) % 2) * (bk * PA)
+                bb = ((it - qb) % 2) * (bk * PB)
+                for l in range(ANP):
+                    e0 = (tid + l * nt) * ACH
+                    if e0 < bm * bk:
+                        row = e0 // bk
+                        kk0 = e0 % bk
+                        for j in range(ACH):
+                            As[uint64(ab + (kk0 + j) * PA + row)] = ga[l * ACH + j]
+                for l in range(BNP):
+                    e0 = (tid + l * nt) * BCH
+                    if e0 < bk * bn:
+                        for j in range(BCH):
+                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = gb[l * BCH + j]
+            cuda.syncthreads()
+        for a in range(tm):
+            m = m0 + (a // GA) * SA + ty * GA + a % GA
+            if m < M:
+                for b in range(tn):
+                    col = (b // GB) * SB + tx * GB + b % GB
+                    if n0 + col < OCG:
+                        y[uint64(sp * YS + m * OC + wc + col)] = acc[a * tn + b]
+
+    return _kernel(fwd_gemm, nt, dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
+    """``dx`` by stride phase: ``dx[n, i, gi*icg + c] = sum dy[n, o, gi*ocg + k] * w[t, c, gi*ocg + k]``.
+
+    Flat ``dy``, ``w``, ``dx`` (``dx`` is ``[nsplit, mb*id*ih*iw*ic]``). Grid
+    ``(ceil(max_phase_M/bm), ceil(icg/bn), g*sd*sh*sw*nsplit)``; every element of ``dx``
+    belongs to exactly one phase and is written once per split (zeros where no tap reaches
+    it). ``K`` runs over the phase's taps and, within a tap, over slices of ``bk`` output
+    channels (no division in the slice loop).
+    """
+    k = tile_constants(dtype, bm, bn, bk, tm, tn)
+    T = _TYPES[dtype]
+    nt, lanes, lx, ly, wx = k["nt"], k["lanes"], k["lx"], k["ly"], k["wx"]
+    GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
+    PA, PB = k["pa"], k["pb"]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    IC, OC = G * ICG, G * OCG
+    NPH = SD * SH * SW
+    NSL = -(-OCG // bk)
+    XS = MB * ID * IH * IW * IC
+    IX = index_type(MB * OD * OH * OW * OC, KD * KH * KW * ICG * OC, nsplit * XS)
+    ACH, ANP = loader(bk, bm, nt)
+    BCH, BNP = loader(bk, bn, nt)
+    TMN = tm * tn
+    ALIGNED = VECTOR and ALIGN is not None
+    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn)
+    ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
+    AE, BE = ANP * ACH, BNP * BCH
+    KS = (KD, KH, KW)
+    SS = (SD, SH, SW)
+    DS = (DD, DH, DW)
+    PS = (PD, PH, PW)
+    IS = (ID, IH, IW)
+
+    def bwd_d_gemm(dy, w, dx):
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            As = cuda.shared.array(ASZ, T, alignment=16)
+        else:
+            As = cuda.shared.array(ASZ, T)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            Bs = cuda.shared.array(BSZ, T, alignment=16)
+        else:
+            Bs = cuda.shared.array(BSZ, T)
+        acc = cuda.local.array(TMN, T)
+        ra = cuda.local.array(tm, T)
+        rb = cuda.local.array(tn, T)
+        ga = cuda.local.array(AE, T)
+        gb = cuda.local.array(BE, T)
+        apix = cuda.local.array(ANP, IX)
+        abd = cuda.local.array(ANP, IX)
+        abh = cuda.local.array(ANP, IX)
+        abw = cuda.local.array(ANP, IX)
+        aoff = cuda.local.array(ANP, IX)
+        tid = cuda.threadIdx.x
+        wq = tid // lanes
+        lane = tid % lanes
+        ty = (wq // wx) * ly + lane // lx
+        tx = (wq % wx) * lx + lane % lx
+        m0 = cuda.blockIdx.x * bm
+        n0 = cuda.blockIdx.y * bn
+        sp = cuda.blockIdx.z % nsplit
+        zz = cuda.blockIdx.z // nsplit
+        gi = zz // NPH
+        q = zz % NPH
+        q_w = q % SW
+        q_h = (q // SW) % SH
+        q_d = q // (SW * SH)
         # axis_phase(q, s, d, p, k, i) per axis, inlined; phs[a] = t0 tstep nt c0 ostep j0 nj
         phs = cuda.local.array((3, 7), int64)
         for a in range(3):
             qa = q_w if a == 2 else (q_h if a == 1 else q_d)
-            s = geo[13 + a]
-            d = geo[16 + a]
+            s = SS[a]
+            d = DS[a]
             u = s
             v = d
             while v != 0:
@@ -269,219 +523,290 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn):
             phs[a, 2] = 0
             phs[a, 3] = 0
             phs[a, 4] = d // u
-            if t0 >= 0 and t0 < geo[7 + a]:
-                phs[a, 2] = (geo[7 + a] - t0 + tstep - 1) // tstep
+            if t0 >= 0 and t0 < KS[a]:
+                phs[a, 2] = (KS[a] - t0 + tstep - 1) // tstep
                 phs[a, 3] = (t0 * d - qa) // s
-            j0 = (geo[19 + a] - qa + s - 1) // s
+            j0 = (PS[a] - qa + s - 1) // s
             phs[a, 5] = j0
-            nj = (geo[4 + a] + geo[19 + a] - qa + s - 1) // s - j0
+            nj = (IS[a] + PS[a] - qa + s - 1) // s - j0
             phs[a, 6] = nj if nj > 0 else 0  # (the builtin max would be a device function)
         t0d, tsd, ntd, c0d, osd, j0d, njd = phs[0, 0], phs[0, 1], phs[0, 2], phs[0, 3], phs[0, 4], phs[0, 5], phs[0, 6]
         t0h, tsh, nth, c0h, osh, j0h, njh = phs[1, 0], phs[1, 1], phs[1, 2], phs[1, 3], phs[1, 4], phs[1, 5], phs[1, 6]
         t0w, tsw, ntw, c0w, osw, j0w, njw = phs[2, 0], phs[2, 1], phs[2, 2], phs[2, 3], phs[2, 4], phs[2, 5], phs[2, 6]
-        M = mb * njd * njh * njw
+        M = MB * njd * njh * njw
         if m0 >= M:  # uniform over the block: phases differ in size
             return
-        yc = gi * ocg
-        for a in range(tm):
-            for b in range(tn):
-                acc[a, b] = T(0)
-        for l in range(a_loads):
-            m = m0 + (tid + l * nt) // bk
-            lbase[l] = -1
-            if m < M:
+        Q = ntd * nth * ntw * NSL
+        qb = Q * sp // nsplit
+        qe = Q * (sp + 1) // nsplit
+        yc = gi * OCG
+        for i in range(TMN):
+            acc[i] = T(0)
+        for l in range(ANP):
+            e0 = (tid + l * nt) * ACH
+            m = m0 + e0 // bk
+            apix[l] = -1
+            if e0 < bm * bk and m < M:
                 j_w = m % njw
                 r = m // njw
                 j_h = r % njh
                 r = r // njh
-                lbase[l] = (r // njd) * od
-                lbd[l] = j0d + r % njd - c0d
-                lbh[l] = j0h + j_h - c0h
-                lbw[l] = j0w + j_w - c0w
-        for u in range(ntd * nth * ntw):
+                apix[l] = (r // njd) * OD
+                abd[l] = j0d + r % njd - c0d
+                abh[l] = j0h + j_h - c0h
+                abw[l] = j0w + j_w - c0w
+        u = qb // NSL
+        k0 = (qb % NSL) * bk
+        u_w = 0
+        u_h = 0
+        u_d = 0
+        if ntw > 0 and nth > 0:
             u_w = u % ntw
             u_h = (u // ntw) % nth
             u_d = u // (ntw * nth)
-            for l in range(a_loads):
-                loff[l] = -1
-                if lbase[l] >= 0:
-                    o_d = lbd[l] - u_d * osd
-                    o_h = lbh[l] - u_h * osh
-                    o_w = lbw[l] - u_w * osw
-                    if (o_d >= 0 and o_d < od and o_h >= 0 and o_h < oh
-                            and o_w >= 0 and o_w < ow):
-                        loff[l] = (((lbase[l] + o_d) * oh + o_h) * ow + o_w) * oc + yc
-            wt = (((t0d + u_d * tsd) * kh + t0h + u_h * tsh) * kw + t0w + u_w * tsw) * icg * oc + yc
-            for k0 in range(0, ocg, bk):
-                for l in range(a_loads):
-                    e = tid + l * nt
-                    if e < bm * bk:
-                        kk = e % bk
-                        k = k0 + kk
+        newtap = True
+        for it in range(qb, qe + 1):
+            if it < qe:
+                if newtap:
+                    for l in range(ANP):
+                        aoff[l] = -1
+                        if apix[l] >= 0:
+                            o_d = abd[l] - u_d * osd
+                            o_h = abh[l] - u_h * osh
+                            o_w = abw[l] - u_w * osw
+                            if (o_d >= 0 and o_d < OD and o_h >= 0 and o_h < OH
+                                    and o_w >= 0 and o_w < OW):
+                                aoff[l] = (((apix[l] + o_d) * OH + o_h) * OW + o_w) * OC + yc
+                    newtap = False
+                for l in range(ANP):
+                    kc = k0 + ((tid + l * nt) * ACH) % bk
+                    for j in range(ACH):
                         v = T(0)
-                        if loff[l] >= 0 and k < ocg:
-                            v = dy[loff[l] + k]
-                        As[kk, e // bk] = v
-                for l in range(b_loads):
-                    e = tid + l * nt
-                    if e < bk * bn:
-                        kk = e % bk
-                        nn = e // bk
-                        k = k0 + kk
+                        if aoff[l] >= 0 and kc + j < OCG:
+                            v = dy[uint64(aoff[l] + kc + j)]
+                        ga[l * ACH + j] = v
+                wt = ((((t0d + u_d * tsd) * KH + t0h + u_h * tsh) * KW + t0w + u_w * tsw)
+                      * ICG * OC + yc)
+                for l in range(BNP):
+                    e0 = (tid + l * nt) * BCH
+                    nn = e0 // bk
+                    kc = k0 + e0 % bk
+                    for j in range(BCH):
                         v = T(0)
-                        if k < ocg and n0 + nn < icg:
-                            v = w[wt + (n0 + nn) * oc + k]
-                        Bs[kk, nn] = v
-                cuda.syncthreads()
-                for kk in range(bk):
-                    for a in range(tm):
-                        ra[a] = As[kk, ty + a * nty]
-                    for b in range(tn):
-                        rb[b] = Bs[kk, tx + b * ntx]
-                    for a in range(tm):
-                        for b in range(tn):
-                            acc[a, b] += ra[a] * rb[b]
-                cuda.syncthreads()
+                        if e0 < bk * bn and kc + j < OCG and n0 + nn < ICG:
+                            v = w[uint64(wt + (n0 + nn) * OC + kc + j)]
+                        gb[l * BCH + j] = v
+                k0 += bk
+                if k0 >= OCG:
+                    k0 = 0
+                    newtap = True
+                    u_w += 1
+                    if u_w == ntw:
+                        u_w = 0
+                        u_h += 1
+                        if u_h == nth:
+                            u_h = 0
+                            u_d += 1
+            if it > qb:
+                ab = ((it - qb - 1) % 2) * (bk * PA) + ty * GA
+                bb = ((it - qb - 1) % 2) * (bk * PB) + tx * GB
+                mma_slice(As, Bs, ab, bb, ra, rb, acc)
+            if it < qe:
+                ab = ((it - qb) % 2) * (bk * PA)
+                bb = ((it - qb) % 2) * (bk * PB)
+                for l in range(ANP):
+                    e0 = (tid + l * nt) * ACH
+                    if e0 < bm * bk:
+                        row = e0 // bk
+                        kk0 = e0 % bk
+                        for j in range(ACH):
+                            As[uint64(ab + (kk0 + j) * PA + row)] = ga[l * ACH + j]
+                for l in range(BNP):
+                    e0 = (tid + l * nt) * BCH
+                    if e0 < bk * bn:
+                        nn = e0 // bk
+                        kk0 = e0 % bk
+                        for j in range(BCH):
+                            Bs[uint64(bb + (kk0 + j) * PB + nn)] = gb[l * BCH + j]
+            cuda.syncthreads()
         for a in range(tm):
-            m = m0 + ty + a * nty
+            m = m0 + (a // GA) * SA + ty * GA + a % GA
             if m < M:
                 j_w = m % njw
                 r = m // njw
                 j_h = r % njh
                 r = r // njh
-                i_d = (j0d + r % njd) * sd + q_d - pd
+                i_d = (j0d + r % njd) * SD + q_d - PD
                 n = r // njd
-                i_h = (j0h + j_h) * sh + q_h - ph
-                i_w = (j0w + j_w) * sw + q_w - pw
-                base = (((n * id_ + i_d) * ih + i_h) * iw + i_w) * ic + gi * icg + n0
+                i_h = (j0h + j_h) * SH + q_h - PH
+                i_w = (j0w + j_w) * SW + q_w - PW
+                base = sp * XS + (((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + gi * ICG + n0
                 for b in range(tn):
-                    col = tx + b * ntx
-                    if n0 + col < icg:
-                        dx[base + col] = acc[a, b]
+                    col = (b // GB) * SB + tx * GB + b % GB
+                    if n0 + col < ICG:
+                        dx[uint64(base + col)] = acc[a * tn + b]
 
-    return cuda.jit(bwd_d_gemm)
+    return _kernel(bwd_d_gemm, nt, dtype)
 
 
-@functools.lru_cache(maxsize=None)
-def bwd_w_gemm(dtype, bm, bn, bk, tm, tn):
+@functools.lru_cache(maxsize=512)
+def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     """Split-K weight gradient: ``part[j, t, c, gi*ocg + k] = sum_{pixels of split j} x * dy``.
 
-    Flat ``x`` and ``dy``; ``part`` is ``[nsplit, kd*kh*kw*icg*oc]``. Grid
+    Flat ``x``, ``dy`` and ``part`` (``[nsplit, kd*kh*kw*icg*oc]``). Grid
     ``(ceil(kd*kh*kw*icg/bm), ceil(ocg/bn), g*nsplit)``; every element of ``part`` is
     written once. ``K`` (the output pixels) runs in chunks of ``bk`` pixels of one output
     row: ``Q = mb*od*oh*ceil(ow/bk)`` chunks, split ``j`` summing chunks
     ``[Q*j // nsplit, Q*(j+1) // nsplit)``; the chunk's row is advanced by counters, not
     decoded by division.
     """
-    _check(bm, bn, bk, tm, tn)
+    k = tile_constants(dtype, bm, bn, bk, tm, tn)
     T = _TYPES[dtype]
-    nty, ntx, nt, a_loads, b_loads = _loads(bm, bn, bk, tm, tn)
+    nt, lanes, lx, ly, wx = k["nt"], k["lanes"], k["lx"], k["ly"], k["wx"]
+    GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
+    PA, PB = k["pa"], k["pb"]
+    MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
+    IC, OC = G * ICG, G * OCG
+    M = KD * KH * KW * ICG
+    NCH = -(-OW // bk)
+    Q = MB * OD * OH * NCH
+    WS = M * OC
+    IX = index_type(MB * ID * IH * IW * IC, MB * OD * OH * OW * OC, nsplit * WS)
+    ACH, ANP = loader(bm, bk, nt)
+    if ICG % ACH:
+        # a pass's ACH rows must share one tap: one row per pass where ICG is no multiple
+        ACH, ANP = 1, -(-(bm * bk) // nt)
+    BCH, BNP = loader(bn, bk, nt)
+    # each pass's tap state (channel, tap offsets) is kept in registers; with one row per
+    # pass and the block's threads a multiple of BM, every pass of a thread has the same
+    # row, and one state serves them all
+    SAME = ACH == 1 and nt % bm == 0
+    NS = 1 if SAME else ANP
+    # (one row per pass of a 3-D problem holds more load registers across the multiply:
+    # one K step per iteration of it then, or the 8x8 tile spills)
+    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn, 1 if SAME and ANP > 1 and KD > 1 else None)
+    TMN = tm * tn
+    ALIGNED = VECTOR and ALIGN is not None
+    ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
+    AE, BE = ANP * ACH, BNP * BCH
 
-    def bwd_w_gemm(x, dy, part, geo):
-        As = cuda.shared.array((bk, bm), T)
-        Bs = cuda.shared.array((bk, bn), T)
-        acc = cuda.local.array((tm, tn), T)
+    def bwd_w_gemm(x, dy, part):
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            As = cuda.shared.array(ASZ, T, alignment=16)
+        else:
+            As = cuda.shared.array(ASZ, T)
+        if ALIGNED:  # (a compile-time constant: numba drops the other branch)
+            Bs = cuda.shared.array(BSZ, T, alignment=16)
+        else:
+            Bs = cuda.shared.array(BSZ, T)
+        acc = cuda.local.array(TMN, T)
         ra = cuda.local.array(tm, T)
         rb = cuda.local.array(tn, T)
-        lc = cuda.local.array(a_loads, int64)
-        ltd = cuda.local.array(a_loads, int64)
-        lth = cuda.local.array(a_loads, int64)
-        ltw = cuda.local.array(a_loads, int64)
-        mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
-        id_, ih, iw = geo[4], geo[5], geo[6]
-        kd, kh, kw = geo[7], geo[8], geo[9]
-        od, oh, ow = geo[10], geo[11], geo[12]
-        sd, sh, sw = geo[13], geo[14], geo[15]
-        ic = g * icg
-        oc = g * ocg
+        ga = cuda.local.array(AE, T)
+        gb = cuda.local.array(BE, T)
+        # per A pass (one for all, SAME): its first channel in x (-1: past M) and tap
+        # offsets t*d - p
+        lc = cuda.local.array(NS, IX)
+        ltd = cuda.local.array(NS, IX)
+        lth = cuda.local.array(NS, IX)
+        ltw = cuda.local.array(NS, IX)
         tid = cuda.threadIdx.x
-        tx = tid % ntx
-        ty = tid // ntx
+        wq = tid // lanes
+        lane = tid % lanes
+        ty = (wq // wx) * ly + lane // lx
+        tx = (wq % wx) * lx + lane % lx
         m0 = cuda.blockIdx.x * bm
         n0 = cuda.blockIdx.y * bn
-        nsplit = part.shape[0]
         gi = cuda.blockIdx.z // nsplit
         sp = cuda.blockIdx.z % nsplit
-        M = kd * kh * kw * icg
-        nchunk = (ow + bk - 1) // bk
-        Q = mb * od * oh * nchunk
         qb = Q * sp // nsplit
         qe = Q * (sp + 1) // nsplit
-        yc = gi * ocg + n0
-        for a in range(tm):
-            for b in range(tn):
-                acc[a, b] = T(0)
-        for l in range(a_loads):
-            m = m0 + (tid + l * nt) % bm
+        yc = gi * OCG + n0
+        for i in range(TMN):
+            acc[i] = T(0)
+        for l in range(NS):
+            e0 = (tid + l * nt) * ACH
+            m = m0 + e0 % bm
             lc[l] = -1
-            if m < M:
-                lc[l] = gi * icg + m % icg
-                t = m // icg
-                ltw[l] = (t % kw) * geo[18] - geo[21]
-                lth[l] = ((t // kw) % kh) * geo[17] - geo[20]
-                ltd[l] = (t // (kw * kh)) * geo[16] - geo[19]
+            if e0 < bm * bk and m < M:
+                lc[l] = gi * ICG + m % ICG
+                t = m // ICG
+                ltw[l] = (t % KW) * DW - PW
+                lth[l] = ((t // KW) % KH) * DH - PH
+                ltd[l] = (t // (KW * KH)) * DD - PD
         # the first chunk's row (n, o_d, o_h) and first column
-        ow0 = (qb % nchunk) * bk
-        r = qb // nchunk
-        o_h = r % oh
-        r = r // oh
-        o_d = r % od
-        n = r // od
-        for q in range(qb, qe):
-            yrow = ((n * od + o_d) * oh + o_h) * ow
-            for l in range(a_loads):
-                e = tid + l * nt
-                if e < bm * bk:
-                    kk = e // bm
-                    o_w = ow0 + kk
-                    v = T(0)
-                    if lc[l] >= 0 and o_w < ow:
-                        i_d = o_d * sd + ltd[l]
-                        i_h = o_h * sh + lth[l]
-                        i_w = o_w * sw + ltw[l]
-                        if (i_d >= 0 and i_d < id_ and i_h >= 0 and i_h < ih
-                                and i_w >= 0 and i_w < iw):
-                            v = x[(((n * id_ + i_d) * ih + i_h) * iw + i_w) * ic + lc[l]]
-                    As[kk, e % bm] = v
-            for l in range(b_loads):
-                e = tid + l * nt
-                if e < bk * bn:
-                    nn = e % bn
-                    kk = e // bn
-                    o_w = ow0 + kk
-                    v = T(0)
-                    if o_w < ow and n0 + nn < ocg:
-                        v = dy[(yrow + o_w) * oc + yc + nn]
-                    Bs[kk, nn] = v
+        ow0 = (qb % NCH) * bk
+        r = qb // NCH
+        o_h = r % OH
+        r = r // OH
+        o_d = r % OD
+        n = r // OD
+        for it in range(qb, qe + 1):
+            if it < qe:
+                yrow = ((n * OD + o_d) * OH + o_h) * OW
+                for l in range(ANP):
+                    e0 = (tid + l * nt) * ACH
+                    o_w = ow0 + e0 // bm
+                    si = 0 if SAME else l
+                    for j in range(ACH):
+                        v = T(0)
+                        c = lc[si] + j
+                        td, th, tw = ltd[si], lth[si], ltw[si]
+                        if (e0 < bm * bk and lc[si] >= 0 and c - gi * ICG < ICG
+                                and o_w < OW):
+                            i_d = o_d * SD + td
+                            i_h = o_h * SH + th
+                            i_w = o_w * SW + tw
+                            if (i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
+                                    and i_w >= 0 and i_w < IW):
+                                v = x[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + c)]
+                        ga[l * ACH + j] = v
+                for l in range(BNP):
+                    e0 = (tid + l * nt) * BCH
+                    o_w = ow0 + e0 // bn
+                    nn = e0 % bn
+                    for j in range(BCH):
+                        v = T(0)
+                        if e0 < bk * bn and o_w < OW and n0 + nn + j < OCG:
+                            v = dy[uint64((yrow + o_w) * OC + yc + nn + j)]
+                        gb[l * BCH + j] = v
+                ow0 += bk
+                if ow0 >= OW:
+                    ow0 = 0
+                    o_h += 1
+                    if o_h >= OH:
+                        o_h = 0
+                        o_d += 1
+                        if o_d >= OD:
+                            o_d = 0
+                            n += 1
+            if it > qb:
+                ab = ((it - qb - 1) % 2) * (bk * PA) + ty * GA
+                bb = ((it - qb - 1) % 2) * (bk * PB) + tx * GB
+                mma_slice(As, Bs, ab, bb, ra, rb, acc)
+            if it < qe:
+                ab = ((it - qb) % 2) * (bk * PA)
+                bb = ((it - qb) % 2) * (bk * PB)
+                for l in range(ANP):
+                    e0 = (tid + l * nt) * ACH
+                    if e0 < bm * bk:
+                        for j in range(ACH):
+                            As[uint64(ab + (e0 // bm) * PA + e0 % bm + j)] = ga[l * ACH + j]
+                for l in range(BNP):
+                    e0 = (tid + l * nt) * BCH
+                    if e0 < bk * bn:
+                        for j in range(BCH):
+                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = gb[l * BCH + j]
             cuda.syncthreads()
-            for kk in range(bk):
-                for a in range(tm):
-                    ra[a] = As[kk, ty + a * nty]
-                for b in range(tn):
-                    rb[b] = Bs[kk, tx + b * ntx]
-                for a in range(tm):
-                    for b in range(tn):
-                        acc[a, b] += ra[a] * rb[b]
-            cuda.syncthreads()
-            ow0 += bk
-            if ow0 >= ow:
-                ow0 = 0
-                o_h += 1
-                if o_h >= oh:
-                    o_h = 0
-                    o_d += 1
-                    if o_d >= od:
-                        o_d = 0
-                        n += 1
         for a in range(tm):
-            m = m0 + ty + a * nty
+            m = m0 + (a // GA) * SA + ty * GA + a % GA
             if m < M:
                 for b in range(tn):
-                    col = tx + b * ntx
-                    if n0 + col < ocg:
-                        part[sp, m * oc + yc + col] = acc[a, b]
+                    col = (b // GB) * SB + tx * GB + b % GB
+                    if n0 + col < OCG:
+                        part[uint64(sp * WS + m * OC + yc + col)] = acc[a * tn + b]
 
-    return cuda.jit(bwd_w_gemm)
+    return _kernel(bwd_w_gemm, nt, dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,12 +2,20 @@
 
 Same contract as :mod:`numbaconv.backends.cpu`, for arrays exposing
 ``__cuda_array_interface__`` (numba device arrays, CuPy arrays, torch CUDA tensors; wrapped
-zero-copy by ``numba.cuda.as_cuda_array``). Operands are brought to the canonical layouts of
-:mod:`numbaconv.kernels` by small gather kernels (float16 widened to float32 once, on the
-device; already-canonical operands are used in place), the kernels of
-:mod:`numbaconv.kernels.cuda` run on the default stream, and one scatter kernel writes the
-result in the user's layout and dtype (rounding float16 once), into ``out=`` when given.
-Nothing goes through the host. The result is a numba device array.
+zero-copy by ``numba.cuda.from_cuda_array_interface``). Operands are brought to the
+canonical layouts of :mod:`numbaconv.kernels` by small gather kernels (float16 widened to
+float32 once, on the device; already-canonical operands are used in place), the kernels of
+:mod:`numbaconv.kernels.cuda` run, and one scatter kernel writes the result in the user's
+layout and dtype (rounding float16 once), into ``out=`` when given. Nothing goes through
+the host, and the host never waits for the GPU.
+
+Streams: a call's kernels go on the ``stream`` given to :func:`execute`, else on the stream
+that its operands' ``__cuda_array_interface__`` names where they all share one, else on
+numba's default stream; an operand from another stream is waited for on the device (an
+event), not on the host. Scratch memory (canonical copies, split-K partials, intermediate
+results) comes from a small per-stream pool (``CUDA_POOL_BYTES``); results are allocated
+by numba (and so by any External Memory Management plugin the user installed). Free GPU
+memory is queried once per plan, not per call.
 
 ``numba.cuda`` is imported only inside functions here, so importing numbaconv needs no GPU,
 driver or toolkit; device arrays without a usable GPU give a RuntimeError that says so.
@@ -39,15 +47,30 @@ DEFAULTS = {
     "CUDA_TARGET_BLOCKS": 1024,
     "CUDA_SPLIT_MIN_PIXELS": 256,
     "CUDA_MAX_SPLITS": 64,
-    # forward and backward data: the largest tile that still gives this many thread blocks
+    # forward and backward data: the largest tile that still gives this many thread blocks,
+    # else the smallest tile with K split into ranges of at least CUDA_SPLIT_MIN_SLICES
+    # slices of BK until the grid has that many blocks (deterministic split-K)
     "CUDA_MIN_BLOCKS": 264,
+    "CUDA_SPLIT_MIN_SLICES": 4,
+    # device memory kept for reuse by later calls on the same stream: canonical copies,
+    # partial results, intermediate results (bytes; 0 turns the pool off)
+    "CUDA_POOL_BYTES": 256 << 20,
 }
 
-#: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first, 256 threads each. An 8x8 register
-#: tile does 64 multiply-adds per 16 shared-memory loads (a 4x4 one 16 per 8), so the large
-#: tiles run at several times the small ones' speed where there are enough blocks to fill
-#: the GPU; float64 stops at 8x4 (64 float64 accumulators alone take 128 registers).
-GEMM_TILES = ((128, 128, 8, 8, 8), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (64, 32, 8, 4, 2))
+
+def settings():
+    """The ``config.CUDA_*`` values a GPU plan depends on (the planner's cache key)."""
+    return tuple(getattr(config, n, DEFAULTS[n]) for n in DEFAULTS)
+
+#: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first: 256 threads each but the last (128).
+#: An 8x8 register tile does 64 multiply-adds per four 16-byte shared-memory loads (a 4x4
+#: one 16 per two; its K slice is twice as deep, so that each slice's loads and index
+#: arithmetic spread over as many multiply-adds), so the large tiles run at several
+#: times the small ones' speed where
+#: there are enough blocks to fill the GPU; where there are not, K is split (see
+#: :func:`plan_tiles`) rather than the tile shrunk further. float64 stops at 8x4 (64
+#: float64 accumulators alone take 128 registers).
+GEMM_TILES = ((128, 128, 8, 8, 8), (128, 64, 8, 8, 4), (64, 64, 16, 4, 4), (64, 32, 16, 4, 4))
 #: The gemm's ``N`` (output channels of the result, per group) below which the GPU
 #: ``direct`` kernel runs instead: a 32-wide (or wider) tile would be mostly padding.
 MIN_GEMM_N = 8
@@ -124,22 +147,35 @@ def on_device(operands, out=None):
     return dev
 
 
-def _needs_sync(desc):
-    """Whether importing an array of interface ``desc`` must wait for its producer's stream.
+def _is_default(handle):
+    """Whether a stream handle names a default stream: 0 (numba's default), 1 (legacy), 2
+    (per-thread), or None (the CUDA Array Interface's "no stream")."""
+    return handle is None or handle in (0, 1, 2)
 
-    The CUDA Array Interface (v3) names the producer's stream: ``None`` (nothing to wait
-    for), 1 (the legacy default stream) or 2 (the per-thread default stream). numbaconv
-    launches on numba's default stream, which is one of those two, so work already queued
-    there is ordered before ours and the host need not wait (numba's own default,
-    ``sync=True``, blocked every call until the GPU had drained: a 3 ms kernel made every
-    call of a loop take 3 ms on the host). Any other stream is synchronised.
-    """
-    stream = desc.get("stream")
-    if stream is None:
-        return False
-    from numba import config as nconfig
-    ours = 2 if getattr(nconfig, "CUDA_PER_THREAD_DEFAULT_STREAM", 0) else 1
-    return stream != ours
+
+def stream_handle(stream):
+    """The integer handle of ``stream``: a numba stream, an int, or an object with a
+    ``cuda_stream`` (PyTorch) or ``ptr`` (CuPy) attribute; 0 for None or numba's default."""
+    if stream is None or stream == 0:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    h = getattr(stream, "handle", None)
+    if h is not None:
+        v = getattr(h, "value", h)
+        try:
+            return int(v or 0)
+        except (TypeError, ValueError):
+            pass
+    try:
+        return int(stream)
+    except (TypeError, ValueError):
+        raise TypeError(f"stream: expected a CUDA stream (numba, CuPy or PyTorch stream, or "
+                        f"an integer handle), got {type(stream).__name__}") from None
 
 
 def as_device_array(value, name):
@@ -154,7 +190,8 @@ def as_device_array(value, name):
             arr = value
         else:
             desc = value.__cuda_array_interface__
-            arr = cuda.from_cuda_array_interface(desc, owner=value, sync=_needs_sync(desc))
+            # no host wait: the launch stream waits for the producer's (see execute)
+            arr = cuda.from_cuda_array_interface(desc, owner=value, sync=False)
     except Exception as exc:
         raise RuntimeError(f"numbaconv: {name}: numba.cuda cannot use the device array "
                            f"{type(value).__name__} ({type(exc).__name__}: {exc})") from None
@@ -264,14 +301,28 @@ def plan_tiles(problem, kernel=None):
         if threads > MAX_THREADS_PER_BLOCK:
             raise ValueError(f"config: {threads} threads per block exceed "
                              f"{MAX_THREADS_PER_BLOCK}")
-        shared = (bm + bn + 2) * bk * item  # rows padded by one (kernels.cuda.gemm)
+        # two buffers of each tile, rows padded by a 16-byte word (kernels.cuda.gemm)
+        vw = 16 // item
+        shared = 2 * bk * (bm + vw + bn + vw) * item
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}
         if p.direction != "bwd_w":
             if p.direction == "bwd_d":
                 t["phases"] = math.prod(p.stride)
-            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z))
+                taps = math.prod(max(axis_taps(s, d, k)) for s, d, k
+                                 in zip(p.stride, p.dilation, p.ksz))
+                slices = taps * _cdiv(p.ocg, bk)
+            else:
+                slices = math.prod(p.ksz) * _cdiv(p.icg, bk)
+            base = max(1, _cdiv(M, bm) * _cdiv(N, bn) * z)
+            splits = 1
+            if base < cfg("CUDA_MIN_BLOCKS"):
+                splits = min(_cdiv(cfg("CUDA_MIN_BLOCKS"), base),
+                             slices // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                             MAX_GRID_YZ // max(1, z))
+            t["splits"] = splits = max(1, splits)
+            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
         else:
             # K runs in chunks of bk pixels of one output row (see kernels.cuda.gemm)
             chunks = p.mb * p.osz[0] * p.osz[1] * _cdiv(p.osz[2], bk)
@@ -282,6 +333,9 @@ def plan_tiles(problem, kernel=None):
             t["splits"] = splits = max(1, splits)
             t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
         return t
+    rows = depthwise_rows(p)
+    if rows is not None:
+        return rows
     threads = cfg("CUDA_THREADS")
     t = {"kernel": "direct", "threads": threads, "shared_bytes": 0, "splits": 1}
     if p.direction == "bwd_w":
@@ -299,12 +353,102 @@ def plan_tiles(problem, kernel=None):
     return t
 
 
+def axis_taps(s, d, k):
+    """Per stride phase of one axis, how many taps reach it (backward data)."""
+    from math import gcd
+    step = s // gcd(s, d)
+    return [len(range(t0, k, step)) if t0 is not None else 0
+            for t0 in (next((t for t in range(step) if t * d % s == q), None)
+                       for q in range(s))]
+
+
+#: Row kernels (kernels.cuda.depthwise): channels per block, thread segments per block, most
+#: filter taps kept in registers, most shared memory staged per block.
+ROWS_CHANNELS, ROWS_SEGMENTS, ROWS_MAX_TAPS, ROWS_MAX_SHARED = 32, 8, 64, 40 * 1024
+
+
+def row_config(direction, n, s):
+    """``(rw, nseg)`` of a row kernel: results per thread and thread segments per block
+    along a last axis of ``n`` results and stride ``s``. About 64 multiply-adds per thread
+    for a 3x3 filter (fewer results per thread leave the stores' index arithmetic
+    unshared), 64 results per block (a forward stride stages ``s`` source positions per
+    result, backward data reaches each result from one tap in ``s``), fewer on narrow
+    rows; backward data's ``rw`` is a multiple of ``s``."""
+    if direction == "fwd":
+        rw, nseg = 8, max(2, ROWS_SEGMENTS // s)
+    else:
+        rw, nseg = 8 * s, max(2, ROWS_SEGMENTS // s)
+    while nseg > 2 and rw * nseg >= 2 * n:
+        nseg //= 2
+    return rw, nseg
+
+
+def depthwise_rows(p):
+    """Launch configuration of the depthwise row kernels for ``p``, or None where they do not
+    apply: forward and weight gradient with ``icg == 1`` (any multiplier), backward data
+    with ``icg == ocg == 1``, at most :data:`ROWS_MAX_TAPS` taps and
+    :data:`ROWS_MAX_SHARED` bytes of staged rows. Keys as :func:`plan_tiles`, with
+    ``variant`` ``"rows"`` and ``row_width`` (results per thread)."""
+    if p.icg != 1 or (p.direction == "bwd_d" and p.ocg != 1):
+        return None
+    kd, kh, kw = p.ksz
+    sd, sh, sw = p.stride
+    dd, dh, dw = p.dilation
+    if kd * kh * kw > ROWS_MAX_TAPS:
+        return None
+    extra = 0
+    if p.direction != "bwd_d":
+        rw, seg = row_config("fwd", p.osz[2], sw)
+        span = (seg * rw - 1) * sw + (kw - 1) * dw + 1
+        outer, last, ch = p.mb * p.osz[0] * p.osz[1], p.osz[2], p.oc
+        if p.direction == "bwd_w":  # the dy segment; the final sum reuses the rows' buffer
+            extra = seg * rw
+            if kw * seg > span:
+                return None
+    else:
+        rw, seg = row_config("bwd_d", p.isz[2], sw)
+        ob0 = (p.pad_begin[2] - (kw - 1) * dw) // sw
+        span = (seg * rw - 1 + p.pad_begin[2]) // sw - ob0 + 1
+        outer, last, ch = p.mb * p.isz[0] * p.isz[1], p.isz[2], p.ic
+    shared = (kd * kh * span + extra) * ROWS_CHANNELS * np.dtype(p.compute_dtype).itemsize
+    if shared > ROWS_MAX_SHARED:
+        return None
+    t = {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+         "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
+         "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
+    if p.direction == "bwd_w":
+        # blocks: channel tiles x splits of the (output row, segment) steps, each split at
+        # least CUDA_SPLIT_MIN_SLICES steps
+        base = _cdiv(ch, ROWS_CHANNELS)
+        steps = outer * _cdiv(last, seg * rw)
+        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
+                     steps // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                     MAX_GRID_YZ)
+        t["splits"] = splits = max(1, splits)
+        t["grid"] = (base, splits)
+    return t
+
+
+def depthwise_args(name, dtype, geo):
+    """Factory arguments of depthwise kernel ``name`` of :mod:`numbaconv.kernels.cuda.depthwise`
+    for the 22-int geometry ``geo`` (the row kernels' ``rw`` as :func:`depthwise_rows` picks)."""
+    if name == "fwd_depthwise_rows":
+        return (dtype, geo, *row_config("fwd", geo[12], geo[15]))
+    if name == "bwd_d_depthwise_rows":
+        return (dtype, geo, *row_config("bwd_d", geo[6], geo[15]))
+    if name == "bwd_w_depthwise_rows":
+        return (dtype, geo, *row_config("fwd", geo[12], geo[15]), 1)
+    return (dtype,)
+
+
 def workspace_bytes(problem, tiles):
-    """Device bytes beyond the result: the weight gradient's partial buffers."""
+    """Device bytes beyond the result: the partial results of a split K (weight gradient,
+    and forward/backward data of layers with few output tiles)."""
     if tiles.get("splits", 1) <= 1:
         return 0
     item = np.dtype(problem.compute_dtype).itemsize
-    return tiles["splits"] * math.prod(canonical_shapes(problem)[2]) * item
+    which = {"fwd": 1, "bwd_d": 0, "bwd_w": 2}[problem.direction]
+    return tiles["splits"] * math.prod(canonical_shapes(problem)[which]) * item
 
 
 def gpu_plan(problem, strategy=None):
@@ -334,8 +478,22 @@ def gpu_plan(problem, strategy=None):
 
 
 # -- layouts ---------------------------------------------------------------------------------
+_LAYOUTS = {}
+
+
 def _layout(p, which):
-    """``(canonical dims, sel, div, identity)`` of operand/result ``which`` (x, dy, w)."""
+    """``(canonical dims, sel, div, identity)`` of operand/result ``which`` (x, dy, w),
+    computed once per problem."""
+    key = (p, which)
+    got = _LAYOUTS.get(key)
+    if got is None:
+        if len(_LAYOUTS) >= 4096:
+            _LAYOUTS.clear()
+        got = _LAYOUTS[key] = _layout_of(p, which)
+    return got
+
+
+def _layout_of(p, which):
     nd = p.ndim
     sp = tuple(range(3 - nd, 3))
     if which == "w":
@@ -357,7 +515,59 @@ def _blocks(n, threads):
     return max(1, min(_cdiv(n, threads), 1 << 16))
 
 
-def _to_canonical(cuda, a, p, which, flat=False):
+class _Call:
+    """One call's device context: numba.cuda, the launch stream ``st`` (0: numba's default)
+    and the pooled buffers it took, returned to the pool when the call has queued its
+    last kernel (later calls on the same stream run after it, so they may reuse them)."""
+
+    __slots__ = ("cuda", "st", "key", "taken")
+
+    def __init__(self, cuda, st):
+        self.cuda, self.st, self.taken = cuda, st, []
+        self.key = stream_handle(st)
+
+    def fresh(self, shape, dtype):
+        """A new array (the caller keeps it: results), through numba's allocator and any
+        External Memory Management plugin the user installed."""
+        return self.cuda.device_array(shape, dtype, stream=self.st)
+
+    def work(self, n, dtype):
+        """A flat scratch array of ``n`` elements, from the pool where one is free."""
+        global _POOLED
+        dt = np.dtype(dtype)
+        free = _POOL.get((self.key, n, dt.str))
+        if free:
+            arr = free.pop()
+            _POOLED -= arr.nbytes
+        else:
+            arr = self.cuda.device_array(n, dt, stream=self.st)
+        self.taken.append(arr)
+        return arr
+
+    def done(self):
+        global _POOLED
+        limit = cfg("CUDA_POOL_BYTES")
+        for arr in self.taken:
+            if _POOLED + arr.nbytes > limit:
+                continue
+            _POOL.setdefault((self.key, arr.size, np.dtype(arr.dtype).str), []).append(arr)
+            _POOLED += arr.nbytes
+        self.taken = []
+
+
+#: Free pooled device arrays by (stream handle, elements, dtype), and their bytes.
+_POOL = {}
+_POOLED = 0
+
+
+def clear_pool():
+    """Drop the pooled device memory (numba frees it once nothing else holds it)."""
+    global _POOLED
+    _POOL.clear()
+    _POOLED = 0
+
+
+def _to_canonical(call, a, p, which, flat=False):
     """Operand ``a`` in the canonical layout and compute dtype: 5-D, or a flat 1-D view."""
     cdims, sel, div, identity = _layout(p, which)
     ct = p.compute_dtype
@@ -366,9 +576,9 @@ def _to_canonical(cuda, a, p, which, flat=False):
     from ..kernels.cuda import layout
 
     n = math.prod(cdims)
-    canon = cuda.device_array(n, ct)
+    canon = call.work(n, ct)
     threads = cfg("CUDA_THREADS")
-    layout.gather(a.ndim)[_blocks(n, threads), threads](a, canon, cdims, sel, div)
+    layout.gather(a.ndim)[_blocks(n, threads), threads, call.st](a, canon, cdims, sel, div)
     return canon if flat else canon.reshape(cdims)
 
 
@@ -376,20 +586,26 @@ def _result_which(p):
     return {"fwd": "dy", "bwd_d": "x", "bwd_w": "w"}[p.direction]
 
 
-def _to_user(cuda, r, p, out):
+def _result_is_canonical(p, out):
+    """Whether the canonical result is returned as it is (no scatter kernel, no copy)."""
+    identity = _layout(p, _result_which(p))[3]
+    return out is None and identity and np.dtype(p.dtype) == np.dtype(p.compute_dtype)
+
+
+def _to_user(call, r, p, out):
     """The canonical result ``r`` (contiguous) in the user's layout and dtype."""
     cdims, sel, div, identity = _layout(p, _result_which(p))
     shape = p.result_shape
-    if out is None and identity and np.dtype(p.dtype) == np.dtype(r.dtype):
+    if _result_is_canonical(p, out):
         return r.reshape(shape)
     from ..kernels.cuda import layout
 
-    dst = out if out is not None else cuda.device_array(shape, p.dtype)
+    dst = out if out is not None else call.fresh(shape, p.dtype)
     n = math.prod(cdims)
     if n:
         threads = cfg("CUDA_THREADS")
-        layout.scatter(len(shape))[_blocks(n, threads), threads](r.reshape(n), dst, cdims,
-                                                                 sel, div)
+        layout.scatter(len(shape))[_blocks(n, threads), threads, call.st](
+            r.reshape(n), dst, cdims, sel, div)
     return dst
 
 
@@ -441,76 +657,162 @@ def check_memory(cuda, p, tiles, ops=None, out=None):
 
 
 # -- running ---------------------------------------------------------------------------------
+_GEOS = {}
+
+
 def _geo(p):
-    return (p.mb, p.g, p.icg, p.ocg, *p.isz, *p.ksz, *p.osz, *p.stride, *p.dilation,
-            *p.pad_begin)
+    """``(geometry tuple of the kernels, canonical result shape)``, computed once per problem."""
+    got = _GEOS.get(p)
+    if got is None:
+        if len(_GEOS) >= 4096:
+            _GEOS.clear()
+        geo = tuple(int(v) for v in (p.mb, p.g, p.icg, p.ocg, *p.isz, *p.ksz, *p.osz,
+                                     *p.stride, *p.dilation, *p.pad_begin))
+        xs, ys, ws = canonical_shapes(p)
+        got = _GEOS[p] = (geo, {"fwd": ys, "bwd_d": xs, "bwd_w": ws}[p.direction])
+    return got
 
 
-def _run(cuda, p, t, ops):
+def _run(call, p, t, ops, out):
     """Launch the kernels of tiles ``t`` on the canonical operands ``ops`` (flat views for
-    ``gemm``); returns the contiguous canonical result."""
+    ``gemm`` and the row kernels); returns the contiguous canonical result (a fresh array
+    where it is the call's result as it is, else a pooled one)."""
     from ..kernels.cuda import depthwise, gemm
 
     ct = p.compute_dtype
-    xs, ys, ws = canonical_shapes(p)
-    geo = tuple(int(v) for v in _geo(p))
+    st = call.st
+    geo, rs = _geo(p)
+    ws = rs
+    n = math.prod(rs)
+    final = _result_is_canonical(p, out)
     grid, threads, splits = tuple(t["grid"]), t["threads"], t["splits"]
+
+    def result(shape=rs):
+        return (call.fresh(n, ct) if final else call.work(n, ct)).reshape(shape)
+
     if t["kernel"] == "gemm":
         tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
-        if p.direction == "fwd":
-            y = cuda.device_array(math.prod(ys), ct)
-            gemm.fwd_gemm(ct, *tile)[grid, threads](ops["x"], ops["w"], y, geo)
-            return y.reshape(ys)
-        if p.direction == "bwd_d":
-            dx = cuda.device_array(math.prod(xs), ct)
-            gemm.bwd_d_gemm(ct, *tile)[grid, threads](ops["dy"], ops["w"], dx, geo)
-            return dx.reshape(xs)
-        part = cuda.device_array((splits, math.prod(ws)), ct)
-        gemm.bwd_w_gemm(ct, *tile)[grid, threads](ops["x"], ops["dy"], part, geo)
+        kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
+                "bwd_w": gemm.bwd_w_gemm}[p.direction](ct, *tile, geo, splits)
+        a, b = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
+        if splits == 1:
+            r = result(n)
+            kern[grid, threads, st](ops[a], ops[b], r)
+            return r.reshape(rs)
+        part = call.work(splits * n, ct)
+        kern[grid, threads, st](ops[a], ops[b], part)
+    elif t.get("variant") == "rows" and p.direction == "bwd_w":
+        kern = depthwise.bwd_w_depthwise_rows(ct, geo, t["row_width"], t["segments"], splits)
+        if splits == 1:
+            r = result(n)
+            kern[grid, threads, st](ops["x"], ops["dy"], r)
+            return r.reshape(rs)
+        part = call.work(splits * n, ct)
+        kern[grid, threads, st](ops["x"], ops["dy"], part)
+    elif t.get("variant") == "rows":
+        r = result(n)
+        kern = (depthwise.fwd_depthwise_rows if p.direction == "fwd"
+                else depthwise.bwd_d_depthwise_rows)(ct, geo, t["row_width"], t["segments"])
+        a = "x" if p.direction == "fwd" else "dy"
+        kern[grid, threads, st](ops[a], ops["w"], r)
+        return r.reshape(rs)
     else:
         if p.direction == "fwd":
-            y = cuda.device_array(ys, ct)
-            depthwise.fwd_depthwise(ct)[grid, threads](ops["x"], ops["w"], y, geo)
+            y = result()
+            depthwise.fwd_depthwise(ct)[grid, threads, st](ops["x"], ops["w"], y, geo)
             return y
         if p.direction == "bwd_d":
-            dx = cuda.device_array(xs, ct)
-            depthwise.bwd_d_depthwise(ct)[grid, threads](ops["dy"], ops["w"], dx, geo)
+            dx = result()
+            depthwise.bwd_d_depthwise(ct)[grid, threads, st](ops["dy"], ops["w"], dx, geo)
             return dx
-        part = cuda.device_array((splits, *ws), ct)
-        depthwise.bwd_w_depthwise(ct)[grid, threads](ops["x"], ops["dy"], part, geo)
-    if splits == 1:
-        return part.reshape(ws)
-    n = math.prod(ws)
-    dw = cuda.device_array(n, ct)
+        if splits == 1:
+            dw = result()
+            depthwise.bwd_w_depthwise(ct)[grid, threads, st](ops["x"], ops["dy"],
+                                                             dw.reshape((1, *ws)), geo)
+            return dw
+        part = call.work(splits * n, ct)
+        depthwise.bwd_w_depthwise(ct)[grid, threads, st](ops["x"], ops["dy"],
+                                                         part.reshape((splits, *ws)), geo)
+    r = result(n)
     rt = cfg("CUDA_THREADS")
-    gemm.reduce_partials(ct)[_blocks(n, rt), rt](part.reshape(splits, n), dw)
-    return dw.reshape(ws)
+    gemm.reduce_partials(ct)[_blocks(n, rt), rt, st](part.reshape(splits, n), r)
+    return r.reshape(rs)
 
 
-def execute(plan, operands, out=None):
+#: Plans whose memory need was checked against the free GPU memory (once per plan: the
+#: query costs a driver call; later calls of the plan leave a shortage to the allocator).
+_CHECKED = {}
+
+
+def _launch_stream(cuda, ops, stream):
+    """``(launch stream, producer streams to wait for)``: ``stream`` where given; else the
+    operands' one stream where they all share one that is not a default stream; else
+    numba's default stream. Operands from any other stream are waited for on the device
+    (an event), never on the host."""
+    if simulator():
+        return (stream if stream is not None else 0), []
+    prod = {}
+    for a in ops:
+        s = getattr(a, "stream", 0)
+        h = stream_handle(s)
+        if not _is_default(h):
+            prod.setdefault(h, s)
+    if stream is not None:
+        st = stream if hasattr(stream, "synchronize") else (
+            0 if _is_default(stream_handle(stream))
+            else cuda.external_stream(stream_handle(stream)))
+    elif len(prod) == 1:
+        st = next(iter(prod.values()))
+    else:
+        st = 0
+    h = stream_handle(st)
+    return st, [s for k, s in prod.items() if k != h]
+
+
+def execute(plan, operands, out=None, stream=None):
     """Run ``plan`` on device ``operands``; returns a numba device array in the user's
     layout and dtype (``out`` itself when given: a device array of the exact shape and dtype).
+
+    Kernels go on ``stream`` (a numba, CuPy or PyTorch stream, or a handle) where given,
+    else on the stream that the operands' ``__cuda_array_interface__`` names where they
+    share one, else on numba's default stream; operands from other streams are waited for
+    on the device. Nothing synchronises the host. The result belongs to that stream.
     """
     p = plan.problem
     cuda = _cuda(p.op or p.direction)
     ops = {k: as_device_array(v, k) for k, v in operands.items()}
     dst = check_out(out, p)
-    tiles = dict(plan.tiles)
+    tiles = plan.tiles
     if tiles.get("kernel") not in ("gemm", "direct"):
         tiles = plan_tiles(p)
-    check_memory(cuda, p, tiles, ops, dst)
+    arrays = list(ops.values()) + ([dst] if dst is not None else [])
+    st, waits = _launch_stream(cuda, arrays, stream)
+    for s in waits:
+        ev = cuda.event(timing=False)
+        ev.record(stream=s)
+        ev.wait(stream=st)
+    call = _Call(cuda, st)
+    key = (p, getattr(tiles, "_items", None) or tuple(sorted(tiles.items())), dst is None)
+    if key not in _CHECKED:
+        check_memory(cuda, p, tiles, ops, dst)
+        if len(_CHECKED) >= 4096:
+            _CHECKED.clear()
+        _CHECKED[key] = True
     if math.prod(p.result_shape) == 0:
-        return dst if dst is not None else cuda.device_array(p.result_shape, p.dtype)
+        return dst if dst is not None else call.fresh(p.result_shape, p.dtype)
     if p.empty:
         from ..kernels.cuda import layout
 
         n = math.prod(canonical_shapes(p)[{"fwd": 1, "bwd_d": 0, "bwd_w": 2}[p.direction]])
-        r = cuda.device_array(n, p.compute_dtype)
+        r = call.fresh(n, p.compute_dtype) if _result_is_canonical(p, dst) else \
+            call.work(n, p.compute_dtype)
         threads = cfg("CUDA_THREADS")
-        layout.fill_zero()[_blocks(n, threads), threads](r)
+        layout.fill_zero()[_blocks(n, threads), threads, st](r)
         r = r.reshape(_layout(p, _result_which(p))[0])
     else:
-        flat = tiles["kernel"] == "gemm"
-        canon = {k: _to_canonical(cuda, a, p, k, flat) for k, a in ops.items()}
-        r = _run(cuda, p, tiles, canon)
-    return _to_user(cuda, r, p, dst)
+        flat = tiles["kernel"] == "gemm" or tiles.get("variant") == "rows"
+        canon = {k: _to_canonical(call, a, p, k, flat) for k, a in ops.items()}
+        r = _run(call, p, tiles, canon, dst)
+    res = _to_user(call, r, p, dst)
+    call.done()
+    return res

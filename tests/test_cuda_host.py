@@ -1,0 +1,250 @@
+"""The CUDA backend's host side with the device mocked: streams, pooled workspaces, one memory
+query per plan, plan caching. No GPU and no simulator: ``numba.cuda`` is replaced, inside
+:mod:`numbaconv.backends.cuda`, by a recording stand-in whose arrays are NumPy arrays and
+whose kernel launches only record their grid, block and stream (the kernel factories are
+replaced too), so these tests see exactly what a call asks of the device.
+
+``python tests/test_cuda_host.py`` prints the host time per call of the backend with the
+launches mocked (Python overhead only; numba's own launch cost is not in it).
+"""
+import math
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from numbaconv import planner
+from numbaconv.backends import cuda as backend
+from numbaconv.problem import ConvProblem
+
+
+class FakeStream:
+    def __init__(self, handle):
+        self.handle = types.SimpleNamespace(value=handle)
+
+    def synchronize(self):
+        raise AssertionError("the host must not wait for a stream")
+
+
+class FakeArray:
+    """A device array stand-in: NumPy data, a stream, numba's array methods the backend uses."""
+
+    def __init__(self, data, stream=0):
+        self.data, self.stream = data, stream
+        self.shape, self.dtype, self.size = data.shape, data.dtype, data.size
+        self.nbytes, self.ndim = data.nbytes, data.ndim
+
+    def reshape(self, *shape):
+        return FakeArray(self.data.reshape(*shape), self.stream)
+
+    def is_c_contiguous(self):
+        return self.data.flags.c_contiguous
+
+
+class FakeCuda:
+    """Records allocations, launches, events and memory queries."""
+
+    def __init__(self):
+        self.allocs, self.launches, self.waits, self.mem_queries = [], [], [], 0
+        self.devicearray = types.SimpleNamespace(
+            is_cuda_ndarray=lambda v: isinstance(v, FakeArray))
+
+    def is_available(self):
+        return True
+
+    def device_array(self, shape, dtype, stream=0):
+        a = FakeArray(np.empty(shape, dtype), stream)
+        self.allocs.append(a)
+        return a
+
+    def external_stream(self, handle):
+        return FakeStream(handle)
+
+    def event(self, timing=False):
+        cuda = self
+
+        class Event:
+            def record(self, stream=0):
+                self.src = stream
+
+            def wait(self, stream=0):
+                cuda.waits.append((backend.stream_handle(self.src),
+                                   backend.stream_handle(stream)))
+        return Event()
+
+    def current_context(self):
+        cuda = self
+
+        class Ctx:
+            def get_memory_info(self):
+                cuda.mem_queries += 1
+                return 1 << 40, 1 << 40
+        return Ctx()
+
+    def kernel(self, name):
+        return FakeKernel(self, name)
+
+
+class FakeKernel:
+    def __init__(self, cuda, name):
+        self.cuda, self.name = cuda, name
+
+    def __getitem__(self, cfg):
+        grid, threads, stream = cfg
+
+        def launch(*args):
+            self.cuda.launches.append((self.name, grid, threads, backend.stream_handle(stream)))
+        return launch
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """Route the backend's numba.cuda and kernel factories through a FakeCuda."""
+    from numbaconv.kernels.cuda import depthwise, gemm, layout
+
+    cuda = FakeCuda()
+    monkeypatch.setattr(backend, "_cuda", lambda name="array": cuda)
+    monkeypatch.setattr(backend, "simulator", lambda: False)
+    for mod, names in ((gemm, ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm", "reduce_partials")),
+                       (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
+                                    "fwd_depthwise_rows", "bwd_d_depthwise_rows")),
+                       (layout, ("gather", "scatter", "fill_zero"))):
+        for n in names:
+            monkeypatch.setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
+    backend.clear_pool()
+    backend._CHECKED.clear()
+    yield cuda
+    backend.clear_pool()
+
+
+def _problem(direction="fwd", fmt="NXC"):
+    return ConvProblem(direction, 8, 1, 64, 64, (1, 14, 14), (1, 3, 3), (1, 14, 14),
+                       (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32", fmt, "XIO",
+                       op="test")
+
+
+def _operands(p, stream=0, fmt="NXC"):
+    x = np.zeros((8, 14, 14, 64), np.float32)
+    w = np.zeros((3, 3, 64, 64), np.float32)
+    if fmt == "NCX":
+        x = np.ascontiguousarray(np.moveaxis(x, -1, 1))
+    return {"x": FakeArray(x, stream), "w": FakeArray(w, stream)}
+
+
+def test_stream_handle():
+    assert backend.stream_handle(None) == 0 and backend.stream_handle(0) == 0
+    assert backend.stream_handle(7) == 7
+    assert backend.stream_handle(types.SimpleNamespace(cuda_stream=11)) == 11  # PyTorch
+    assert backend.stream_handle(types.SimpleNamespace(ptr=12)) == 12          # CuPy
+    assert backend.stream_handle(FakeStream(13)) == 13                         # numba
+    with pytest.raises(TypeError, match="stream"):
+        backend.stream_handle("s")
+
+
+def test_operands_stream_is_the_launch_stream(fake):
+    """Operands that share one stream: every kernel, allocation and the result go on it, and
+    nothing waits (on the host or the device)."""
+    p = _problem(fmt="NCX")  # NCX: gather and scatter kernels run too
+    plan = planner.make_plan(p, device="cuda")
+    s = FakeStream(0x5000)
+    res = backend.execute(plan, _operands(p, s, "NCX"))
+    assert fake.launches and {h for *_, h in fake.launches} == {0x5000}
+    assert {backend.stream_handle(a.stream) for a in fake.allocs} == {0x5000}
+    assert fake.waits == [] and backend.stream_handle(res.stream) == 0x5000
+
+
+def test_stream_keyword_and_foreign_streams_wait_on_the_device(fake):
+    """stream= wins; an operand from another stream is ordered by an event wait."""
+    p = _problem()
+    plan = planner.make_plan(p, device="cuda")
+    ops = _operands(p)
+    ops["x"] = FakeArray(ops["x"].data, FakeStream(0x6000))
+    backend.execute(plan, ops, stream=FakeStream(0x7000))
+    assert {h for *_, h in fake.launches} == {0x7000}
+    assert fake.waits == [(0x6000, 0x7000)]
+    fake.launches.clear()
+    fake.waits.clear()
+    # two foreign streams, no keyword: numba's default stream waits for both
+    ops["w"] = FakeArray(ops["w"].data, FakeStream(0x8000))
+    backend.execute(plan, ops)
+    assert {h for *_, h in fake.launches} == {0}
+    assert sorted(fake.waits) == [(0x6000, 0), (0x8000, 0)]
+
+
+def test_memory_query_once_per_plan_and_workspaces_pooled(fake):
+    """The free-memory query runs on a plan's first call only; the second call of a plan
+    allocates only its result (canonical copies and intermediates come from the pool)."""
+    p = _problem(fmt="NCX")
+    plan = planner.make_plan(p, device="cuda")
+    assert planner.make_plan(p, device="cuda") is plan  # GPU plans are cached
+    ops = _operands(p, fmt="NCX")
+    backend.execute(plan, ops)
+    first = len(fake.allocs)
+    # x's canonical copy, the partials of a split K, the canonical result, the user's
+    assert plan.tiles["splits"] > 1
+    assert fake.mem_queries == 1 and first == 4
+    backend.execute(plan, ops)
+    assert fake.mem_queries == 1
+    assert len(fake.allocs) == first + 1  # only the new user result
+    assert fake.allocs[-1].shape == tuple(p.result_shape)
+
+
+def test_pool_is_per_stream(fake):
+    p = _problem(fmt="NCX")
+    plan = planner.make_plan(p, device="cuda")
+    backend.execute(plan, _operands(p, fmt="NCX"))
+    n = len(fake.allocs)
+    backend.execute(plan, _operands(p, FakeStream(0x9000), "NCX"))
+    assert len(fake.allocs) == 2 * n  # nothing reused across streams
+
+
+def test_split_k_plan_launches_a_reduction(fake, monkeypatch):
+    """A layer with few output tiles splits K; the partials are summed by reduce_partials
+    on the same stream."""
+    from numbaconv import config
+    monkeypatch.setattr(config, "CUDA_MIN_BLOCKS", 10 ** 6, raising=False)
+    p = ConvProblem("fwd", 1, 1, 256, 64, (1, 7, 7), (1, 3, 3), (1, 7, 7), (1, 1, 1),
+                    (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32", op="test")
+    plan = planner.make_plan(p, device="cuda")
+    assert plan.tiles["splits"] > 1
+    backend.execute(plan, _operands_for(p))
+    names = [n for n, *_ in fake.launches]
+    assert names == ["fwd_gemm", "reduce_partials"]
+    assert plan.workspace_bytes == plan.tiles["splits"] * math.prod(p.result_shape) * 4
+
+
+def _operands_for(p):
+    x = np.zeros((p.mb, *p.isz[1:], p.ic), np.float32)
+    w = np.zeros((*p.ksz[1:], p.icg, p.oc), np.float32)
+    return {"x": FakeArray(x), "w": FakeArray(w)}
+
+
+def main():  # pragma: no cover - a measurement, not a test
+    """Host time per call of plan + execute with the launches mocked."""
+    cuda = FakeCuda()
+    backend._cuda = lambda name="array": cuda
+    backend.simulator = lambda: False
+    from numbaconv.kernels.cuda import gemm, layout
+    for mod, names in ((gemm, ("fwd_gemm", "reduce_partials")), (layout, ("gather", "scatter"))):
+        for n in names:
+            setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
+    for fmt in ("NXC", "NCX"):
+        p = _problem(fmt=fmt)
+        ops = _operands(p, fmt=fmt)
+        for _ in range(100):
+            backend.execute(planner.make_plan(p, device="cuda"), ops)
+        n, best = 500, float("inf")
+        for _ in range(7):  # best round: the machine may be shared
+            t0 = time.perf_counter()
+            for _ in range(n):
+                backend.execute(planner.make_plan(p, device="cuda"), ops)
+            best = min(best, (time.perf_counter() - t0) / n)
+        print(f"{fmt}: {best * 1e6:.1f} us per call (plan from the cache + execute, best "
+              f"of 7 rounds of {n}; {len(cuda.launches) // (7 * n + 100)} mocked launches "
+              f"per call)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
