@@ -11,11 +11,12 @@ itself: a kernel module only says ``@kernel(parallel=True)`` or ``@helper``.
 * ``nogil=True`` so that Python threads can call kernels concurrently.
 """
 import threading
+import types
 import warnings
 
 import numba
 import numpy as np
-from numba.core import types
+from numba.core import types as nbtypes
 from numba.core.registry import CPUDispatcher
 
 from . import config
@@ -38,8 +39,8 @@ class _Dispatcher(CPUDispatcher):
 
     def get_call_template(self, args, kws):
         return super().get_call_template(
-            tuple(types.unliteral(a) for a in args),
-            {k: types.unliteral(v) for k, v in kws.items()})
+            tuple(nbtypes.unliteral(a) for a in args),
+            {k: nbtypes.unliteral(v) for k, v in kws.items()})
 
 
 def _njit(fn, parallel, cache, reassociate=True):
@@ -88,6 +89,22 @@ def helper(fn=None, *, reassociate=True):
     if fn is None:
         return lambda f: _compile(f, False, reassociate)
     return _compile(fn, False, reassociate)
+
+
+def specialise(fn, suffix, **constants):
+    """A copy of the plain function ``fn`` named ``<name>_<suffix>``, its module globals
+    ``constants`` bound to the given values. Numba reads globals as compile-time constants
+    and prunes the branches they decide, so each copy compiles only its own code; the
+    unique name gives each its own entry in the disk cache. Copy after everything ``fn``
+    calls is defined (the copy sees the module's globals as they are then)."""
+    g = dict(fn.__globals__)
+    g.update(constants)
+    f = types.FunctionType(fn.__code__, g, f"{fn.__name__}_{suffix}", fn.__defaults__,
+                           fn.__closure__)
+    f.__qualname__ = f"{fn.__qualname__}_{suffix}"
+    f.__doc__ = fn.__doc__
+    f.__module__ = fn.__module__
+    return f
 
 
 def cache_enabled():
@@ -160,17 +177,16 @@ def separate(template=None, **variants):
 
 
 def _fits(actual, declared):
-    from numba.core import types
-    if isinstance(declared, types.Array):
+    if isinstance(declared, nbtypes.Array):
         # one data model for every layout and writability; a contiguous declaration
         # takes only contiguous arrays, since the helper indexes them as such
-        return (isinstance(actual, types.Array) and actual.dtype == declared.dtype
+        return (isinstance(actual, nbtypes.Array) and actual.dtype == declared.dtype
                 and actual.ndim == declared.ndim
                 and declared.layout in ("A", actual.layout))
-    if isinstance(declared, (types.Integer, types.Boolean)):
-        return isinstance(actual, (types.Integer, types.Boolean))
-    if isinstance(declared, types.Float):
-        return isinstance(actual, (types.Integer, types.Float))
+    if isinstance(declared, (nbtypes.Integer, nbtypes.Boolean)):
+        return isinstance(actual, (nbtypes.Integer, nbtypes.Boolean))
+    if isinstance(declared, nbtypes.Float):
+        return isinstance(actual, (nbtypes.Integer, nbtypes.Float))
     return actual == declared
 
 

@@ -9,7 +9,7 @@ import pytest
 from numba import prange
 from numba.core.errors import TypingError
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, separate, specialise
 
 
 @separate("void({T}[:, ::1], {T}[::1], int64, int64)", f32="float32", f64="float64")
@@ -108,3 +108,52 @@ def _calls_with_a_literal(n):
 def test_a_callee_is_compiled_once_for_literal_and_plain_arguments():
     assert _calls_with_a_literal(10) == 45 + 45 + 20 + 18 + 10
     assert len(_count.signatures) == 1, _count.signatures
+
+
+_SCALE = 0
+
+
+def _scaled(a, out):
+    for i in range(a.shape[0]):
+        out[i] = a[i] * 3.0 if _SCALE == 3 else a[i] * 5.0
+
+
+_scaled_3 = separate(f64="void(float64[::1], float64[::1])")(specialise(_scaled, "3",
+                                                                       _SCALE=3))
+_scaled_5 = separate(f64="void(float64[::1], float64[::1])")(specialise(_scaled, "5",
+                                                                       _SCALE=5))
+
+
+@kernel(parallel=False)
+def _scale_by(fns3, fns5, k, a, out):
+    if k == 3:
+        _scaled_3(fns3, a, out)
+    else:
+        _scaled_5(fns5, a, out)
+
+
+def test_specialised_copies_compile_their_own_branch_and_load_from_the_cache(tmp_path):
+    a = np.arange(4.0)
+    out = np.zeros(4)
+    _scale_by(_scaled_3.table("f64"), _scaled_5.table(), 3, a, out)
+    assert out.tolist() == [0.0, 3.0, 6.0, 9.0]
+    _scale_by(_scaled_3.table(), _scaled_5.table("f64"), 5, a, out)
+    assert out.tolist() == [0.0, 5.0, 10.0, 15.0]
+    assert _scaled_3.dispatcher.py_func.__qualname__ == "_scaled_3"
+    code = (
+        "import numpy as np, tests.test_separate as t\n"
+        "out = np.zeros(2)\n"
+        "t._scale_by(t._scaled_3.table('f64'), t._scaled_5.table(), 3, np.ones(2), out)\n"
+        "assert out.tolist() == [3.0, 3.0], out\n"
+        "ds = [t._scaled_3.dispatcher, t._scale_by]\n"
+        "print(sum(len(d.stats.cache_hits) for d in ds),"
+        " sum(len(d.stats.cache_misses) for d in ds))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBACONV_CACHE="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, cwd=root, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert runs[0].stdout.split() == ["0", "2"]
+    assert runs[1].stdout.split() == ["2", "0"]

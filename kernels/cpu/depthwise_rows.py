@@ -34,7 +34,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, separate, specialise
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import (Operand, at, compute_type, fma_fn, ir_types, lane_range,
                                        table)
@@ -398,15 +398,14 @@ def blocks(npix, win, pw, S):
 
 
 
-@separate(
-    float32="void(float32[:, :, :, :, ::1], float32[::1], float32[:, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float64="void(float64[:, :, :, :, ::1], float64[::1], float64[:, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float16="void(uint16[:, :, :, :, ::1], float32[::1], uint16[:, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)")
+#: The column stride a copy of a row driver is specialised for (see ``_jit.specialise``):
+#: 1 or 2 in the copies, each of which compiles only its stride's row kernels.
+_SW = 0
+
+
 def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
-    """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`)."""
+    """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`), column stride
+    ``_SW``."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -448,7 +447,7 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
                                   ow * C * it)
         if nr == 0:
             dxf[r * iw * C:(r + 1) * iw * C] = 0
-        elif sw == 1:
+        elif _SW == 1:
             if nr == 3:
                 _drow3s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
                           head, dx)
@@ -475,20 +474,37 @@ def variant(a):
     return "float16" if a.dtype == np.uint16 else a.dtype.name
 
 
+def d_tables(sw, name):
+    """The address tables of the backward-data row drivers for column stride ``sw`` and
+    variant ``name``: the one the kernel runs compiled, the other's left as it is (the
+    kernel never calls it)."""
+    if sw == 1:
+        return _bwd_d_rows_s1.table(name), _bwd_d_rows_s2.table()
+    return _bwd_d_rows_s1.table(), _bwd_d_rows_s2.table(name)
+
+
+def w_tables(sw, name):
+    """As :func:`d_tables`, for the weight-gradient row drivers."""
+    if sw == 1:
+        return _bwd_w_rows_s1.table(name), _bwd_w_rows_s2.table()
+    return _bwd_w_rows_s1.table(), _bwd_w_rows_s2.table(name)
+
+
 def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
                              place=False):
-    """See :func:`bwd_d_rows_kernel` (its address table for ``dy``'s dtype added)."""
-    bwd_d_rows_kernel(_bwd_d_rows.table(variant(dy)), dy, w, dx, geo, nchunks, prefetch,
-                      stream, head, place)
+    """See :func:`bwd_d_rows_kernel` (its address tables for ``dy``'s dtype added)."""
+    bwd_d_rows_kernel(*d_tables(int(geo[15]), variant(dy)), dy, w, dx, geo, nchunks,
+                      prefetch, stream, head, place)
 
 
 def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
-    """See :func:`bwd_w_rows_kernel` (its address table for ``x``'s dtype added)."""
-    bwd_w_rows_kernel(_bwd_w_rows.table(variant(x)), x, dy, part, dwt, geo, prefetch, head)
+    """See :func:`bwd_w_rows_kernel` (its address tables for ``x``'s dtype added)."""
+    bwd_w_rows_kernel(*w_tables(int(geo[15]), variant(x)), x, dy, part, dwt, geo, prefetch,
+                      head)
 
 
 @kernel
-def bwd_d_rows_kernel(rows_fn, dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
+def bwd_d_rows_kernel(fns1, fns2, dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
                       place=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
@@ -519,19 +535,15 @@ def bwd_d_rows_kernel(rows_fn, dy, w, dx, geo, nchunks, prefetch, stream=False, 
         s = 0
     wp = buf[s:s + n]
     for chunk in prange(nchunks):
-        _bwd_d_rows(rows_fn, dy, wp, dx, geo, rows * chunk // nchunks,
-                    rows * (chunk + 1) // nchunks, prefetch, 1 if nt else 0, head)
+        r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
+        if geo[15] == 1:
+            _bwd_d_rows_s1(fns1, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0, head)
+        else:
+            _bwd_d_rows_s2(fns2, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0, head)
         if nt:
             _sfence()
 
 
-@separate(
-    float32="void(float32[:, :, :, :, ::1], float32[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float64="void(float64[:, :, :, :, ::1], float64[:, :, :, :, ::1], float64[:, :, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float16="void(uint16[:, :, :, :, ::1], uint16[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)")
 def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch, head):
     """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here); with
     ``prefetch``, each next row's operands are prefetched."""
@@ -577,7 +589,7 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch, head):
                     if 0 <= i_h < ih:
                         _prefetch(xb + ((nq * id_ + q_d) * ih + i_h) * iw * C * it,
                                   iw * C * it)
-        if sw == 1:
+        if _SW == 1:
             if nr == 3:
                 _wrow3s1(xb, dyp, pb, ra, rb, ow, off, jlo, jhi, iw, C, head, x)
             elif nr == 2:
@@ -609,7 +621,7 @@ def _reduce_chunks(part, dwt):
 
 
 @kernel
-def bwd_w_rows_kernel(rows_fn, x, dy, part, dwt, geo, prefetch, head=0):
+def bwd_w_rows_kernel(fns1, fns2, x, dy, part, dwt, geo, prefetch, head=0):
     """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
     depth 1, column stride 1 or 2, column dilation 1 (any row stride, row dilation and
     padding). part (scratch, ``[nchunks, 1, 3, 3, 1, C]``): chunk j's sum over its
@@ -621,6 +633,31 @@ def bwd_w_rows_kernel(rows_fn, x, dy, part, dwt, geo, prefetch, head=0):
     nchunks = part.shape[0]
     head = min(max(head, 0) % (VECTOR_BYTES // max(x.itemsize, 4)), geo[1])
     for ch in prange(nchunks):
-        _bwd_w_rows(rows_fn, x, dy, part, geo, ch, rows * ch // nchunks,
-                    rows * (ch + 1) // nchunks, prefetch, head)
+        r0, r1 = rows * ch // nchunks, rows * (ch + 1) // nchunks
+        if geo[15] == 1:
+            _bwd_w_rows_s1(fns1, x, dy, part, geo, ch, r0, r1, prefetch, head)
+        else:
+            _bwd_w_rows_s2(fns2, x, dy, part, geo, ch, r0, r1, prefetch, head)
     _reduce_chunks(part, dwt)
+
+
+# The separate row drivers, one copy per column stride (compiled apart from the kernels,
+# once per dtype; a plan compiles only its stride's copy).
+_D_SIGS = dict(
+    float32="void(float32[:, :, :, :, ::1], float32[::1], float32[:, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float64="void(float64[:, :, :, :, ::1], float64[::1], float64[:, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float16="void(uint16[:, :, :, :, ::1], float32[::1], uint16[:, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)")
+_W_SIGS = dict(
+    float32="void(float32[:, :, :, :, ::1], float32[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float64="void(float64[:, :, :, :, ::1], float64[:, :, :, :, ::1], float64[:, :, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)",
+    float16="void(uint16[:, :, :, :, ::1], uint16[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
+            "int64, int64, int64, int64, int64)")
+_bwd_d_rows_s1 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s1", _SW=1))
+_bwd_d_rows_s2 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s2", _SW=2))
+_bwd_w_rows_s1 = separate(**_W_SIGS)(specialise(_bwd_w_rows, "s1", _SW=1))
+_bwd_w_rows_s2 = separate(**_W_SIGS)(specialise(_bwd_w_rows, "s2", _SW=2))

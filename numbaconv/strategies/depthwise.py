@@ -130,11 +130,11 @@ class DepthwiseDirect(Direct):
         row_head, C, cit = kr.row_head, p.ic, ct.itemsize
         empty, address = memory.empty, memory.address
         # the row drivers are compiled apart from the parallel kernels (see _jit.separate):
-        # their address tables, for the data's dtype, taken once per plan
+        # their address tables, for the data's dtype and column stride, taken once per plan
         half = p.dtype == "float16"
         if p.direction == "bwd_d":
             kern = kr.bwd_d_rows_kernel
-            fns = kr._bwd_d_rows.table("float16" if half else ct.name)
+            fns = kr.d_tables(p.stride[2], "float16" if half else ct.name)
             chunks = tiles["chunks"]
             stream = bool(tiles.get("stream"))
 
@@ -151,12 +151,12 @@ class DepthwiseDirect(Direct):
                 else:
                     head = 0
                     dx = empty(xs, rt)
-                kern(fns, dy, ops["w"], dx, g, chunks, prefetch, stream, head, align)
+                kern(*fns, dy, ops["w"], dx, g, chunks, prefetch, stream, head, align)
                 return dx
             return call
 
         kern = kr.bwd_w_rows_kernel
-        fns = kr._bwd_w_rows.table("float16" if half else ct.name)
+        fns = kr.w_tables(p.stride[2], "float16" if half else ct.name)
         part_shape = (tiles["chunks"], *ws)
 
         def call(ops):
@@ -166,7 +166,7 @@ class DepthwiseDirect(Direct):
             head = row_head(address(x) % 64, C, x.itemsize, cit) if align else 0
             part = empty(part_shape, ct, offset=-head * cit)
             dw = np.empty(ws, ct)
-            kern(fns, x, ops["dy"], part, dw, g, prefetch, head)
+            kern(*fns, x, ops["dy"], part, dw, g, prefetch, head)
             return dw
         return call
 
