@@ -198,9 +198,6 @@ def _separate_call(sep):
 
     @intrinsic
     def call(typingctx, table, *args):
-        if isinstance(args, tuple) and len(args) == 1 and isinstance(args[0],
-                                                                      types.StarArgTuple):
-            args = tuple(args[0].types)
         for k, sig in enumerate(sep.signatures):
             if len(sig.args) == len(args) and all(map(_fits, args, sig.args)):
                 break

@@ -67,24 +67,31 @@ def test_arguments_that_fit_no_variant_are_a_typing_error():
         _row_sums.table("f16")
 
 
+def _cache_stats_in_two_processes(code, cache_dir):
+    """Run ``code`` (which defines ``ds``, a list of dispatchers) in two fresh processes
+    sharing the disk cache ``cache_dir``; per process, the cache hits and misses of ``ds``."""
+    code += ("print(sum(len(d.stats.cache_hits) for d in ds),"
+             " sum(len(d.stats.cache_misses) for d in ds))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), NUMBACONV_CACHE="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, cwd=root, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    return [r.stdout.split() for r in runs]
+
+
 def test_the_kernel_and_its_helper_load_from_the_disk_cache(tmp_path):
     code = (
         "import numpy as np, tests.test_separate as t\n"
         "a = np.arange(12.0).reshape(4, 3); out = np.zeros(4)\n"
         "t._row_sums_parallel(t._row_sums.table('f64'), a, out, 2)\n"
         "assert out.tolist() == [3.0, 12.0, 21.0, 30.0], out\n"
-        "ds = [t._row_sums.dispatcher, t._row_sums_parallel]\n"
-        "print(sum(len(d.stats.cache_hits) for d in ds),"
-        " sum(len(d.stats.cache_misses) for d in ds))\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBACONV_CACHE="1",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, cwd=root, timeout=300) for _ in range(2)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr[-2000:]
-    assert runs[0].stdout.split() == ["0", "2"]   # both compiled (and stored)
-    assert runs[1].stdout.split() == ["2", "0"]   # both loaded
+        "ds = [t._row_sums.dispatcher, t._row_sums_parallel]\n")
+    first, second = _cache_stats_in_two_processes(code, tmp_path)
+    assert first == ["0", "2"]    # both compiled (and stored)
+    assert second == ["2", "0"]   # both loaded
 
 
 @helper
@@ -145,15 +152,7 @@ def test_specialised_copies_compile_their_own_branch_and_load_from_the_cache(tmp
         "out = np.zeros(2)\n"
         "t._scale_by(t._scaled_3.table('f64'), t._scaled_5.table(), 3, np.ones(2), out)\n"
         "assert out.tolist() == [3.0, 3.0], out\n"
-        "ds = [t._scaled_3.dispatcher, t._scale_by]\n"
-        "print(sum(len(d.stats.cache_hits) for d in ds),"
-        " sum(len(d.stats.cache_misses) for d in ds))\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBACONV_CACHE="1",
-               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, cwd=root, timeout=300) for _ in range(2)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr[-2000:]
-    assert runs[0].stdout.split() == ["0", "2"]
-    assert runs[1].stdout.split() == ["2", "0"]
+        "ds = [t._scaled_3.dispatcher, t._scale_by]\n")
+    first, second = _cache_stats_in_two_processes(code, tmp_path)
+    assert first == ["0", "2"]
+    assert second == ["2", "0"]
