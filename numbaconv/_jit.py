@@ -19,7 +19,7 @@ import numpy as np
 from numba.core import types as nbtypes
 from numba.core.registry import CPUDispatcher
 
-from . import config
+from . import _ahead, config
 
 _cache_ok = None
 _cache_lock = threading.Lock()
@@ -31,11 +31,43 @@ def _options(parallel, reassociate=True):
                 nogil=True)
 
 
+_depth = threading.local()
+
+
+def _noop(*args, **kwargs):
+    return None
+
+
 class _Dispatcher(CPUDispatcher):
     """Numba's CPU dispatcher, except that a call from jitted code compiles the callee for
     the arguments' plain types: an argument that type inference sees first as a literal
     (a counter set to ``0`` before a loop, a constant flag) would otherwise compile a
-    second copy of the callee, and of everything it calls, specialised to that value."""
+    second copy of the callee, and of everything it calls, specialised to that value.
+
+    It also takes part in compiling ahead (:mod:`numbaconv._ahead`): a compile started
+    from Python (not from another compile) first asks the plan's session, which may wait
+    for a helper process compiling the same kernel; in that helper's walk, a call from
+    Python records the kernel and its argument types and returns without running it."""
+
+    def compile(self, sig):
+        s = _ahead.current()
+        depth = getattr(_depth, "n", 0)
+        if s is not None and depth == 0:
+            s.before_compile(self, sig)
+        _depth.n = depth + 1
+        try:
+            return super().compile(sig)
+        finally:
+            _depth.n = depth
+
+    #: A kernel (returns nothing) rather than a helper (whose value Python code may use).
+    is_kernel = False
+
+    def _compile_for_args(self, *args, **kws):
+        if self.is_kernel and _ahead.walking() and not kws:
+            _ahead.record(self, tuple(self.typeof_pyval(a) for a in args))
+            return _noop
+        return super()._compile_for_args(*args, **kws)
 
     def get_call_template(self, args, kws):
         return super().get_call_template(
@@ -71,6 +103,11 @@ def _compile(fn, parallel, reassociate=True):
         return _njit(fn, parallel, False, reassociate)
 
 
+def _as_kernel(disp):
+    disp.is_kernel = True
+    return disp
+
+
 def kernel(fn=None, *, parallel=True, reassociate=True):
     """Decorate a kernel entry point (a parallel loop nest by default).
 
@@ -79,8 +116,8 @@ def kernel(fn=None, *, parallel=True, reassociate=True):
     copy compiled in this process and one loaded from the disk cache were seen to round
     differently (the Winograd input transform)."""
     if fn is None:
-        return lambda f: _compile(f, parallel, reassociate)
-    return _compile(fn, parallel, reassociate)
+        return lambda f: _as_kernel(_compile(f, parallel, reassociate))
+    return _as_kernel(_compile(fn, parallel, reassociate))
 
 
 def helper(fn=None, *, reassociate=True):
@@ -134,6 +171,7 @@ class Separate:
         from numba.core import sigutils
         self.__name__ = fn.__name__
         self.dispatcher = _compile(fn, False)
+        self.dispatcher.is_kernel = True  # called for its effect, from Python too
         self.names = tuple(variants)
         self.signatures = tuple(sigutils._parse_signature_string(s)
                                 if isinstance(s, str) else s for s in variants.values())
@@ -147,6 +185,9 @@ class Separate:
             i = self.names.index(name)
             if t[i] == 0:
                 sig = self.signatures[i]
+                if _ahead.walking():  # a helper process's walk: noted, compiled later
+                    _ahead.record(self.dispatcher, sig)
+                    continue
                 self.dispatcher.compile(sig)
                 cres = self.dispatcher.overloads[tuple(sig.args)]
                 t[i] = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)

@@ -56,6 +56,7 @@ def _tasks(dtypes):
 
 def _run_group(group):
     """Run every task of one group in this process; ``[(task, seconds)]``."""
+    from numbaconv import config
     from numbaconv.backends import cpu
     from numbaconv.machine import machine
     from numbaconv.planner import _build, candidates
@@ -64,18 +65,23 @@ def _run_group(group):
 
     done = []
     calls = {}
-    for task in group:
-        dt, i, direction, name = task
-        if dt not in calls:
-            calls[dt] = _calls(dt)
-        fns, attrs = calls[dt][i]
-        parse, args = fns[direction]
-        problem, operands = parse(*args, **attrs)
-        s = next(c for c in candidates(direction) if label(c) == name)
-        t0 = time.perf_counter()
-        plan = _build(problem, s, "warmup", (), threads(), machine())
-        cpu.execute(plan, operands)
-        done.append((task, time.perf_counter() - t0))
+    # warm-up spreads whole groups over processes itself: no helper per first call
+    ahead, config.COMPILE_AHEAD = config.COMPILE_AHEAD, False
+    try:
+        for task in group:
+            dt, i, direction, name = task
+            if dt not in calls:
+                calls[dt] = _calls(dt)
+            fns, attrs = calls[dt][i]
+            parse, args = fns[direction]
+            problem, operands = parse(*args, **attrs)
+            s = next(c for c in candidates(direction) if label(c) == name)
+            t0 = time.perf_counter()
+            plan = _build(problem, s, "warmup", (), threads(), machine())
+            cpu.execute(plan, operands)
+            done.append((task, time.perf_counter() - t0))
+    finally:
+        config.COMPILE_AHEAD = ahead
     return done
 
 

@@ -69,3 +69,11 @@ CUDA_MAX_SPLITS = 64
 #: page); ``None``: an eighth of physical memory, at most 1 GiB.
 MEMORY_POOL_BYTES = (int(os.environ["NUMBACONV_MEMORY_POOL_BYTES"])
                      if os.environ.get("NUMBACONV_MEMORY_POOL_BYTES") else None)
+
+#: A plan's first call that misses the disk cache compiles its kernels in two processes at
+#: once (:mod:`numbaconv._ahead`): a helper process compiles from the last kernel
+#: backwards while the call compiles from the first forwards. ``NUMBACONV_COMPILE_AHEAD=0``
+#: turns it off.
+COMPILE_AHEAD = os.environ.get("NUMBACONV_COMPILE_AHEAD", "1") not in ("0", "false", "no")
+#: ... for operands of at most this many bytes (the helper allocates zeros of their shapes).
+COMPILE_AHEAD_MAX_BYTES = 1 << 30

@@ -164,6 +164,9 @@ class FrozenMapping(Mapping):
     def __getitem__(self, key):
         return self._d[key]
 
+    def __reduce__(self):  # pickled with its plan (numbaconv._ahead's helper process)
+        return (FrozenMapping, (self._items,))
+
     def get(self, key, default=None):
         return self._d.get(key, default)
 

@@ -14,6 +14,8 @@ concurrent calls from many Python threads cannot deadlock on a busy pool.
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from . import _ahead
+
 _pool = None
 _pool_lock = threading.Lock()
 
@@ -58,12 +60,18 @@ def run(n_tasks, fn, workers):
                         state["next"] >= n_tasks or state["error"] is not None):
                     done.set()
 
+    session = _ahead.current()  # a first call's compile-ahead helper, for these threads too
+
     def helper():
         with lock:
             if not state["slots"]:
                 return
             slot = state["slots"].pop()
-        work(slot)
+        prev = _ahead.adopt(session)
+        try:
+            work(slot)
+        finally:
+            _ahead.adopt(prev)
 
     pool = _executor(workers - 1)
     for _ in range(workers - 1):

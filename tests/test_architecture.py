@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LEVELS = (
     # 0: facts and settings that depend on nothing above them, and the kernels
     ("numbaconv.config", "numbaconv._version", "numbaconv.runtime", "numbaconv._jit",
+     "numbaconv._ahead",
      "numbaconv.machine", "numbaconv.problem", "numbaconv.kernels", "numbaconv.kernels."),
     # 1: services the strategies use
     ("numbaconv.memory", "numbaconv.blas", "numbaconv.workers", "numbaconv.reference"),

@@ -424,12 +424,27 @@ def _round_row(src, s0, dst, d0, n):
         dst[b + c] = _narrow(src[a + c])
 
 
-@kernel
 def pad_dy(dy, dyp, lead):
     """``dyp[n, Ld + d, Lh + h, Lw + w, :] = dy[n, d, h, w, :]`` and zeros everywhere else
     (``lead``: int64 ``Ld, Lh, Lw``), in parallel over the rows of ``dyp``, each written
     once: no zero-fill pass over ``dyp`` first. ``dy`` of float16 bits (uint16) is widened
     into the float32 ``dyp`` on the way, so that float16 costs no pass of its own."""
+    name = "float16" if dy.dtype == np.uint16 else dyp.dtype.name
+    pad_dy_kernel(_pad_row.table(name), dy, dyp, lead)
+
+
+@kernel
+def pad_dy_kernel(fns, dy, dyp, lead):
+    """:func:`pad_dy` with its address table."""
+    for r in prange(dyp.shape[0] * dyp.shape[1] * dyp.shape[2]):
+        _pad_row(fns, dy, dyp, lead, r)
+
+
+@separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)",
+          float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
+          float16=dict(S="uint16", T="float32"))
+def _pad_row(dy, dyp, lead, r):
+    """Row ``r`` (flat over ``n, dp, hp``) of :func:`pad_dy`."""
     mb, D, H, W, K = dy.shape
     Dp, Hp, Wp = dyp.shape[1], dyp.shape[2], dyp.shape[3]
     Ld, Lh, Lw = lead[0], lead[1], lead[2]
@@ -439,25 +454,24 @@ def pad_dy(dy, dyp, lead):
     Lp = np.uint64(Wp * K)
     head = np.uint64(Lw * K)
     zero = d1.dtype.type(0)
-    for r in prange(mb * Dp * Hp):
-        hp = r % Hp
-        u = r // Hp
-        dp = u % Dp
-        n = u // Dp
-        do = np.uint64(r) * Lp
-        d = dp - Ld
-        h = hp - Lh
-        if 0 <= d < D and 0 <= h < H:
-            so = np.uint64((n * D + d) * H + h) * L
-            for i in range(head):
-                d1[do + i] = zero
-            for i in range(L):
-                d1[do + head + i] = _widen(s1[so + i])
-            for i in range(head + L, Lp):
-                d1[do + i] = zero
-        else:
-            for i in range(Lp):
-                d1[do + i] = zero
+    hp = r % Hp
+    u = r // Hp
+    dp = u % Dp
+    n = u // Dp
+    do = np.uint64(r) * Lp
+    d = dp - Ld
+    h = hp - Lh
+    if 0 <= d < D and 0 <= h < H:
+        so = np.uint64((n * D + d) * H + h) * L
+        for i in range(head):
+            d1[do + i] = zero
+        for i in range(L):
+            d1[do + head + i] = _widen(s1[so + i])
+        for i in range(head + L, Lp):
+            d1[do + i] = zero
+    else:
+        for i in range(Lp):
+            d1[do + i] = zero
 
 
 def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):

@@ -305,11 +305,6 @@ def _gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work,
                                 _store(c, tile_rows[i] + j + jj, wc[i * nr + jj])
 
 
-#: The serial GEMM for jitted callers that link it in (the rows weight gradient's driver,
-#: itself compiled on its own).
-_gemm_body = _gemm.dispatcher
-
-
 @intrinsic
 def _claim(typingctx, counter, step):
     """Atomically ``counter[0] += step``; returns the value it had (LLVM ``atomicrmw``)."""
@@ -519,12 +514,13 @@ def gemm_claimed_half_parallel_kernel(fns, a, bp, c, counter, chunk, work, stage
 
 def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
     """See :func:`gemm_rows_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_rows_bwd_w_kernel(_rows_bwd_w.table(work.dtype.name), xp, dy, parts, geo, kc, nc,
-                           work)
+    name = work.dtype.name
+    gemm_rows_bwd_w_kernel(_rows_bwd_w.table(name), _gemm.table(name), xp, dy, parts, geo,
+                           kc, nc, work)
 
 
 @kernel
-def gemm_rows_bwd_w_kernel(fns, xp, dy, parts, geo, kc, nc, work):
+def gemm_rows_bwd_w_kernel(fns, gemm_fns, xp, dy, parts, geo, kc, nc, work):
     """``parts[j] += dW`` over share ``j`` of the output pixels (flat over rows of ``ow``
     pixels), the shares in parallel (``work[j]``: share ``j``'s scratch of
     :func:`workspace` elements): see :func:`_rows_bwd_w`."""
@@ -534,8 +530,8 @@ def gemm_rows_bwd_w_kernel(fns, xp, dy, parts, geo, kc, nc, work):
     wp = xp.shape[3]
     px, py = xp.ctypes.data, dy.ctypes.data
     for j in prange(nch):
-        _rows_bwd_w(fns, px, none, work[j, :0], py, none, work[j, :0], wp, parts[j], geo,
-                    total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
+        _rows_bwd_w(fns, gemm_fns, px, none, work[j, :0], py, none, work[j, :0], wp,
+                    parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
 
 
 #: Elements between the stages of :func:`gemm_rows_bwd_w_half` (an odd number of cache
@@ -546,12 +542,12 @@ STAGE_GAP = 528
 
 def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
     """See :func:`gemm_rows_bwd_w_half_kernel` (its address table added)."""
-    gemm_rows_bwd_w_half_kernel(_rows_bwd_w.table("float32"), xph, dyh, parts, geo, kc, nc,
-                                work, stage)
+    gemm_rows_bwd_w_half_kernel(_rows_bwd_w.table("float32"), _gemm.table("float32"), xph,
+                                dyh, parts, geo, kc, nc, work, stage)
 
 
 @kernel
-def gemm_rows_bwd_w_half_kernel(fns, xph, dyh, parts, geo, kc, nc, work, stage):
+def gemm_rows_bwd_w_half_kernel(fns, gemm_fns, xph, dyh, parts, geo, kc, nc, work, stage):
     """:func:`gemm_rows_bwd_w` with ``xp`` and ``dy`` as float16 bits (``xph``, ``dyh``,
     uint16): each output row's share of ``dy`` is widened ``kc`` pixels at a time into the
     thread's float32 stage (``kc * K`` floats) before their GEMMs, and each tap row's
@@ -569,8 +565,8 @@ def gemm_rows_bwd_w_half_kernel(fns, xph, dyh, parts, geo, kc, nc, work, stage):
     for j in prange(nch):
         sx = stage[j, ny + STAGE_GAP: ny + STAGE_GAP + nx]
         sy = stage[j, :ny]
-        _rows_bwd_w(fns, sx.ctypes.data, x1, sx, sy.ctypes.data, y1, sy, wp, parts[j], geo,
-                    total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
+        _rows_bwd_w(fns, gemm_fns, sx.ctypes.data, x1, sx, sy.ctypes.data, y1, sy, wp,
+                    parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
 
 
 def rows_stage(geo, kc):
@@ -703,10 +699,10 @@ def gemm_split_k_half_kernel(fns, x, dy, c, parts, kc, nc, work, stage):
         _add_parts(c, parts, i)
 
 
-@separate("void(int64, uint16[::1], {T}[::1], int64, uint16[::1], {T}[::1], int64, "
-          "{T}[:, ::1], int64[::1], int64, int64, int64, int64, {T}[::1])",
+@separate("void(int64[::1], int64, uint16[::1], {T}[::1], int64, uint16[::1], {T}[::1], "
+          "int64, {T}[:, ::1], int64[::1], int64, int64, int64, int64, {T}[::1])",
           float32="float32", float64="float64")
-def _rows_bwd_w(px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
+def _rows_bwd_w(gemm_fns, px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
     """``part += dW`` over the output pixels ``t0 .. t1`` (flat over rows of ``ow``
     pixels): backward weights as GEMMs whose A is a strided view of the input, with no
     im2col. ``xp [mb, id, ih, wp, C]`` is ``x`` padded along w only (pixel ``i`` of a row
@@ -733,6 +729,7 @@ def _rows_bwd_w(px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
     pc = part.ctypes.data
     half = dyh.size > 0
     M = kw * C
+    nomap = geo[:0]  # no row map: rows of C ``ldc`` apart
     r = t0 // ow
     while r * ow < t1:
         o0 = max(t0 - r * ow, 0)
@@ -765,8 +762,8 @@ def _rows_bwd_w(px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
                     else:
                         a = px + s0 * it
                     c = pc + ((t_d * kh + t_h) * M * K) * it
-                    _gemm_body(a, 1, sw * C, b, K, 1, c, K, _NO_MAP, M, K, q1 - q0, 1, kc,
-                               nc, work, False)
+                    _gemm(gemm_fns, a, 1, sw * C, b, K, 1, c, K, nomap, M, K, q1 - q0, 1,
+                          kc, nc, work, False)
         r += 1
 
 

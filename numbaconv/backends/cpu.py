@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .. import config, memory, runtime
+from .. import _ahead, _jit, config, memory, runtime
 from ..problem import FLOAT32_COMPUTED, numpy_dtype
 
 
@@ -291,7 +291,7 @@ class _Prepared:
     shape. Together 20-30 us of Python per call."""
 
     __slots__ = ("plan", "strategy", "call", "parallel", "half", "half_io", "dtype",
-                 "fraction", "plain", "widen", "shape", "check")
+                 "fraction", "plain", "widen", "shape", "check", "first")
 
     def __init__(self, plan, operands=None, out=None):
         from ..planner import implementation
@@ -299,6 +299,7 @@ class _Prepared:
         p = plan.problem
         self.check = check_memory(plan, operands, out)
         self.plan = plan
+        self.first = True  # its first call may compile (with a helper: numbaconv._ahead)
         self.fraction = config.MAX_MEMORY_FRACTION
         self.dtype = numpy_dtype(p.dtype)
         self.strategy = None if p.empty else implementation(plan)
@@ -398,7 +399,12 @@ def execute(plan, operands, out=None, threads_current=False):
         if not threads_current:
             # thread-local in Numba: set for this calling thread, the conversions' too
             _set_num_threads(plan.threads)
-        result = runtime.run_parallel(_compute, prep, operands)
+        if prep.first:
+            prep.first = False
+            with _ahead.session(plan, operands, _jit.cache_enabled()):
+                result = runtime.run_parallel(_compute, prep, operands)
+        else:
+            result = runtime.run_parallel(_compute, prep, operands)
     if out is not None:
         np.copyto(out, result, casting="unsafe")
         return out

@@ -1,0 +1,292 @@
+"""Compile ahead: a plan's first call compiles its kernels in two processes at once.
+
+A plan's first call in a process with an empty disk cache spends seconds compiling its
+kernels one after another (conversions, packing, the compute kernel, their helpers), on
+one core, while the others wait. When that call reaches the first kernel missing from the
+disk cache, this module starts one helper process (:mod:`numbaconv.backends.ahead`) that:
+
+1. walks the same plan on zero-filled operands of the same types without running or
+   compiling anything (each kernel the walk reaches is recorded with its argument types,
+   and returns at once), then
+2. compiles what it recorded from the last kernel backwards, into the disk cache,
+   reporting each start and end on its standard output,
+
+while the calling process compiles from the first kernel forwards. A kernel the helper has
+started is waited for and then loaded from the disk cache; one it has not reached is
+compiled here (the helper then finds it in the cache). The two meet in the middle, so a
+first call takes about half its compile time where a second core is free. Results do not
+depend on it: a kernel loaded from the cache is the one compiled here (the kernels'
+bitwise reproducibility across processes is part of the contract).
+
+When it runs: the disk cache is on, the plan runs on at least two threads (so the caller
+gave numbaconv at least two cores; a Dask worker of one thread never starts a helper),
+the operands take at most ``config.COMPILE_AHEAD_MAX_BYTES`` (the helper allocates zeros
+of the same shapes), and ``config.COMPILE_AHEAD`` (``NUMBACONV_COMPILE_AHEAD=0`` turns it
+off). Whatever goes wrong with the helper (it cannot start, fails, or dies), the call
+compiles the rest itself; the helper is stopped when the call ends.
+"""
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import config
+
+#: The longest a kernel is waited for before it is compiled here anyway (seconds).
+WAIT_LIMIT = 300
+
+#: Set in the helper process (it never starts a helper of its own).
+_CHILD_ENV = "NUMBACONV_AHEAD_CHILD"
+
+_local = threading.local()
+
+
+def _key(disp, args):
+    """A kernel and argument types, as both processes spell them."""
+    f = disp.py_func
+    return f"{f.__module__}.{f.__qualname__}{tuple(str(a) for a in args)}"
+
+
+def _args_of(sig):
+    from numba.core import sigutils
+    args, _ = sigutils.normalize_signature(sig)
+    return tuple(args)
+
+
+def _missing(disp, sig):
+    """Whether ``disp`` would compile ``sig`` rather than load it from the disk cache."""
+    try:
+        cache = disp._cache
+        if not getattr(cache, "_enabled", False):
+            return False
+        key = cache._index_key(sig, disp.targetctx.codegen())
+        return key not in cache._cache_file._load_index()
+    except Exception:  # Numba's cache internals changed: no helper, nothing lost
+        return False
+
+
+def _spec(a):
+    """What the helper needs to make an array of the same Numba type as ``a``."""
+    import numpy as np
+    if not isinstance(a, np.ndarray):
+        return ("value", a)
+    layout = ("C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A")
+    return ("array", a.shape, a.dtype.str if a.dtype.names is None else a.dtype,
+            a.dtype.name, layout, bool(a.flags.writeable))
+
+
+def _zeros(spec):
+    import numpy as np
+    if spec[0] == "value":
+        return spec[1]
+    _, shape, dstr, name, layout, writeable = spec
+    try:
+        dt = np.dtype(dstr)
+        if dt.kind == "V":  # bfloat16 and other registered extension dtypes
+            raise TypeError
+    except TypeError:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 by name)
+        dt = np.dtype(name)
+    if layout == "A":  # a strided view: every other element of a doubled last axis
+        big = np.zeros((*shape[:-1], 2 * shape[-1]) if shape else (2,), dt)
+        a = big[..., ::2] if shape else big[:1]
+    else:
+        a = np.zeros(shape, dt, order=layout)
+    if not writeable:
+        a.flags.writeable = False
+    return a
+
+
+def _stderr():
+    """The helper's standard error: ``NUMBACONV_AHEAD_LOG`` (a file) where set, else none."""
+    path = os.environ.get("NUMBACONV_AHEAD_LOG")
+    return open(path, "a") if path else subprocess.DEVNULL
+
+
+def _cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def enabled(plan, operands, cached):
+    """Whether ``plan``'s first call on ``operands`` may start a helper (``cached``: kernels
+    go to the disk cache, where alone a helper's work can reach this process)."""
+    if not config.COMPILE_AHEAD or os.environ.get(_CHILD_ENV) == "1":
+        return False
+    if not cached or plan.threads < 2:
+        return False
+    if _cores() < 2:
+        return False
+    nbytes = sum(getattr(a, "nbytes", 0) for a in operands.values())
+    return nbytes <= config.COMPILE_AHEAD_MAX_BYTES
+
+
+class Session:
+    """One plan's first call in this process: the helper, once a kernel misses the cache."""
+
+    def __init__(self, plan, operands):
+        self.plan = plan
+        self.operands = operands
+        self.proc = None
+        self.tried = False
+        self.state = {}          # key -> "S" (helper compiling it), "D" (done), "F" (failed)
+        self.found = None        # the keys the helper's walk recorded
+        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        self.alive = False
+        self.waited = 0          # kernels this process loaded after waiting for the helper
+        self.compiled = []       # the keys this process compiled or loaded itself
+
+    # in this process ----------------------------------------------------------------
+    def before_compile(self, disp, sig):
+        """Called before this process compiles (or loads) ``disp`` for ``sig``."""
+        args = _args_of(sig)
+        if args in disp.overloads:
+            return
+        key = _key(disp, args)
+        self.compiled.append(key)
+        if self.proc is None:
+            with self.lock:
+                if not self.tried and _missing(disp, sig):
+                    self.tried = True
+                    self._start()
+            return
+        with self.cond:
+            if self.state.get(key) == "S":
+                self.waited += 1
+            deadline = time.monotonic() + WAIT_LIMIT
+            while (self.state.get(key) == "S" and self.alive
+                   and time.monotonic() < deadline):
+                self.cond.wait(0.1)
+
+    def _start(self):
+        if not sys.executable or getattr(sys, "frozen", False):  # no Python to start
+            return
+        try:
+            spec = {k: _spec(a) for k, a in self.operands.items()}
+            cfg = {}
+            for k in dir(config):
+                if k.isupper():
+                    try:
+                        cfg[k] = pickle.loads(pickle.dumps(getattr(config, k)))
+                    except Exception:
+                        pass
+            fd, path = tempfile.mkstemp(prefix="numbaconv-ahead-", suffix=".pkl")
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump((self.plan, spec, cfg), f)
+            env = dict(os.environ)
+            env[_CHILD_ENV] = "1"
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from numbaconv.backends.ahead import main; main()", path], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=_stderr(), env=env, text=True)
+        except Exception:
+            self.proc = None
+            return
+        self.alive = True
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        try:
+            for line in self.proc.stdout:
+                try:
+                    tag, payload = json.loads(line)
+                except ValueError:
+                    continue
+                with self.cond:
+                    if tag == "found":
+                        self.found = payload
+                    else:
+                        self.state[payload] = tag
+                    self.cond.notify_all()
+        except Exception:
+            pass
+        finally:
+            with self.cond:
+                self.alive = False
+                self.cond.notify_all()
+
+    def close(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(5)
+        self.proc.stdout.close()
+
+
+def current():
+    """This thread's session, or None."""
+    return getattr(_local, "session", None)
+
+
+def adopt(s):
+    """Make ``s`` this thread's session (a worker thread of the call); returns the one it
+    replaces."""
+    prev = current()
+    _local.session = s
+    return prev
+
+
+class session:
+    """``with session(plan, operands, cached):`` around a plan's first execution (no-op
+    where :func:`enabled` says no)."""
+
+    __slots__ = ("s", "prev")
+
+    def __init__(self, plan, operands, cached):
+        self.s = Session(plan, operands) if enabled(plan, operands, cached) else None
+
+    def __enter__(self):
+        self.prev = current()
+        if self.s is not None:
+            _local.session = self.s
+        return self.s
+
+    def __exit__(self, *exc):
+        if self.s is not None:
+            _local.session = self.prev
+            self.s.close()
+        return False
+
+
+# in the helper process (numbaconv.backends.ahead) --------------------------------------
+_found = None   # the walk's recorded (dispatcher, signature, key), in order, while walking
+_found_lock = threading.Lock()
+
+
+def walking():
+    return _found is not None
+
+
+def record(disp, sig):
+    """Note that the walk reached ``disp`` for ``sig`` (as this process would compile it:
+    the disk cache's key includes the signature's form)."""
+    key = _key(disp, _args_of(sig))
+    with _found_lock:  # the call's worker threads walk too
+        if all(k != key for _, _, k in _found):
+            _found.append((disp, sig, key))
+
+
+def start_walk():
+    global _found
+    _found = []
+
+
+def end_walk():
+    """The walk's records, ``[(dispatcher, signature, key)]`` in order; walking stops."""
+    global _found
+    found, _found = _found, None
+    return found

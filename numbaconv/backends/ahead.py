@@ -1,0 +1,48 @@
+"""The helper process of compiling ahead (see :mod:`numbaconv._ahead`): walk a plan's first
+call on zero operands, recording its compile units, then compile them from the last one
+backwards into the disk cache, reporting each start and end as a JSON line on stdout."""
+import json
+import os
+import pickle
+import sys
+
+from .. import _ahead, config
+from . import cpu
+from .._ahead import _zeros
+
+
+def _say(tag, payload):
+    sys.stdout.write(json.dumps([tag, payload]) + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    """The helper process: ``python -c "from numbaconv.backends.ahead import main; main()"
+    FILE`` (not ``-m``, which would make this module ``__main__``, a second copy of it)."""
+    path = sys.argv[1]
+    with open(path, "rb") as f:
+        plan, spec, cfg = pickle.load(f)
+    os.unlink(path)
+    for k, v in cfg.items():
+        setattr(config, k, v)
+    operands = {k: _zeros(s) for k, s in spec.items()}
+    _ahead.start_walk()
+    try:
+        cpu.execute(plan, operands)
+    except BaseException:  # the walk stops where the plan's code needed a real result
+        if os.environ.get("NUMBACONV_AHEAD_LOG"):
+            import traceback
+            traceback.print_exc()
+    found = _ahead.end_walk()
+    if os.environ.get("NUMBACONV_AHEAD_LOG"):
+        print("found", *[k for _, _, k in found], sep="\n  ", file=sys.stderr)
+    _say("found", [k for _, _, k in found])
+    for disp, sig, key in reversed(found):
+        _say("S", key)
+        try:
+            disp.compile(sig)
+        except Exception:
+            _say("F", key)
+            continue
+        _say("D", key)
+
