@@ -250,6 +250,50 @@ def test_public_ops_take_device_arrays():
     assert worst < 1e-12, r.stdout
 
 
+_STREAM_CODE = """
+import numpy as np
+from numba import cuda
+import numbaconv
+rng = np.random.default_rng(1)
+x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)   # NCHW: gather and scatter run
+w = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+dy = rng.standard_normal((2, 6, 5, 5)).astype(np.float32)
+s = cuda.stream()
+dx_, dw_, ddy = cuda.to_device(x, stream=s), cuda.to_device(w, stream=s), cuda.to_device(dy, stream=s)
+worst = 0.0
+calls = [
+    (numbaconv.conv2d, (dx_, dw_, 1, "SAME"), (x, w, 1, "SAME")),
+    (numbaconv.conv2d_backprop_input, ((2, 4, 5, 5), dw_, ddy, 1, "SAME"),
+     ((2, 4, 5, 5), w, dy, 1, "SAME")),
+    (numbaconv.conv2d_backprop_filter, (dx_, (3, 3, 4, 6), ddy, 1, "SAME"),
+     (x, (3, 3, 4, 6), dy, 1, "SAME")),
+]
+for fn, dargs, hargs in calls:
+    got = fn(*dargs, data_format="NCHW", stream=s)
+    assert got.stream is s, (fn.__name__, got.stream)
+    s.synchronize()
+    want = fn(*hargs, data_format="NCHW")
+    worst = max(worst, float(np.max(np.abs(got.copy_to_host() - want)) / np.max(np.abs(want))))
+try:
+    numbaconv.conv2d(dx_, dw_, 1, "SAME", data_format="NCHW", stream=object())
+except TypeError as exc:
+    assert str(exc).startswith("stream: "), exc
+else:
+    raise AssertionError("a bad stream was accepted")
+print(f"worst {worst:.3g}")
+"""
+
+
+def test_public_stream_keyword_on_device():
+    """``stream=`` through the public ops with device arrays (the simulator's without a
+    GPU): the result belongs to the given numba stream and matches the host call; an
+    object that is no stream is a TypeError naming ``stream``."""
+    r = subprocess.run([sys.executable, "-c", _STREAM_CODE], capture_output=True, text=True,
+                       env=_env(), cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
+
+
 def test_no_gpu_is_a_clear_error():
     """A device array without a usable GPU: RuntimeError naming the argument, no crash."""
     code = """

@@ -178,6 +178,26 @@ def stream_handle(stream):
                         f"an integer handle), got {type(stream).__name__}") from None
 
 
+def check_stream(stream):
+    """``stream`` if it is a stream :func:`execute` can launch on: None, a numba stream
+    (the simulator's too), an object with an integer ``cuda_stream`` (PyTorch) or ``ptr``
+    (CuPy) attribute, or a non-negative integer handle; a TypeError or ValueError naming
+    ``stream`` otherwise."""
+    if stream is None:
+        return None
+    if isinstance(stream, (bool, float, str, bytes)):
+        raise TypeError(f"stream: expected a CUDA stream (numba, CuPy or PyTorch stream, or "
+                        f"an integer handle), got {stream!r}")
+    if simulator():
+        from numba import cuda
+        if isinstance(stream, cuda.stream):
+            return stream
+    h = stream_handle(stream)  # TypeError naming stream for anything else
+    if h < 0:
+        raise ValueError(f"stream: a stream handle is a non-negative integer, got {h}")
+    return stream
+
+
 def as_device_array(value, name):
     """``value`` (exposing ``__cuda_array_interface__``) as a numba device array, zero-copy.
 
@@ -524,7 +544,9 @@ class _Call:
 
     def __init__(self, cuda, st):
         self.cuda, self.st, self.taken = cuda, st, []
-        self.key = stream_handle(st)
+        # (the simulator's streams have no handle; its launches run synchronously)
+        self.key = ("sim", id(st)) if simulator() and not isinstance(st, int) \
+            else stream_handle(st)
 
     def fresh(self, shape, dtype):
         """A new array (the caller keeps it: results), through numba's allocator and any
@@ -597,7 +619,9 @@ def _to_user(call, r, p, out):
     cdims, sel, div, identity = _layout(p, _result_which(p))
     shape = p.result_shape
     if _result_is_canonical(p, out):
-        return r.reshape(shape)
+        # (numba's reshape drops the array's stream: the result is bound to the launch one)
+        res = r.reshape(shape)
+        return res if isinstance(call.st, int) and call.st == 0 else res.bind(call.st)
     from ..kernels.cuda import layout
 
     dst = out if out is not None else call.fresh(shape, p.dtype)
@@ -780,6 +804,7 @@ def execute(plan, operands, out=None, stream=None):
     """
     p = plan.problem
     cuda = _cuda(p.op or p.direction)
+    stream = check_stream(stream)
     ops = {k: as_device_array(v, k) for k, v in operands.items()}
     dst = check_out(out, p)
     tiles = plan.tiles
