@@ -38,6 +38,10 @@ _DEPTHWISE = [
     # stride and dilation sharing a factor (2, 2): odd rows receive no tap at all
     (2, 2, 2, 2, (7, 6), (3, 2), (2, 2), (2, 1), (1, 0), (2, 1)),
 ]
+_WIDE_DEPTHWISE = [
+    (1, 2, 2, 2, (3, 70), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    (1, 2, 2, 4, (2, 75), (2, 3), (1, 2), (1, 2), (1, 2), (0, 1)),
+]
 _TILES = {  # config patches: (BM, BN, BK, TM, TN)
     "small": (4, 4, 2, 2, 2),          # 4 threads
     "odd": (6, 4, 3, 2, 2),            # 6 threads, loads not a multiple of the threads
@@ -61,6 +65,11 @@ def _groups():
                                 dtype="float64", split=True)]
     g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
                    for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
+    # depthwise weight gradients on rows wide enough for segments inside the image (the
+    # row kernel's loop without bounds tests) and for two column tiles (two partials per
+    # split); a column stride and dilation of 2 with multiplier 2
+    g["direct_wide"] = [dict(direction="bwd_w", kernel="direct", geo=geo, tiles="small")
+                        for geo in _WIDE_DEPTHWISE]
     g["gemm_depthwise"] = [dict(direction=d, kernel="gemm", geo=_DEPTHWISE[0], tiles="odd")
                            for d in dirs]
     lay = []

@@ -416,37 +416,39 @@ def depthwise_rows(p):
     dd, dh, dw = p.dilation
     if kd * kh * kw > ROWS_MAX_TAPS:
         return None
-    extra = 0
-    if p.direction != "bwd_d":
+    item = np.dtype(p.compute_dtype).itemsize
+    if p.direction == "bwd_w":
+        # registers only (kernels.cuda.depthwise.bwd_w_depthwise_rows): one accumulator per
+        # tap, a segment's dy values and one tap row's inputs; shared memory for the sum
+        # of the segments; partials per (column tile, split of the output rows)
+        from ..kernels.cuda.depthwise import bwd_w_rows_tiles
+        rw, seg = row_config("fwd", p.osz[2], sw)
+        geo = _geo(p)[0]
+        nwt = bwd_w_rows_tiles(geo, rw, seg)[0]
+        base = _cdiv(p.oc, ROWS_CHANNELS) * nwt
+        rows = p.mb * p.osz[0] * p.osz[1]
+        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
+                     rows // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                     MAX_GRID_YZ // nwt)
+        splits = max(1, splits) * nwt
+        return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+                "row_width": rw, "segments": seg, "shared_bytes": seg * ROWS_CHANNELS * item,
+                "splits": splits, "grid": (_cdiv(p.oc, ROWS_CHANNELS), splits)}
+    if p.direction == "fwd":
         rw, seg = row_config("fwd", p.osz[2], sw)
         span = (seg * rw - 1) * sw + (kw - 1) * dw + 1
         outer, last, ch = p.mb * p.osz[0] * p.osz[1], p.osz[2], p.oc
-        if p.direction == "bwd_w":  # the dy segment; the final sum reuses the rows' buffer
-            extra = seg * rw
-            if kw * seg > span:
-                return None
     else:
         rw, seg = row_config("bwd_d", p.isz[2], sw)
         ob0 = (p.pad_begin[2] - (kw - 1) * dw) // sw
         span = (seg * rw - 1 + p.pad_begin[2]) // sw - ob0 + 1
         outer, last, ch = p.mb * p.isz[0] * p.isz[1], p.isz[2], p.ic
-    shared = (kd * kh * span + extra) * ROWS_CHANNELS * np.dtype(p.compute_dtype).itemsize
+    shared = kd * kh * span * ROWS_CHANNELS * item
     if shared > ROWS_MAX_SHARED:
         return None
-    t = {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
-         "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
-         "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
-    if p.direction == "bwd_w":
-        # blocks: channel tiles x splits of the (output row, segment) steps, each split at
-        # least CUDA_SPLIT_MIN_SLICES steps
-        base = _cdiv(ch, ROWS_CHANNELS)
-        steps = outer * _cdiv(last, seg * rw)
-        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
-                     steps // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
-                     MAX_GRID_YZ)
-        t["splits"] = splits = max(1, splits)
-        t["grid"] = (base, splits)
-    return t
+    return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+            "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
+            "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
 
 
 def depthwise_args(name, dtype, geo):
@@ -456,8 +458,10 @@ def depthwise_args(name, dtype, geo):
         return (dtype, geo, *row_config("fwd", geo[12], geo[15]))
     if name == "bwd_d_depthwise_rows":
         return (dtype, geo, *row_config("bwd_d", geo[6], geo[15]))
-    if name == "bwd_w_depthwise_rows":
-        return (dtype, geo, *row_config("fwd", geo[12], geo[15]), 1)
+    if name == "bwd_w_depthwise_rows":  # one partial per column tile
+        from ..kernels.cuda.depthwise import bwd_w_rows_tiles
+        rw, nseg = row_config("fwd", geo[12], geo[15])
+        return (dtype, geo, rw, nseg, bwd_w_rows_tiles(geo, rw, nseg)[0])
     return (dtype,)
 
 
