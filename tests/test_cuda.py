@@ -63,6 +63,11 @@ def _groups():
                                 dtype="float32"),
                            dict(direction=d, kernel="gemm", geo=_GEOMETRIES[0], tiles="vec",
                                 dtype="float64", split=True)]
+    # TF32 tensor-core GEMMs (the simulator reads each thread's fragment from shared memory)
+    g["gemm_tf32"] = [dict(direction=d, kernel="gemm", geo=geo, tiles="vec", dtype="float32",
+                           precision="tf32", split=split)
+                      for d in dirs for geo, split in ((_GEOMETRIES[0], False),
+                                                       (_GEOMETRIES[1], True))]
     g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
                    for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
     # depthwise weight gradients on rows wide enough for segments inside the image (the
@@ -152,7 +157,15 @@ def _run_case(case):
         args, ops = (x, dy), {"x": _user_data(x, dfmt), "dy": _user_data(dy, dfmt)}
     ref = f(*args)
     ref_abs = f(*(np.abs(a) for a in args))
-    plan = types.SimpleNamespace(problem=p, tiles=backend.plan_tiles(p, case["kernel"]))
+    variant = ""
+    if case.get("precision") == "tf32":
+        import dataclasses
+        p = dataclasses.replace(p, precision="tf32")
+        variant = "tf32"
+    tiles = backend.plan_tiles(p, case["kernel"])
+    if variant and backend.tf32_declines(p, tiles) is not None:
+        return f"gemm[tf32] declines: {backend.tf32_declines(p, tiles)}"
+    plan = types.SimpleNamespace(problem=p, tiles=tiles, variant=variant)
     if case.get("split") and direction != "bwd_w" and plan.tiles["splits"] < 2:
         return f"expected a split K, got tiles {plan.tiles}"
     out = None
@@ -174,8 +187,9 @@ def _run_case(case):
     if case.get("empty"):
         return None if not np.any(got) else "empty problem: result not zero"
     err = reference.normalized_error(got.astype(np.float64), ref, ref_abs)
-    if not err <= reference.TOLERANCE[dtype]:
-        return f"error {err:.3g} > {reference.TOLERANCE[dtype]:.0e} (tiles {dict(plan.tiles)})"
+    tol = reference.TF32_TOLERANCE if variant == "tf32" else reference.TOLERANCE[dtype]
+    if not err <= tol:
+        return f"error {err:.3g} > {tol:.0e} (tiles {dict(plan.tiles)})"
     return None
 
 

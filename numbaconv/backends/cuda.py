@@ -495,10 +495,40 @@ def gpu_plan(problem, strategy=None):
         if kernel == "gemm" and accepts(problem, "gemm") is not None:
             kernel, reason = "direct", f"gemm declined ({accepts(problem, 'gemm')})"
     tiles = plan_tiles(problem, kernel)
-    return {"strategy": kernel, "variant": "cuda-depthwise" if kernel == "direct" else "cuda",
-            "tiles": tiles, "threads": tiles["threads"],
-            "workspace_bytes": workspace_bytes(problem, tiles), "reason": reason,
-            "declined": ()}
+    variant = "cuda-depthwise" if kernel == "direct" else "cuda"
+    declined = ()
+    if problem.precision == "tf32":
+        why = tf32_declines(problem, tiles)
+        if why is None:
+            variant, reason = "tf32", (reason + "; precision='tf32': tensor cores (mma.sync "
+                                       "m16n8k8, TF32 operands, float32 sums)")
+        else:
+            declined = (("gemm[tf32]", why),)
+            reason += f"; exact float32 (gemm[tf32] declines: {why})"
+    return {"strategy": kernel, "variant": variant, "tiles": tiles,
+            "threads": tiles["threads"], "workspace_bytes": workspace_bytes(problem, tiles),
+            "reason": reason, "declined": declined}
+
+
+#: The GPU's planner entries, best first, as ``Plan.strategy[Plan.variant]`` names them:
+#: ``gemm[tf32]`` (``precision="tf32"`` only), ``gemm[cuda]``, ``direct[rows]`` and
+#: ``direct[cuda-depthwise]`` (the row kernels' plans carry ``variant: rows`` in their tiles).
+GPU_ENTRIES = ("gemm[tf32]", "gemm[cuda]", "direct[cuda-depthwise]")
+
+
+def tf32_declines(problem, tiles):
+    """None where the TF32 GEMM entry takes ``problem`` with ``tiles``, else why not: it
+    needs ``precision="tf32"``, float32 operands, the GEMM kernels (the direct kernels have
+    no tensor-core path) and a tile of whole m16n8k8 warp tiles."""
+    if problem.precision != "tf32":
+        return "precision is not 'tf32'"
+    if problem.compute_dtype != "float32":
+        return f"TF32 takes float32 operands, not {problem.dtype}"
+    if tiles.get("kernel") != "gemm":
+        return "the direct kernels (depthwise, few channels) have no tensor-core path"
+    from ..kernels.cuda.gemm import tf32_tile_reason
+    return tf32_tile_reason("float32", tiles["block_m"], tiles["block_n"], tiles["block_k"],
+                            tiles["thread_m"], tiles["thread_n"])
 
 
 # -- layouts ---------------------------------------------------------------------------------
@@ -701,7 +731,7 @@ def _geo(p):
     return got
 
 
-def _run(call, p, t, ops, out):
+def _run(call, p, t, ops, out, variant=""):
     """Launch the kernels of tiles ``t`` on the canonical operands ``ops`` (flat views for
     ``gemm`` and the row kernels); returns the contiguous canonical result (a fresh array
     where it is the call's result as it is, else a pooled one)."""
@@ -721,7 +751,8 @@ def _run(call, p, t, ops, out):
     if t["kernel"] == "gemm":
         tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
         kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
-                "bwd_w": gemm.bwd_w_gemm}[p.direction](ct, *tile, geo, splits)
+                "bwd_w": gemm.bwd_w_gemm}[p.direction](
+                    ct, *tile, geo, splits, *(("tf32",) if variant == "tf32" else ()))
         a, b = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
         if splits == 1:
             r = result(n)
@@ -841,7 +872,7 @@ def execute(plan, operands, out=None, stream=None):
     else:
         flat = tiles["kernel"] == "gemm" or tiles.get("variant") == "rows"
         canon = {k: _to_canonical(call, a, p, k, flat) for k, a in ops.items()}
-        r = _run(call, p, tiles, canon, dst)
+        r = _run(call, p, tiles, canon, dst, plan.variant)
     res = _to_user(call, r, p, dst)
     call.done()
     return res
