@@ -268,6 +268,10 @@ def conv2d_backprop_input(input_sizes, filter, out_backprop, strides, padding,
     explicit_paddings : 8 ints with ``padding="EXPLICIT"``
     name : optional label for errors
     out : optional preallocated result; strategy, tune : see :func:`numbaconv.plan`
+    stream : device calls only: the CUDA stream (numba, CuPy, PyTorch or a handle) the
+        call's kernels go on; refused for NumPy arrays (docs/contract.md section 11)
+    precision : None or ``"tf32"``: device float32 calls only, tensor cores with TF32
+        operands and float32 sums
 
     Returns
     -------
