@@ -15,6 +15,10 @@ import numpy as np
 
 DIRECTIONS = ("fwd", "bwd_d", "bwd_w")
 DTYPES = ("float16", "float32", "float64", "bfloat16")
+#: ``ConvProblem.precision``: ``"exact"`` computes in the compute dtype's own arithmetic;
+#: ``"tf32"`` (float32 problems on the GPU, ``precision="tf32"``) lets the GPU's tensor
+#: cores multiply operands rounded to TF32 (10 mantissa bits), accumulating in float32.
+PRECISIONS = ("exact", "tf32")
 #: The user's dtypes computed in float32 and rounded once at the end.
 FLOAT32_COMPUTED = ("float16", "bfloat16")
 
@@ -55,6 +59,10 @@ class ConvProblem:
     multiplier : int
         The channel multiplier of an ``XIM`` filter, kept because ``oc // ic`` cannot give
         it back when there are no channels (0 otherwise).
+    precision : {"exact", "tf32"}
+        What the multiply-adds may round: ``"exact"`` (the default) none beyond the compute
+        dtype's own rounding; ``"tf32"`` the operands to TF32 on the GPU's tensor cores
+        (an entry that has no TF32 path computes exactly).
     """
 
     direction: str
@@ -75,6 +83,7 @@ class ConvProblem:
     filter_format: str = "XIO"
     op: str = field(default="", compare=False)
     multiplier: int = 0
+    precision: str = "exact"
 
     # -- derived sizes -------------------------------------------------------------------
     @property
@@ -154,4 +163,5 @@ class ConvProblem:
                      if self.pad_end[a] != self.pad_begin[a])
         # benchdnn's d0 is "no dilation": store d-1 as it does.
         s += "".join(f"d{names[a]}{self.dilation[a] - 1}" for a in axes if self.dilation[a] != 1)
-        return s + f"_{self.dtype}"
+        s += f"_{self.dtype}"
+        return s if self.precision == "exact" else s + f"_{self.precision}"

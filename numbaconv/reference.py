@@ -86,6 +86,10 @@ def normalized_error(got, ref, ref_abs):
     return err / scale if scale > 0 else err
 
 
+#: Bound of float32 problems computed with ``precision="tf32"``: every product's operands
+#: are rounded to TF32 (relative error at most 2^-11 each, so 2^-10 + 2^-22 per product,
+#: summed at most 2^-10 of ``ref_abs``), plus float32's own bound for the sums.
+TF32_TOLERANCE = 2 ** -10 + 1e-5
 #: bfloat16 (inputs exact, accumulated in float32, rounded once): the rounding's relative
 #: error, at most 2^-8 (half a unit in the last of its 8 significant bits), plus float32's
 #: bound for the accumulation (docs/contract.md section 10).

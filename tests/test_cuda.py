@@ -38,6 +38,10 @@ _DEPTHWISE = [
     # stride and dilation sharing a factor (2, 2): odd rows receive no tap at all
     (2, 2, 2, 2, (7, 6), (3, 2), (2, 2), (2, 1), (1, 0), (2, 1)),
 ]
+_WIDE_DEPTHWISE = [
+    (1, 2, 2, 2, (3, 70), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    (1, 2, 2, 4, (2, 75), (2, 3), (1, 2), (1, 2), (1, 2), (0, 1)),
+]
 _TILES = {  # config patches: (BM, BN, BK, TM, TN)
     "small": (4, 4, 2, 2, 2),          # 4 threads
     "odd": (6, 4, 3, 2, 2),            # 6 threads, loads not a multiple of the threads
@@ -59,8 +63,18 @@ def _groups():
                                 dtype="float32"),
                            dict(direction=d, kernel="gemm", geo=_GEOMETRIES[0], tiles="vec",
                                 dtype="float64", split=True)]
+    # TF32 tensor-core GEMMs (the simulator reads each thread's fragment from shared memory)
+    g["gemm_tf32"] = [dict(direction=d, kernel="gemm", geo=geo, tiles="vec", dtype="float32",
+                           precision="tf32", split=split)
+                      for d in dirs for geo, split in ((_GEOMETRIES[0], False),
+                                                       (_GEOMETRIES[1], True))]
     g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
                    for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
+    # depthwise weight gradients on rows wide enough for segments inside the image (the
+    # row kernel's loop without bounds tests) and for two column tiles (two partials per
+    # split); a column stride and dilation of 2 with multiplier 2
+    g["direct_wide"] = [dict(direction="bwd_w", kernel="direct", geo=geo, tiles="small")
+                        for geo in _WIDE_DEPTHWISE]
     g["gemm_depthwise"] = [dict(direction=d, kernel="gemm", geo=_DEPTHWISE[0], tiles="odd")
                            for d in dirs]
     lay = []
@@ -143,7 +157,15 @@ def _run_case(case):
         args, ops = (x, dy), {"x": _user_data(x, dfmt), "dy": _user_data(dy, dfmt)}
     ref = f(*args)
     ref_abs = f(*(np.abs(a) for a in args))
-    plan = types.SimpleNamespace(problem=p, tiles=backend.plan_tiles(p, case["kernel"]))
+    variant = ""
+    if case.get("precision") == "tf32":
+        import dataclasses
+        p = dataclasses.replace(p, precision="tf32")
+        variant = "tf32"
+    tiles = backend.plan_tiles(p, case["kernel"])
+    if variant and backend.tf32_declines(p, tiles) is not None:
+        return f"gemm[tf32] declines: {backend.tf32_declines(p, tiles)}"
+    plan = types.SimpleNamespace(problem=p, tiles=tiles, variant=variant)
     if case.get("split") and direction != "bwd_w" and plan.tiles["splits"] < 2:
         return f"expected a split K, got tiles {plan.tiles}"
     out = None
@@ -165,8 +187,9 @@ def _run_case(case):
     if case.get("empty"):
         return None if not np.any(got) else "empty problem: result not zero"
     err = reference.normalized_error(got.astype(np.float64), ref, ref_abs)
-    if not err <= reference.TOLERANCE[dtype]:
-        return f"error {err:.3g} > {reference.TOLERANCE[dtype]:.0e} (tiles {dict(plan.tiles)})"
+    tol = reference.TF32_TOLERANCE if variant == "tf32" else reference.TOLERANCE[dtype]
+    if not err <= tol:
+        return f"error {err:.3g} > {tol:.0e} (tiles {dict(plan.tiles)})"
     return None
 
 
@@ -248,6 +271,50 @@ def test_public_ops_take_device_arrays():
     assert r.returncode == 0, r.stdout + r.stderr
     worst = float(r.stdout.split()[-1])
     assert worst < 1e-12, r.stdout
+
+
+_STREAM_CODE = """
+import numpy as np
+from numba import cuda
+import numbaconv
+rng = np.random.default_rng(1)
+x = rng.standard_normal((2, 4, 5, 5)).astype(np.float32)   # NCHW: gather and scatter run
+w = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+dy = rng.standard_normal((2, 6, 5, 5)).astype(np.float32)
+s = cuda.stream()
+dx_, dw_, ddy = cuda.to_device(x, stream=s), cuda.to_device(w, stream=s), cuda.to_device(dy, stream=s)
+worst = 0.0
+calls = [
+    (numbaconv.conv2d, (dx_, dw_, 1, "SAME"), (x, w, 1, "SAME")),
+    (numbaconv.conv2d_backprop_input, ((2, 4, 5, 5), dw_, ddy, 1, "SAME"),
+     ((2, 4, 5, 5), w, dy, 1, "SAME")),
+    (numbaconv.conv2d_backprop_filter, (dx_, (3, 3, 4, 6), ddy, 1, "SAME"),
+     (x, (3, 3, 4, 6), dy, 1, "SAME")),
+]
+for fn, dargs, hargs in calls:
+    got = fn(*dargs, data_format="NCHW", stream=s)
+    assert got.stream is s, (fn.__name__, got.stream)
+    s.synchronize()
+    want = fn(*hargs, data_format="NCHW")
+    worst = max(worst, float(np.max(np.abs(got.copy_to_host() - want)) / np.max(np.abs(want))))
+try:
+    numbaconv.conv2d(dx_, dw_, 1, "SAME", data_format="NCHW", stream=object())
+except TypeError as exc:
+    assert str(exc).startswith("stream: "), exc
+else:
+    raise AssertionError("a bad stream was accepted")
+print(f"worst {worst:.3g}")
+"""
+
+
+def test_public_stream_keyword_on_device():
+    """``stream=`` through the public ops with device arrays (the simulator's without a
+    GPU): the result belongs to the given numba stream and matches the host call; an
+    object that is no stream is a TypeError naming ``stream``."""
+    r = subprocess.run([sys.executable, "-c", _STREAM_CODE], capture_output=True, text=True,
+                       env=_env(), cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
 
 
 def test_no_gpu_is_a_clear_error():

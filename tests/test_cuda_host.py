@@ -31,13 +31,19 @@ class FakeStream:
 class FakeArray:
     """A device array stand-in: NumPy data, a stream, numba's array methods the backend uses."""
 
+    __cuda_ndarray__ = True  # (as numba's device arrays: the front ends take it as one)
+
     def __init__(self, data, stream=0):
         self.data, self.stream = data, stream
         self.shape, self.dtype, self.size = data.shape, data.dtype, data.size
         self.nbytes, self.ndim = data.nbytes, data.ndim
 
     def reshape(self, *shape):
-        return FakeArray(self.data.reshape(*shape), self.stream)
+        # (numba's reshape drops the stream, as this one does)
+        return FakeArray(self.data.reshape(*shape))
+
+    def bind(self, stream):
+        return FakeArray(self.data, stream)
 
     def is_c_contiguous(self):
         return self.data.flags.c_contiguous
@@ -109,7 +115,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(backend, "simulator", lambda: False)
     for mod, names in ((gemm, ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm", "reduce_partials")),
                        (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
-                                    "fwd_depthwise_rows", "bwd_d_depthwise_rows")),
+                                    "fwd_depthwise_rows", "bwd_d_depthwise_rows",
+                                    "bwd_w_depthwise_rows")),
                        (layout, ("gather", "scatter", "fill_zero"))):
         for n in names:
             monkeypatch.setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
@@ -219,6 +226,109 @@ def _operands_for(p):
     x = np.zeros((p.mb, *p.isz[1:], p.ic), np.float32)
     w = np.zeros((*p.ksz[1:], p.icg, p.oc), np.float32)
     return {"x": FakeArray(x), "w": FakeArray(w)}
+
+
+# -- stream= on the public front ends ----------------------------------------------------------
+def _public_calls(rng=np.random.default_rng(0)):
+    """(op, args, kwargs) of TF-style and oneDNN-style calls on device arrays (FakeArray),
+    every direction, a dense and a depthwise layer, both data layouts."""
+    import numbaconv
+
+    def dev(*shape):
+        return FakeArray(rng.standard_normal(shape).astype(np.float32))
+    x, w, dy = dev(2, 6, 6, 8), dev(3, 3, 8, 16), dev(2, 6, 6, 16)
+    xc, dyc = dev(2, 8, 6, 6), dev(2, 16, 6, 6)
+    wd, dyd = dev(3, 3, 8, 1), dev(2, 6, 6, 8)
+    return [
+        (numbaconv.conv2d, (x, w, 1, "SAME"), {}),
+        (numbaconv.conv2d_backprop_input, ((2, 6, 6, 8), w, dy, 1, "SAME"), {}),
+        (numbaconv.conv2d_backprop_filter, (x, (3, 3, 8, 16), dy, 1, "SAME"), {}),
+        (numbaconv.depthwise_conv2d_native_backprop_filter, (x, (3, 3, 8, 1), dyd, 1, "SAME"),
+         {}),
+        (numbaconv.depthwise_conv2d_native, (x, wd, 1, "SAME"), {}),
+        (numbaconv.convolution, (xc, w), dict(strides=1, pads_begin=1, pads_end=1,
+                                              data_format="NCX")),
+        (numbaconv.convolution_backprop_data, (dyc, w, (6, 6)),
+         dict(strides=1, pads_begin=1, pads_end=1, data_format="NCX")),
+        (numbaconv.convolution_backprop_filters, (xc, (3, 3), dyc),
+         dict(strides=1, pads_begin=1, pads_end=1, data_format="NCX")),
+    ]
+
+
+STREAMS = {
+    "numba": lambda h: FakeStream(h),
+    "torch": lambda h: types.SimpleNamespace(cuda_stream=h),
+    "cupy": lambda h: types.SimpleNamespace(ptr=h),
+    "handle": lambda h: h,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STREAMS))
+def test_public_stream_keyword_reaches_every_launch(fake, kind):
+    """``stream=`` of every front end reaches the backend: each kernel of the call (gather,
+    main, split-K reduction, scatter) is launched on it, every allocation is made on it,
+    and the result belongs to it, whichever way the stream is spelled."""
+    for i, (fn, args, kwargs) in enumerate(_public_calls()):
+        fake.launches.clear()
+        fake.allocs.clear()
+        h = 0x5100 + i
+        res = fn(*args, **kwargs, stream=STREAMS[kind](h))
+        assert fake.launches, fn.__name__
+        assert {s for *_, s in fake.launches} == {h}, (fn.__name__, fake.launches)
+        assert {backend.stream_handle(a.stream) for a in fake.allocs} <= {h}, fn.__name__
+        assert backend.stream_handle(res.stream) == h, fn.__name__
+        assert fake.waits == []
+
+
+def test_public_stream_keyword_orders_foreign_operands(fake):
+    """An operand on another stream than ``stream=`` is waited for on the device."""
+    import numbaconv
+
+    x = FakeArray(np.zeros((2, 6, 6, 8), np.float32), FakeStream(0x6100))
+    w = FakeArray(np.zeros((3, 3, 8, 16), np.float32))
+    numbaconv.conv2d(x, w, 1, "SAME", stream=FakeStream(0x7100))
+    assert {s for *_, s in fake.launches} == {0x7100}
+    assert fake.waits == [(0x6100, 0x7100)]
+
+
+@pytest.mark.parametrize("bad", ["s", 1.5, True, object(), -3])
+def test_public_bad_stream_names_stream(fake, bad):
+    """A stream the backend cannot launch on is a TypeError/ValueError naming ``stream``,
+    raised before any kernel is launched or memory allocated."""
+    fn, args, kwargs = _public_calls()[0]
+    with pytest.raises((TypeError, ValueError), match="^stream: "):
+        fn(*args, **kwargs, stream=bad)
+    assert fake.launches == [] and fake.allocs == []
+
+
+def test_every_public_op_takes_stream_and_precision():
+    import inspect
+
+    from numbaconv.api import _op
+    assert len(_op.REGISTRY) >= 14
+    for name, fn in _op.REGISTRY.items():
+        params = inspect.signature(fn).parameters
+        for key in ("stream", "precision"):
+            assert key in params and params[key].default is None, (name, key)
+            assert params[key].kind == params[key].KEYWORD_ONLY, (name, key)
+
+
+@pytest.mark.parametrize("stream", [0, 7, FakeStream(9), types.SimpleNamespace(ptr=3)])
+def test_numpy_call_with_stream_is_refused(stream):
+    """NumPy operands run on the host, where a stream means nothing: ``stream=`` (anything
+    but None) is a ValueError naming ``stream``, on both front ends, memoised calls too."""
+    import numbaconv
+
+    x = np.ones((1, 5, 5, 2), np.float32)
+    w = np.ones((3, 3, 2, 4), np.float32)
+    want = numbaconv.conv2d(x, w, 1, "SAME")  # (memoises the call's parse)
+    with pytest.raises(ValueError, match="^stream: .*NumPy arrays"):
+        numbaconv.conv2d(x, w, 1, "SAME", stream=stream)
+    with pytest.raises(ValueError, match="^lbl: stream: "):
+        numbaconv.conv2d(x, w, 1, "SAME", name="lbl", stream=stream)
+    with pytest.raises(ValueError, match="^stream: "):
+        numbaconv.convolution(x, w, strides=1, stream=stream)
+    np.testing.assert_array_equal(numbaconv.conv2d(x, w, 1, "SAME", stream=None), want)
 
 
 def main():  # pragma: no cover - a measurement, not a test

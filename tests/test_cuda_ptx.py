@@ -90,6 +90,11 @@ def _kernels():
                 smem = geo[7] * geo[8] * span * dwk.CT * item
                 out.append((f"{name}[{dt},{gname}]", "depthwise", name, args, ("flat", dt),
                             dwk.CT * nseg, smem))
+            # the weight gradient's row kernel: shared memory for the sum of its segments
+            args = backend.depthwise_args("bwd_w_depthwise_rows", dt, geo)
+            out.append((f"bwd_w_depthwise_rows[{dt},{gname}]", "depthwise",
+                        "bwd_w_depthwise_rows", args, ("flat", dt), dwk.CT * args[3],
+                        args[3] * dwk.CT * item))
         out.append((f"reduce_partials[{dt}]", "gemm", "reduce_partials", (dt,),
                     ("reduce", dt), ew, 0))
         out.append((f"fill_zero[{dt}]", "layout", "fill_zero", (), ("fill", dt), ew, 0))

@@ -5,7 +5,8 @@ tests). Operands are PyTorch CUDA tensors passed straight to the public generic 
 
 * Correctness: normalised error (docs/contract.md section 10) against PyTorch in float64 on the GPU.
 * Wall time: best of 5 rounds of CALLS calls then a synchronise, after a warm-up, both
-  sides; PyTorch with TF32 off (numbaconv computes in true float32), cudnn.benchmark on.
+  sides; PyTorch with TF32 off for exact rows (numbaconv computes in true float32),
+  cudnn.benchmark on.
 * Kernel time (``KT=1``, the default): the GPU time per call of every kernel the call
   launched (CUPTI through torch.profiler), which leaves out the host's launch overhead.
 * Host time: the time a call takes to return, without waiting for the GPU (numbaconv with
@@ -14,11 +15,18 @@ tests). Operands are PyTorch CUDA tensors passed straight to the public generic 
 * Per (suite, pass) the geometric means of the ratios torch/numbaconv (above 1: numbaconv
   faster) of wall time, of wall time with ``out=``, and of kernel time.
 
-Environment: SUITES, LAYERS (comma-separated names), DTYPES, PASSES, CALLS, TIME=0 (errors
-only), KT=0 (no kernel time), PLAN=0 (no plans). Example: ``python tools/gpu_check.py``.
-Exit status 1 if any error is above the tolerance.
+* ``PRECISIONS=exact,tf32`` (float32 layers): ``tf32`` rows call numbaconv with
+  ``precision="tf32"`` (the ``gemm[tf32]`` tensor-core kernels) and time PyTorch with TF32
+  on (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32``);
+  their error bound is ``TF32_TOLERANCE``. ``exact`` rows keep both sides in true float32.
+
+Environment: SUITES, LAYERS (comma-separated names), DTYPES, PASSES, PRECISIONS (default
+``exact``), CALLS, TIME=0 (errors only), KT=0 (no kernel time), PLAN=0 (no plans). Example:
+``PRECISIONS=exact,tf32 python tools/gpu_check.py``. Exit status 1 if any error is above
+the tolerance.
 """
 from collections import defaultdict
+import dataclasses
 import math
 import os
 import sys
@@ -30,7 +38,7 @@ import torch.nn.functional as F
 
 import numbaconv
 from numbaconv import suites
-from numbaconv.reference import TOLERANCE
+from numbaconv.reference import TF32_TOLERANCE, TOLERANCE
 
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -39,6 +47,13 @@ dev = "cuda"
 SUITES = os.environ.get("SUITES", "resnet50,mobilenet_v2_dw,resnext3d,conv1d").split(",")
 DTYPES = os.environ.get("DTYPES", "float32").split(",")
 PASSES = os.environ.get("PASSES", "fwd,bwd_d,bwd_w").split(",")
+PRECISIONS = os.environ.get("PRECISIONS", "exact").split(",")
+
+
+def torch_tf32(on):
+    """PyTorch's TF32 switches (convolutions and matrix products) on or off."""
+    torch.backends.cudnn.allow_tf32 = on
+    torch.backends.cuda.matmul.allow_tf32 = on
 ROUNDS, CALLS = 5, int(os.environ.get("CALLS", "5"))
 TIME = os.environ.get("TIME", "1") == "1"
 
@@ -127,7 +142,7 @@ def _geomeans(label, rows):
     """Print the geometric mean ratio per (suite, pass, dtype)."""
     groups = defaultdict(list)
     for key_suite, d, dt, r in rows:
-        groups[(key_suite, d, dt)].append(math.log(r))
+        groups[(key_suite, d, dt)].append(math.log(r))  # dt: dtype, "+tf32" for tf32 rows
     for k, v in groups.items():
         print(label, *k, f"{math.exp(sum(v) / len(v)):.3f}")
 
@@ -149,13 +164,19 @@ def main():
             for dt in DTYPES:
                 X, W, DY = (torch.from_numpy(a).to(dev).to(getattr(torch, dt)) for a in (x, w, dy))
                 X64, W64, DY64 = (a.to(torch.float64) for a in (X, W, DY))
-                for d in PASSES:
+                for d, prec in [(d, p) for d in PASSES for p in PRECISIONS
+                                if p == "exact" or dt == "float32"]:
                     c = suites.call(lay, d, arrays=(X, W, DY))
+                    if prec == "tf32":
+                        c = dataclasses.replace(c, kwargs=dict(c.kwargs, precision="tf32"))
+                    torch_tf32(prec == "tf32")  # PyTorch at the same precision
+                    tag = dt if prec == "exact" else dt + "+tf32"
+                    tol = TOLERANCE[dt] if prec == "exact" else TF32_TOLERANCE
                     fn = getattr(numbaconv, c.op)
                     try:
                         got = fn(*c.args, **c.kwargs)
                     except Exception as exc:
-                        print(f"{suite:16s} {lay.name:24s} {d:5s} {dt:7s} ERROR {type(exc).__name__}: {exc}", flush=True)
+                        print(f"{suite:16s} {lay.name:24s} {d:5s} {tag:12s} ERROR {type(exc).__name__}: {exc}", flush=True)
                         bad += 1
                         continue
                     got = torch.as_tensor(got, device=dev).to(torch.float64)
@@ -164,9 +185,9 @@ def main():
                     fa, _ = torch_fn(lay, d, X64.abs(), W64.abs(), DY64.abs())
                     ref_abs = out(fa())
                     err = ((got - ref).abs().max() / ref_abs.abs().max().clamp_min(1e-300)).item()
-                    ok = err <= TOLERANCE[dt]
+                    ok = err <= tol
                     bad += not ok
-                    line = f"{suite:16s} {lay.name:24s} {d:5s} {dt:7s} err {err:9.2e} {'ok ' if ok else 'BAD'}"
+                    line = f"{suite:16s} {lay.name:24s} {d:5s} {tag:12s} err {err:9.2e} {'ok ' if ok else 'BAD'}"
                     if PLAN:
                         print("    plan:", numbaconv.plan(c.op, *c.args, **c.kwargs), flush=True)
                     if TIME:
@@ -182,13 +203,13 @@ def main():
                         line += (f"  wall nc {tn:8.3f} ms (out= {to:8.3f})  torch {tt:8.3f} ms"
                                  f"  ratio {tt / tn:6.3f} (out= {tt / to:6.3f})"
                                  f"  host nc {hn:7.1f} us  torch {ht:7.1f} us")
-                        rows.append((suite, d, dt, tt / tn))
-                        orows.append((suite, d, dt, tt / to))
+                        rows.append((suite, d, tag, tt / tn))
+                        orows.append((suite, d, tag, tt / to))
                         if KT:
                             kn = kernel_ms(lambda: fn(*c.args, **c.kwargs))
                             kt = kernel_ms(tf)
                             line += f"  kernels nc {kn:8.3f} torch {kt:8.3f} ratio {kt / kn:6.3f}"
-                            krows.append((suite, d, dt, kt / kn))
+                            krows.append((suite, d, tag, kt / kn))
                     print(line, flush=True)
     _geomeans("wall geomean", rows)
     _geomeans("wall geomean with out=", orows)

@@ -368,96 +368,146 @@ def bwd_d_depthwise_rows(dtype, geo, rw, nseg):
     return cuda.jit(bwd_d_depthwise_rows)
 
 
+def bwd_w_rows_tiles(geo, rw, nseg):
+    """``(column tiles, interior segments' first and last output column)`` of the weight
+    gradient's row kernel: a block covers ``WT = nseg * rw`` output columns; a segment whose
+    ``rw`` outputs and every input column they read lie inside the image (no padding) takes
+    the kernel's loop without bounds tests."""
+    kw, iw, ow, sw, dw, pw = geo[9], geo[6], geo[12], geo[15], geo[18], geo[21]
+    lo = -(-pw // sw)  # first output whose first tap's column is >= 0
+    # last output whose last tap's column is < iw
+    hi = min(ow - 1, (iw - 1 + pw - (kw - 1) * dw) // sw)
+    return -(-ow // (nseg * rw)), lo, hi
+
+
 @functools.lru_cache(maxsize=256)
 def bwd_w_depthwise_rows(dtype, geo, rw, nseg, nsplit):
     """``part[j, t, 0, k] = sum x[n, o*s - p + t*d, k // ocg] * dy[n, o, k]`` over the
-    output rows of split ``j``, for ``icg == 1``.
+    output rows and column tile of partial ``j``, for ``icg == 1``.
 
     Flat ``x``, ``dy``, ``part`` (``[nsplit, kd*kh*kw*oc]``, fully written). Grid
-    ``(ceil(oc/CT), nsplit)``, ``CT*nseg`` threads. The block steps over (output row, segment
-    of ``WT`` positions) pairs ``[Q*j // nsplit, Q*(j+1) // nsplit)``; per step it stages the
-    input rows (as the forward kernel) and the ``dy`` segment, and each thread adds its
-    ``rw`` positions' products into one register per tap. The ``nseg`` threads of a channel
-    are summed at the end through shared memory, in a fixed order.
+    ``(ceil(oc/CT), nsplit)``, ``CT*nseg`` threads; ``nsplit`` is a multiple of the column
+    tiles ``NWT`` (:func:`bwd_w_rows_tiles`): block ``(bx, j)`` owns channels
+    ``bx*CT + lane``, output columns ``[(j % NWT)*WT, +WT)`` and the output rows
+    ``[R*i // S, R*(i+1) // S)`` of ``R = mb*od*oh``, ``i = j // NWT``,
+    ``S = nsplit // NWT``.
+
+    Thread ``(segment sg, lane)`` keeps one accumulator per tap in registers and steps
+    over its rows: per row it loads its ``rw`` values of ``dy`` and, per tap row, the
+    ``(rw-1)*sw + (kw-1)*dw + 1`` input values its outputs read, straight from global
+    memory (channels-last, the lanes on consecutive channels: each warp load is one
+    coalesced run; no value is read by two threads of a block but the ``kw-1`` columns of
+    overlap between segments, so shared memory would only add copies), at the row's base
+    plus compile-time offsets. The geometry is compile-time, the row's coordinates are
+    counters, the tap rows' bounds are tested once per row, the columns' once per
+    thread: segments inside the image take a loop with no bounds test at all, the
+    image's first and last segments one that tests each column. Lanes past ``oc`` read
+    channel ``oc - 1`` and store nothing. The ``nseg`` segments of a channel are summed
+    at the end through shared memory, tap by tap, in a fixed order.
     """
     T = _TYPES[dtype]
     MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
     IC, OC = G * ICG, G * OCG
     WT = nseg * rw
     NSEG = nseg
-    NWT = -(-OW // WT)
-    SPAN = fwd_rows_span(geo, rw, nseg)
+    NWT, LO, HI = bwd_w_rows_tiles(geo, rw, nseg)
+    if nsplit % NWT:
+        raise ValueError(f"bwd_w_depthwise_rows: {nsplit} partials are no multiple of the "
+                         f"{NWT} column tiles")
+    SPL = nsplit // NWT
     ROWS = KD * KH
     KT = ROWS * KW
-    SSZ = ROWS * SPAN * CT
-    DSZ = WT * CT
-    if KT * NSEG > ROWS * SPAN:
-        raise ValueError("bwd_w_depthwise_rows: the final sum needs more shared memory "
-                         "than the staged rows")
     RW = rw
-    Q = MB * OD * OH * NWT
+    XS = (rw - 1) * SW + (KW - 1) * DW + 1  # input columns a segment's row reads
+    R = MB * OD * OH
     PS = KT * OC
+    XROW = IW * IC   # elements between input rows
+    XPL = IH * XROW  # between input planes
+    RSZ = NSEG * CT
+
+    def segment_rows(x, dy, acc, xv, dv, r0, r1, kx, ky, cb, ob, EDGE):
+        """The multiply-adds of one segment over output rows ``[r0, r1)``: ``kx``/``ky``
+        the lane's channel in ``x``/``dy``, ``cb`` its first input column, ``ob`` its
+        first output column. ``EDGE`` (a constant) tests every column."""
+        o_h = r0 % OH
+        t = r0 // OH
+        o_d = t % OD
+        n = t // OD
+        for r in range(r0, r1):
+            i_d0 = o_d * SD - PD
+            i_h0 = o_h * SH - PH
+            # the first tap row's element offset; the others are compile-time offsets on it
+            xb = ((n * ID + i_d0) * IH + i_h0) * XROW + cb * IC + kx
+            yb = (((n * OD + o_d) * OH + o_h) * OW + ob) * OC + ky
+            for q in range(RW):
+                if EDGE:
+                    v = T(0)
+                    if ob + q < OW:
+                        v = dy[uint64(yb + q * OC)]
+                    dv[q] = v
+                else:
+                    dv[q] = dy[uint64(yb + q * OC)]
+            for td in range(KD):
+                okd = i_d0 + td * DD >= 0 and i_d0 + td * DD < ID
+                for th in range(KH):
+                    if okd and i_h0 + th * DH >= 0 and i_h0 + th * DH < IH:
+                        rb = xb + td * DD * XPL + th * DH * XROW
+                        for s in range(XS):
+                            if EDGE:
+                                v = T(0)
+                                if cb + s >= 0 and cb + s < IW:
+                                    v = x[uint64(rb + s * IC)]
+                                xv[s] = v
+                            else:
+                                xv[s] = x[uint64(rb + s * IC)]
+                        for tw in range(KW):
+                            a = (td * KH + th) * KW + tw
+                            for q in range(RW):
+                                acc[a] += xv[q * SW + tw * DW] * dv[q]
+            o_h += 1
+            if o_h == OH:
+                o_h = 0
+                o_d += 1
+                if o_d == OD:
+                    o_d = 0
+                    n += 1
+
+    segment_rows = cuda.jit(device=True, inline="always")(segment_rows)
 
     def bwd_w_depthwise_rows(x, dy, part):
-        S = cuda.shared.array(SSZ, T)
-        D = cuda.shared.array(DSZ, T)
-        R = S  # the final sum's buffer, once S is no longer read (RSZ <= SSZ)
+        Rs = cuda.shared.array(RSZ, T)
         acc = cuda.local.array(KT, T)
+        xv = cuda.local.array(XS, T)
         dv = cuda.local.array(RW, T)
         tid = cuda.threadIdx.x
         cl = tid % CT
         sg = tid // CT
-        k0 = cuda.blockIdx.x * CT
-        sp = cuda.blockIdx.y
+        k = cuda.blockIdx.x * CT + cl
+        j = cuda.blockIdx.y
+        wt = j % NWT
+        sp = j // NWT
+        ky = k if k < OC else OC - 1
+        kx = ky // OCG
+        ob = wt * WT + sg * RW
+        cb = ob * SW - PW
         for t in range(KT):
             acc[t] = T(0)
-        base = sg * RW * SW * CT + cl
-        dbase = sg * RW * CT + cl
-        for it in range(Q * sp // nsplit, Q * (sp + 1) // nsplit):
-            w0 = (it % NWT) * WT
-            r = it // NWT
-            o_h = r % OH
-            r = r // OH
-            o_d = r % OD
-            n = r // OD
-            for e in range(tid, SSZ, CT * NSEG):
-                c = e % CT
-                s = (e // CT) % SPAN
-                row = e // (CT * SPAN)
-                i_d = o_d * SD - PD + (row // KH) * DD
-                i_h = o_h * SH - PH + (row % KH) * DH
-                i_w = w0 * SW - PW + s
-                kc = k0 + c
-                v = T(0)
-                if (kc < OC and i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
-                        and i_w >= 0 and i_w < IW):
-                    v = x[uint64((((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + kc // OCG)]
-                S[uint64(e)] = v
-            for e in range(tid, DSZ, CT * NSEG):
-                kc = k0 + e % CT
-                o_w = w0 + e // CT
-                v = T(0)
-                if kc < OC and o_w < OW:
-                    v = dy[uint64((((n * OD + o_d) * OH + o_h) * OW + o_w) * OC + kc)]
-                D[uint64(e)] = v
-            cuda.syncthreads()
-            for q in range(RW):
-                dv[q] = D[uint64(dbase + q * CT)]
-            for row in range(ROWS):
-                for tw in range(KW):
-                    for q in range(RW):
-                        acc[row * KW + tw] += (S[uint64(base + (row * SPAN + q * SW + tw * DW)
-                                                        * CT)] * dv[q])
-            cuda.syncthreads()
+        r0 = R * sp // SPL
+        r1 = R * (sp + 1) // SPL
+        if ob < OW:
+            if ob >= LO and ob + RW - 1 <= HI:  # (uniform per warp: one segment)
+                segment_rows(x, dy, acc, xv, dv, r0, r1, kx, ky, cb, ob, False)
+            else:
+                segment_rows(x, dy, acc, xv, dv, r0, r1, kx, ky, cb, ob, True)
         for t in range(KT):
-            R[uint64((t * NSEG + sg) * CT + cl)] = acc[t]
-        cuda.syncthreads()
-        k = k0 + cl
-        for t in range(sg, KT, NSEG):
-            v = T(0)
-            for j in range(NSEG):
-                v += R[uint64((t * NSEG + j) * CT + cl)]
-            if k < OC:
-                part[uint64(sp * PS + t * OC + k)] = v
+            Rs[sg * CT + cl] = acc[t]
+            cuda.syncthreads()
+            if sg == 0:
+                v = Rs[cl]
+                for i in range(1, NSEG):
+                    v += Rs[i * CT + cl]
+                if k < OC:
+                    part[uint64(j * PS + t * OC + k)] = v
+            cuda.syncthreads()
 
     return cuda.jit(bwd_w_depthwise_rows)

@@ -102,6 +102,70 @@ else:
         return sig, codegen
 
 
+# -- TF32 tensor cores -----------------------------------------------------------------------
+# ``tf32_round(v)``: ``v`` rounded to TF32 (10 explicit mantissa bits, round to nearest, ties
+# away from zero: PTX ``cvt.rna.tf32.f32``), as a float32 whose low 13 bits are zero.
+# ``mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: one warp-wide
+# ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` (D = A . B + C, A 16x8, B 8x8, C
+# and D 16x8 float32), each lane passing its fragments (PTX ISA, "Matrix Fragments for
+# mma.m16n8k8": lane ``l``, ``g = l // 4``, ``t = l % 4``: ``a_r = A[g + 8*(r%2),
+# t + 4*(r//2)]``, ``b_r = B[t + 4*r, g]``, ``c_r = C[g + 8*(r//2), 2*t + r%2]``); returns
+# the lane's four elements of D. Both are inline PTX from Numba intrinsics. Under the
+# simulator ``tf32_round`` is a NumPy function with the same result, and the TF32 multiply
+# of a slice reads each thread's rows and columns from shared memory itself (a lane cannot
+# see another's registers there).
+
+
+def tf32_round_py(v):
+    """``cvt.rna.tf32.f32`` in NumPy: round the magnitude's bits at bit 13, ties away."""
+    import numpy as np
+    b = np.asarray(v, np.float32).view(np.uint32)
+    exp_all_ones = (b & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    r = np.where(exp_all_ones, b, (b + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
+    out = r.astype(np.uint32).view(np.float32)
+    return out if out.shape else np.float32(out[()])
+
+
+if _nconfig.ENABLE_CUDASIM:
+    tf32_round = tf32_round_py
+    mma_tf32 = None
+else:
+    @intrinsic
+    def tf32_round(typingctx, v):
+        if v != types.float32:
+            return None
+        sig = types.float32(v)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(i32, [ir.FloatType()]),
+                               "cvt.rna.tf32.f32 $0, $1;", "=r,f", side_effect=False)
+            return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+        if any(a != types.float32 for a in args):
+            return None
+        sig = types.UniTuple(types.float32, 4)(*args)
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            ab = [builder.bitcast(v, i32) for v in args[:6]]  # TF32 bits in b32 registers
+            fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(
+                fty, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
+            d = builder.call(asm, ab + list(args[6:]))
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(d, k) for k in range(4)])
+
+        return sig, codegen
+
+
 _TYPES = {"float32": float32, "float64": float64}
 
 
@@ -268,6 +332,134 @@ def mma_step(dtype, bm, bn, bk, tm, tn, ku=None):
     return cuda.jit(device=True, inline="always")(mma_slice)
 
 
+PRECISIONS = ("exact", "tf32")
+
+
+def tf32_tile_reason(dtype, bm, bn, bk, tm, tn):
+    """None where tile ``(bm, bn, bk, tm, tn)`` suits the TF32 kernels, else why not: warp
+    tiles of ``8*tm x 4*tn`` (``tm/2`` x ``tn/2`` m16n8 tiles per warp: the same
+    accumulators per thread as the FFMA tile), whole warps, slices of whole k8 steps."""
+    if dtype != "float32":
+        return f"TF32 takes float32 operands, not {dtype}"
+    nt = (bm // tm) * (bn // tn)
+    if tm % 2 or tn % 2 or bk % 8 or bm % (8 * tm) or bn % (4 * tn) or nt % 32:
+        return (f"tile {bm}x{bn}x{bk} {tm}x{tn} is no whole number of m16n8k8 warp tiles "
+                f"(thread tile even, BK a multiple of 8, {nt} threads a multiple of 32)")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
+    """How a thread of a GEMM kernel multiplies and where its accumulators sit.
+
+    A dict: ``slice`` (the multiply of one K slice, :func:`mma_step` or its TF32 twin),
+    ``offsets(tid)`` (inline: the thread's offsets into a shared A and B buffer for
+    ``slice``, and its first result row and column), ``rnd`` (applied to every value
+    stored into shared memory: identity, or ``tf32_round``), ``ra``/``rb`` (register
+    operands per step), and the result row of accumulator row ``a`` is ``(a // ega)*esa +
+    (a % ega)*eha + row0`` (columns likewise with ``egb``, ``esb``, ``ehb``).
+
+    ``"exact"``: thread ``(ty, tx)`` of warp tiles of 8 x 4 threads owns groups of ``GA``
+    consecutive rows ``SA`` apart (columns ``GB``, ``SB``), read as 16-byte words.
+    ``"tf32"``: warp ``w`` owns the ``8*tm x 4*tn`` warp tile ``w`` (row-major over the
+    block tile), split into m16n8 tiles; lane ``(g, t)`` holds rows ``g``, ``g + 8`` and
+    columns ``2t``, ``2t + 1`` of each (:data:`mma_tf32`'s fragments).
+    """
+    k = tile_constants(dtype, bm, bn, bk, tm, tn)
+    PA, PB = k["pa"], k["pb"]
+    if precision == "exact":
+        lanes, lx, ly, wx = k["lanes"], k["lx"], k["ly"], k["wx"]
+        GA, SA, GB, SB = k["ga"], k["sa"], k["gb"], k["sb"]
+
+        def offsets(tid):
+            wq = tid // lanes
+            lane = tid % lanes
+            ty = (wq // wx) * ly + lane // lx
+            tx = (wq % wx) * lx + lane % lx
+            return ty * GA, tx * GB, ty * GA, tx * GB
+
+        def rnd(v):
+            return v
+
+        return dict(slice=mma_step(dtype, bm, bn, bk, tm, tn),
+                    offsets=cuda.jit(device=True, inline="always")(offsets),
+                    rnd=cuda.jit(device=True, inline="always")(rnd), ra=tm, rb=tn,
+                    ega=GA, esa=SA, eha=1, egb=GB, esb=SB, ehb=1)
+    why = tf32_tile_reason(dtype, bm, bn, bk, tm, tn)
+    if precision != "tf32" or why is not None:
+        raise ValueError(f"GEMM precision {precision!r}: {why or 'unknown precision'}")
+    WM, WN = 8 * tm, 4 * tn
+    MI, NI = tm // 2, tn // 2
+    WXN = bn // WN
+    KS = bk // 8
+    TN = tn
+    # a lane's fragment registers a0..a3 and b0, b1 relative to its offsets: A rows g, g + 8
+    # at k = t, t + 4 (As is [k][m]); B column g at k = t, t + 4 (Bs is [k][n])
+    AF0, AF1, AF2, AF3 = 0, 8, 4 * PA, 4 * PA + 8
+    BF0, BF1 = 0, 4 * PB
+
+    def offsets_tc(tid):
+        w = tid // 32
+        g = (tid % 32) // 4
+        t = tid % 4
+        wm0 = (w // WXN) * WM
+        wn0 = (w % WXN) * WN
+        return t * PA + wm0 + g, t * PB + wn0 + g, wm0 + g, wn0 + 2 * t
+
+    if _nconfig.ENABLE_CUDASIM:
+        def slice_tc(As, Bs, ao, bo, ra, rb, acc):
+            # each thread's own elements of D = A . B + C, from shared memory (k in order)
+            tid = cuda.threadIdx.x
+            g = (tid % 32) // 4
+            t = tid % 4
+            a0 = ao - t * PA - g
+            b0 = bo - t * PB - g
+            for ks in range(KS):
+                for i in range(MI):
+                    for h in range(2):
+                        for j in range(NI):
+                            for e in range(2):
+                                v = acc[(2 * i + h) * TN + 2 * j + e]
+                                for kk in range(8):
+                                    kq = ks * 8 + kk
+                                    v += (As[a0 + kq * PA + i * 16 + h * 8 + g]
+                                          * Bs[b0 + kq * PB + j * 8 + 2 * t + e])
+                                acc[(2 * i + h) * TN + 2 * j + e] = v
+    else:
+        def slice_tc(As, Bs, ao, bo, ra, rb, acc):
+            for ks in range(KS):
+                for i in range(MI):
+                    o = ao + ks * 8 * PA + i * 16
+                    ra[4 * i] = As[uint64(o + AF0)]
+                    ra[4 * i + 1] = As[uint64(o + AF1)]
+                    ra[4 * i + 2] = As[uint64(o + AF2)]
+                    ra[4 * i + 3] = As[uint64(o + AF3)]
+                for j in range(NI):
+                    o = bo + ks * 8 * PB + j * 8
+                    rb[2 * j] = Bs[uint64(o + BF0)]
+                    rb[2 * j + 1] = Bs[uint64(o + BF1)]
+                for i in range(MI):
+                    for j in range(NI):
+                        c0 = (2 * i) * TN + 2 * j
+                        c2 = c0 + TN
+                        d = mma_tf32(ra[4 * i], ra[4 * i + 1], ra[4 * i + 2], ra[4 * i + 3],
+                                     rb[2 * j], rb[2 * j + 1], acc[c0], acc[c0 + 1],
+                                     acc[c2], acc[c2 + 1])
+                        acc[c0] = d[0]
+                        acc[c0 + 1] = d[1]
+                        acc[c2] = d[2]
+                        acc[c2 + 1] = d[3]
+
+    def rnd_tc(v):
+        return tf32_round(v)
+
+    return dict(slice=cuda.jit(device=True, inline="always")(slice_tc),
+                offsets=cuda.jit(device=True, inline="always")(offsets_tc),
+                rnd=cuda.jit(device=True, inline="always")(rnd_tc), ra=2 * tm, rb=tn,
+                ega=2, esa=16, eha=8, egb=2, esb=8, ehb=1, a_frag=(AF0, AF1, AF2, AF3),
+                b_frag=(BF0, BF1), pa=PA, pb=PB)
+
+
 def shared_bytes(dtype, bm, bn, bk):
     """Static shared memory of the GEMM kernels: two buffers of each padded tile."""
     vw = WIDTH[dtype]
@@ -295,7 +487,7 @@ def shared_bytes(dtype, bm, bn, bk):
 
 
 @functools.lru_cache(maxsize=512)
-def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
+def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     """``y[n, o, gi*ocg + col] = sum_{t, c} x[n, o*s - p + t*d, gi*icg + c] * w[t, c, gi*ocg + col]``.
 
     ``x``, ``w`` and ``y`` flat (1-D views of the canonical arrays; ``y`` is
@@ -320,7 +512,11 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     BCH, BNP = loader(bn, bk, nt)
     TMN = tm * tn
     ALIGNED = VECTOR and ALIGN is not None
-    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn)
+    SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
+    offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
+    EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
+    EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
+    mma_slice = SCH["slice"]
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
     AE, BE = ANP * ACH, BNP * BCH
 
@@ -334,17 +530,14 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
         else:
             Bs = cuda.shared.array(BSZ, T)
         acc = cuda.local.array(TMN, T)
-        ra = cuda.local.array(tm, T)
-        rb = cuda.local.array(tn, T)
+        ra = cuda.local.array(RAN, T)
+        rb = cuda.local.array(RBN, T)
         ga = cuda.local.array(AE, T)
         gb = cuda.local.array(BE, T)
         # per A pass: the flat offset of the current tap's pixel (-1: outside the image)
         aoff = cuda.local.array(ANP, IX)
         tid = cuda.threadIdx.x
-        wq = tid // lanes
-        lane = tid % lanes
-        ty = (wq // wx) * ly + lane // lx
-        tx = (wq % wx) * lx + lane % lx
+        ao_t, bo_t, row0, col0 = offsets(tid)
         m0 = cuda.blockIdx.x * bm
         n0 = cuda.blockIdx.y * bn
         gi = cuda.blockIdx.z // nsplit
@@ -405,8 +598,8 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                             v = w[uint64(wt + c * OC + nn + j)]
                         gb[l * BCH + j] = v
             if it > qb:
-                ab = ((it - qb - 1) % 2) * (bk * PA) + ty * GA
-                bb = ((it - qb - 1) % 2) * (bk * PB) + tx * GB
+                ab = ((it - qb - 1) % 2) * (bk * PA) + ao_t
+                bb = ((it - qb - 1) % 2) * (bk * PB) + bo_t
                 mma_slice(As, Bs, ab, bb, ra, rb, acc)
             if it < qe:
                 ab = ((it - qb) % 2) * (bk * PA)
@@ -417,18 +610,18 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                         row = e0 // bk
                         kk0 = e0 % bk
                         for j in range(ACH):
-                            As[uint64(ab + (kk0 + j) * PA + row)] = ga[l * ACH + j]
+                            As[uint64(ab + (kk0 + j) * PA + row)] = rnd(ga[l * ACH + j])
                 for l in range(BNP):
                     e0 = (tid + l * nt) * BCH
                     if e0 < bk * bn:
                         for j in range(BCH):
-                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = gb[l * BCH + j]
+                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = rnd(gb[l * BCH + j])
             cuda.syncthreads()
         for a in range(tm):
-            m = m0 + (a // GA) * SA + ty * GA + a % GA
+            m = m0 + (a // EGA) * ESA + (a % EGA) * EHA + row0
             if m < M:
                 for b in range(tn):
-                    col = (b // GB) * SB + tx * GB + b % GB
+                    col = (b // EGB) * ESB + (b % EGB) * EHB + col0
                     if n0 + col < OCG:
                         y[uint64(sp * YS + m * OC + wc + col)] = acc[a * tn + b]
 
@@ -436,7 +629,7 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
 
 
 @functools.lru_cache(maxsize=512)
-def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
+def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     """``dx`` by stride phase: ``dx[n, i, gi*icg + c] = sum dy[n, o, gi*ocg + k] * w[t, c, gi*ocg + k]``.
 
     Flat ``dy``, ``w``, ``dx`` (``dx`` is ``[nsplit, mb*id*ih*iw*ic]``). Grid
@@ -460,7 +653,11 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     BCH, BNP = loader(bk, bn, nt)
     TMN = tm * tn
     ALIGNED = VECTOR and ALIGN is not None
-    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn)
+    SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
+    offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
+    EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
+    EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
+    mma_slice = SCH["slice"]
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
     AE, BE = ANP * ACH, BNP * BCH
     KS = (KD, KH, KW)
@@ -479,8 +676,8 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
         else:
             Bs = cuda.shared.array(BSZ, T)
         acc = cuda.local.array(TMN, T)
-        ra = cuda.local.array(tm, T)
-        rb = cuda.local.array(tn, T)
+        ra = cuda.local.array(RAN, T)
+        rb = cuda.local.array(RBN, T)
         ga = cuda.local.array(AE, T)
         gb = cuda.local.array(BE, T)
         apix = cuda.local.array(ANP, IX)
@@ -489,10 +686,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
         abw = cuda.local.array(ANP, IX)
         aoff = cuda.local.array(ANP, IX)
         tid = cuda.threadIdx.x
-        wq = tid // lanes
-        lane = tid % lanes
-        ty = (wq // wx) * ly + lane // lx
-        tx = (wq % wx) * lx + lane % lx
+        ao_t, bo_t, row0, col0 = offsets(tid)
         m0 = cuda.blockIdx.x * bm
         n0 = cuda.blockIdx.y * bn
         sp = cuda.blockIdx.z % nsplit
@@ -608,8 +802,8 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                             u_h = 0
                             u_d += 1
             if it > qb:
-                ab = ((it - qb - 1) % 2) * (bk * PA) + ty * GA
-                bb = ((it - qb - 1) % 2) * (bk * PB) + tx * GB
+                ab = ((it - qb - 1) % 2) * (bk * PA) + ao_t
+                bb = ((it - qb - 1) % 2) * (bk * PB) + bo_t
                 mma_slice(As, Bs, ab, bb, ra, rb, acc)
             if it < qe:
                 ab = ((it - qb) % 2) * (bk * PA)
@@ -620,17 +814,17 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                         row = e0 // bk
                         kk0 = e0 % bk
                         for j in range(ACH):
-                            As[uint64(ab + (kk0 + j) * PA + row)] = ga[l * ACH + j]
+                            As[uint64(ab + (kk0 + j) * PA + row)] = rnd(ga[l * ACH + j])
                 for l in range(BNP):
                     e0 = (tid + l * nt) * BCH
                     if e0 < bk * bn:
                         nn = e0 // bk
                         kk0 = e0 % bk
                         for j in range(BCH):
-                            Bs[uint64(bb + (kk0 + j) * PB + nn)] = gb[l * BCH + j]
+                            Bs[uint64(bb + (kk0 + j) * PB + nn)] = rnd(gb[l * BCH + j])
             cuda.syncthreads()
         for a in range(tm):
-            m = m0 + (a // GA) * SA + ty * GA + a % GA
+            m = m0 + (a // EGA) * ESA + (a % EGA) * EHA + row0
             if m < M:
                 j_w = m % njw
                 r = m // njw
@@ -642,7 +836,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                 i_w = (j0w + j_w) * SW + q_w - PW
                 base = sp * XS + (((n * ID + i_d) * IH + i_h) * IW + i_w) * IC + gi * ICG + n0
                 for b in range(tn):
-                    col = (b // GB) * SB + tx * GB + b % GB
+                    col = (b // EGB) * ESB + (b % EGB) * EHB + col0
                     if n0 + col < ICG:
                         dx[uint64(base + col)] = acc[a * tn + b]
 
@@ -650,7 +844,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
 
 
 @functools.lru_cache(maxsize=512)
-def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
+def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     """Split-K weight gradient: ``part[j, t, c, gi*ocg + k] = sum_{pixels of split j} x * dy``.
 
     Flat ``x``, ``dy`` and ``part`` (``[nsplit, kd*kh*kw*icg*oc]``). Grid
@@ -684,7 +878,12 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
     NS = 1 if SAME else ANP
     # (one row per pass of a 3-D problem holds more load registers across the multiply:
     # one K step per iteration of it then, or the 8x8 tile spills)
-    mma_slice = mma_step(dtype, bm, bn, bk, tm, tn, 1 if SAME and ANP > 1 and KD > 1 else None)
+    SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
+    offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
+    EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
+    EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
+    mma_slice = (mma_step(dtype, bm, bn, bk, tm, tn, 1 if SAME and ANP > 1 and KD > 1 else None)
+                 if precision == "exact" else SCH["slice"])
     TMN = tm * tn
     ALIGNED = VECTOR and ALIGN is not None
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
@@ -700,8 +899,8 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
         else:
             Bs = cuda.shared.array(BSZ, T)
         acc = cuda.local.array(TMN, T)
-        ra = cuda.local.array(tm, T)
-        rb = cuda.local.array(tn, T)
+        ra = cuda.local.array(RAN, T)
+        rb = cuda.local.array(RBN, T)
         ga = cuda.local.array(AE, T)
         gb = cuda.local.array(BE, T)
         # per A pass (one for all, SAME): its first channel in x (-1: past M) and tap
@@ -711,10 +910,7 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
         lth = cuda.local.array(NS, IX)
         ltw = cuda.local.array(NS, IX)
         tid = cuda.threadIdx.x
-        wq = tid // lanes
-        lane = tid % lanes
-        ty = (wq // wx) * ly + lane // lx
-        tx = (wq % wx) * lx + lane % lx
+        ao_t, bo_t, row0, col0 = offsets(tid)
         m0 = cuda.blockIdx.x * bm
         n0 = cuda.blockIdx.y * bn
         gi = cuda.blockIdx.z // nsplit
@@ -781,8 +977,8 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                             o_d = 0
                             n += 1
             if it > qb:
-                ab = ((it - qb - 1) % 2) * (bk * PA) + ty * GA
-                bb = ((it - qb - 1) % 2) * (bk * PB) + tx * GB
+                ab = ((it - qb - 1) % 2) * (bk * PA) + ao_t
+                bb = ((it - qb - 1) % 2) * (bk * PB) + bo_t
                 mma_slice(As, Bs, ab, bb, ra, rb, acc)
             if it < qe:
                 ab = ((it - qb) % 2) * (bk * PA)
@@ -791,18 +987,18 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1):
                     e0 = (tid + l * nt) * ACH
                     if e0 < bm * bk:
                         for j in range(ACH):
-                            As[uint64(ab + (e0 // bm) * PA + e0 % bm + j)] = ga[l * ACH + j]
+                            As[uint64(ab + (e0 // bm) * PA + e0 % bm + j)] = rnd(ga[l * ACH + j])
                 for l in range(BNP):
                     e0 = (tid + l * nt) * BCH
                     if e0 < bk * bn:
                         for j in range(BCH):
-                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = gb[l * BCH + j]
+                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = rnd(gb[l * BCH + j])
             cuda.syncthreads()
         for a in range(tm):
-            m = m0 + (a // GA) * SA + ty * GA + a % GA
+            m = m0 + (a // EGA) * ESA + (a % EGA) * EHA + row0
             if m < M:
                 for b in range(tn):
-                    col = (b // GB) * SB + tx * GB + b % GB
+                    col = (b // EGB) * ESB + (b % EGB) * EHB + col0
                     if n0 + col < OCG:
                         part[uint64(sp * WS + m * OC + yc + col)] = acc[a * tn + b]
 

@@ -4,6 +4,7 @@ A front-end function is written as a parser with the public signature that retur
 ``(problem, operands)``; :func:`op` wraps it into the public function, which plans the
 problem and runs the plan, and registers it for :func:`numbaconv.plan`.
 """
+import dataclasses
 import functools
 import inspect
 
@@ -104,6 +105,41 @@ def _prefixed(exc, name):
     raise type(exc)(f"{name}: {exc}") from None
 
 
+def device_options(problem, device, stream, precision):
+    """Check a call's ``stream=`` and ``precision=`` against where it runs; returns the
+    problem with its precision set.
+
+    Both belong to device calls: on NumPy operands ``stream`` (anything but None) is a
+    ValueError, as is ``precision="tf32"`` (the CPU kernels have no TF32 arithmetic, and a
+    host call silently computing at another precision than asked would hide the mistake).
+    ``precision="tf32"`` also needs float32 operands. A bad stream object is the backend's
+    TypeError naming ``stream``.
+    """
+    if precision is not None:
+        if not isinstance(precision, str):
+            raise TypeError(f"precision: expected None, 'exact' or 'tf32', got "
+                            f"{precision!r}")
+        if precision.lower() not in ("tf32", "exact"):
+            raise ValueError(f"precision: expected None, 'exact' or 'tf32', got {precision!r}")
+        precision = precision.lower()
+    if not device:
+        if stream is not None:
+            raise ValueError(f"stream: {type(stream).__name__} given for a call on NumPy "
+                             f"arrays; a stream orders device work only: pass device arrays "
+                             f"(CuPy, PyTorch CUDA tensors, numba device arrays) or drop "
+                             f"stream=")
+        if precision == "tf32":
+            raise ValueError("precision: 'tf32' runs on the GPU's tensor cores only; this "
+                             "call's operands are NumPy arrays, computed in exact "
+                             f"{problem.dtype}: drop precision= or pass device arrays")
+    if precision == "tf32":
+        if problem.dtype != "float32":
+            raise ValueError(f"precision: 'tf32' applies to float32 operands, got "
+                             f"{problem.dtype}; pass float32 arrays or drop precision=")
+        return dataclasses.replace(problem, precision="tf32")
+    return problem
+
+
 def op(parse):
     """Turn a parser ``(args...) -> (ConvProblem, operands)`` into the public op."""
     sig = inspect.signature(parse)
@@ -111,13 +147,14 @@ def op(parse):
     # where each of the wrapper's own arguments sits: (positional index or None, default)
     where = {}
     for i, prm in enumerate(params):
-        if prm.name in ("name", "out", "strategy", "tune"):
+        if prm.name in ("name", "out", "strategy", "tune", "stream", "precision"):
             positional = prm.kind in (prm.POSITIONAL_ONLY, prm.POSITIONAL_OR_KEYWORD)
             default = None if prm.default is prm.empty else prm.default
             where[prm.name] = (i if positional else None, default)
 
     def _arg(args, kwargs, key):
-        """The caller's value of one of ``name``/``out``/``strategy``/``tune`` (the parser
+        """The caller's value of one of the wrapper's own arguments (``name``, ``out``,
+        ``strategy``, ``tune``, ``stream``, ``precision``; the parser
         has checked the call against the signature; ``inspect.Signature.bind`` cost 10-40
         us of a call that may take 300)."""
         if key not in where:
@@ -133,7 +170,10 @@ def op(parse):
             problem, operands, entry = _parse(parse, args, kwargs)
             out = _arg(args, kwargs, "out")
             tune = _arg(args, kwargs, "tune")
-            if entry is not None and (tune is None or tune is False) and not config.VERBOSE:
+            stream = _arg(args, kwargs, "stream")
+            precision = _arg(args, kwargs, "precision")
+            if (entry is not None and (tune is None or tune is False) and not config.VERBOSE
+                    and stream is None and precision is None):
                 # a memoised call (host arrays only; strategy= and out's shape in the key):
                 # its plan, made for the present threads and planner settings
                 # (one slot, replaced whole: Python threads may differ in Numba's threads)
@@ -148,11 +188,16 @@ def op(parse):
                 return cpu.execute(kept[1], operands, out=out,
                                    threads_current=not config.THREADS)
             device = cuda.on_device(operands, out)  # TypeError when host and device mix
+            problem = device_options(problem, device, stream, precision)
+            if device:
+                cuda.check_stream(stream)  # before planning: a bad stream names stream
             the_plan = planner.make_plan(problem, strategy=_arg(args, kwargs, "strategy"),
                                          tune=False if tune is None else tune,
                                          operands=operands,
                                          device="cuda" if device else "cpu")
-            return (cuda if device else cpu).execute(the_plan, operands, out=out)
+            if device:
+                return cuda.execute(the_plan, operands, out=out, stream=stream)
+            return cpu.execute(the_plan, operands, out=out)
         except (TypeError, ValueError) as exc:
             _prefixed(exc, _arg(args, kwargs, "name"))
 
@@ -204,4 +249,7 @@ def plan(op, *args, strategy=None, tune=False, **kwargs):
     else:
         raise TypeError(f"op: expected an op name or function, got {type(op).__name__}")
     problem, operands = fn.parse(*args, **kwargs)
+    from ..backends.cuda import on_device
+    problem = device_options(problem, bool(operands) and on_device(operands),
+                             kwargs.get("stream"), kwargs.get("precision"))
     return planner.make_plan(problem, strategy=strategy, tune=tune, operands=operands)

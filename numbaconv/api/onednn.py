@@ -92,7 +92,7 @@ def _channels(ic, icg_filter, oc, g, x_shape, dfmt):
 @op
 def convolution(input, filter, *, strides, pads_begin=None, pads_end=None, dilations=None,
                 auto_pad=None, groups=1, data_format="NXC", filter_format="XIO", out=None,
-                strategy=None, tune=False):
+                strategy=None, tune=False, stream=None, precision=None):
     """The forward convolution (oneDNN Graph ``Convolution``), 1-D to 3-D.
 
     Examples
@@ -125,7 +125,8 @@ def convolution(input, filter, *, strides, pads_begin=None, pads_end=None, dilat
 def convolution_backprop_data(output_delta, filter, output_shape=None, *, strides,
                               pads_begin=None, pads_end=None, dilations=None, auto_pad=None,
                               output_padding=None, groups=1, data_format="NXC",
-                              filter_format="XIO", out=None, strategy=None, tune=False):
+                              filter_format="XIO", out=None, strategy=None, tune=False,
+                              stream=None, precision=None):
     """Gradient of :func:`convolution` with respect to its input (``ConvolutionBackwardData``).
 
     ``output_shape`` is the full input shape in ``data_format`` or its spatial dims only.
@@ -204,7 +205,7 @@ def convolution_backprop_data(output_delta, filter, output_shape=None, *, stride
 def convolution_backprop_filters(input, filters_shape, output_delta, *, strides, pads_begin=None,
                                  pads_end=None, dilations=None, auto_pad=None, groups=1,
                                  data_format="NXC", filter_format="XIO", out=None,
-                                 strategy=None, tune=False):
+                                 strategy=None, tune=False, stream=None, precision=None):
     """Gradient of :func:`convolution` with respect to its filter
     (``ConvolutionBackwardWeights``). ``filters_shape`` is the spatial kernel shape or the full
     filter shape in ``filter_format``; the result has the full filter shape.

@@ -251,7 +251,7 @@ def _forward(opname, nd, depthwise, input, filter, strides, padding, data_format
 def conv2d_backprop_input(input_sizes, filter, out_backprop, strides, padding,
                           use_cudnn_on_gpu=None, data_format="NHWC", dilations=None,
                           explicit_paddings=None, name=None, *, out=None, strategy=None,
-                          tune=False):
+                          tune=False, stream=None, precision=None):
     """Gradient of ``conv2d`` with respect to its input (TF ``Conv2DBackpropInput``).
 
     Parameters
@@ -268,6 +268,10 @@ def conv2d_backprop_input(input_sizes, filter, out_backprop, strides, padding,
     explicit_paddings : 8 ints with ``padding="EXPLICIT"``
     name : optional label for errors
     out : optional preallocated result; strategy, tune : see :func:`numbaconv.plan`
+    stream : device calls only: the CUDA stream (numba, CuPy, PyTorch or a handle) the
+        call's kernels go on; refused for NumPy arrays (docs/contract.md section 11)
+    precision : None or ``"tf32"``: device float32 calls only, tensor cores with TF32
+        operands and float32 sums
 
     Returns
     -------
@@ -292,7 +296,7 @@ def conv2d_backprop_input(input_sizes, filter, out_backprop, strides, padding,
 def conv2d_backprop_input_v2(input, filter, out_backprop, strides, padding,
                              use_cudnn_on_gpu=None, data_format="NHWC", dilations=None,
                              explicit_paddings=None, name=None, *, out=None, strategy=None,
-                             tune=False):
+                             tune=False, stream=None, precision=None):
     """TF ``Conv2DBackpropInputV2``: as :func:`conv2d_backprop_input`, but the input's shape
     is taken from ``input`` (its values are not used)."""
     _cudnn(use_cudnn_on_gpu)
@@ -305,7 +309,7 @@ def conv2d_backprop_input_v2(input, filter, out_backprop, strides, padding,
 def conv2d_backprop_filter(input, filter_sizes, out_backprop, strides, padding,
                            use_cudnn_on_gpu=None, data_format="NHWC", dilations=None,
                            explicit_paddings=None, name=None, *, out=None, strategy=None,
-                           tune=False):
+                           tune=False, stream=None, precision=None):
     """Gradient of ``conv2d`` with respect to its filter (TF ``Conv2DBackpropFilter``).
 
     ``filter_sizes`` is the filter's shape ``[fh, fw, C/groups, K]`` (or ``[fh, fw]``: then
@@ -330,7 +334,7 @@ def conv2d_backprop_filter(input, filter_sizes, out_backprop, strides, padding,
 def conv2d_backprop_filter_v2(input, filter, out_backprop, strides, padding,
                               use_cudnn_on_gpu=None, data_format="NHWC", dilations=None,
                               explicit_paddings=None, name=None, *, out=None, strategy=None,
-                              tune=False):
+                              tune=False, stream=None, precision=None):
     """TF ``Conv2DBackpropFilterV2``: the filter's shape is taken from ``filter`` (its values
     are not used)."""
     _cudnn(use_cudnn_on_gpu)
@@ -343,7 +347,7 @@ def conv2d_backprop_filter_v2(input, filter, out_backprop, strides, padding,
 def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, strides, padding,
                                            data_format="NHWC", dilations=None,
                                            explicit_paddings=None, name=None, *, out=None,
-                                           strategy=None, tune=False):
+                                           strategy=None, tune=False, stream=None, precision=None):
     """TF ``DepthwiseConv2dNativeBackpropInput``. ``filter`` is ``[fh, fw, C, multiplier]``;
     output channel ``c * multiplier + m`` reads input channel ``c``. Dilations are honoured."""
     return _backprop_input("depthwise_conv2d_native_backprop_input", 2, True, input_sizes,
@@ -355,7 +359,7 @@ def depthwise_conv2d_native_backprop_input(input_sizes, filter, out_backprop, st
 def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, strides, padding,
                                             data_format="NHWC", dilations=None,
                                             explicit_paddings=None, name=None, *, out=None,
-                                            strategy=None, tune=False):
+                                            strategy=None, tune=False, stream=None, precision=None):
     """TF ``DepthwiseConv2dNativeBackpropFilter``; returns ``[fh, fw, C, multiplier]``."""
     return _backprop_filter("depthwise_conv2d_native_backprop_filter", 2, True, input,
                             filter_sizes, out_backprop, strides, padding, data_format,
@@ -365,7 +369,7 @@ def depthwise_conv2d_native_backprop_filter(input, filter_sizes, out_backprop, s
 @op
 def conv3d_backprop_input_v2(input_sizes, filter, out_backprop, strides, padding,
                              data_format="NDHWC", dilations=None, name=None, *, out=None,
-                             strategy=None, tune=False):
+                             strategy=None, tune=False, stream=None, precision=None):
     """TF ``Conv3DBackpropInputV2``. ``input_sizes`` is ``[N, D, H, W, C]`` (or the 3
     spatial dims), ``filter`` ``[fd, fh, fw, C/groups, K]``. ``padding`` is SAME, VALID or a
     list of (before, after) pairs."""
@@ -377,7 +381,7 @@ def conv3d_backprop_input_v2(input_sizes, filter, out_backprop, strides, padding
 @op
 def conv3d_backprop_filter_v2(input, filter_sizes, out_backprop, strides, padding,
                               data_format="NDHWC", dilations=None, name=None, *, out=None,
-                              strategy=None, tune=False):
+                              strategy=None, tune=False, stream=None, precision=None):
     """TF ``Conv3DBackpropFilterV2``; returns an array of shape ``filter_sizes``."""
     return _backprop_filter("conv3d_backprop_filter_v2", 3, False, input, filter_sizes,
                             out_backprop, strides, padding, data_format, dilations, None,
@@ -387,7 +391,7 @@ def conv3d_backprop_filter_v2(input, filter_sizes, out_backprop, strides, paddin
 @op
 def conv2d(input, filter, strides, padding, use_cudnn_on_gpu=None, data_format="NHWC",
            dilations=None, explicit_paddings=None, name=None, *, out=None, strategy=None,
-           tune=False):
+           tune=False, stream=None, precision=None):
     """The forward 2-D convolution (TF ``Conv2D``), ``filter`` ``[fh, fw, C/groups, K]``.
 
     Examples
@@ -406,7 +410,7 @@ def conv2d(input, filter, strides, padding, use_cudnn_on_gpu=None, data_format="
 @op
 def depthwise_conv2d_native(input, filter, strides, padding, data_format="NHWC", dilations=None,
                             explicit_paddings=None, name=None, *, out=None, strategy=None,
-                            tune=False):
+                            tune=False, stream=None, precision=None):
     """The forward depthwise convolution (TF ``DepthwiseConv2dNative``)."""
     return _forward("depthwise_conv2d_native", 2, True, input, filter, strides, padding,
                     data_format, dilations, explicit_paddings)
@@ -414,7 +418,7 @@ def depthwise_conv2d_native(input, filter, strides, padding, data_format="NHWC",
 
 @op
 def conv3d(input, filter, strides, padding, data_format="NDHWC", dilations=None, name=None, *,
-           out=None, strategy=None, tune=False):
+           out=None, strategy=None, tune=False, stream=None, precision=None):
     """The forward 3-D convolution (TF ``Conv3D``)."""
     return _forward("conv3d", 3, False, input, filter, strides, padding, data_format, dilations,
                     None, takes_explicit=False)

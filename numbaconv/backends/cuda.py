@@ -178,6 +178,26 @@ def stream_handle(stream):
                         f"an integer handle), got {type(stream).__name__}") from None
 
 
+def check_stream(stream):
+    """``stream`` if it is a stream :func:`execute` can launch on: None, a numba stream
+    (the simulator's too), an object with an integer ``cuda_stream`` (PyTorch) or ``ptr``
+    (CuPy) attribute, or a non-negative integer handle; a TypeError or ValueError naming
+    ``stream`` otherwise."""
+    if stream is None:
+        return None
+    if isinstance(stream, (bool, float, str, bytes)):
+        raise TypeError(f"stream: expected a CUDA stream (numba, CuPy or PyTorch stream, or "
+                        f"an integer handle), got {stream!r}")
+    if simulator():
+        from numba import cuda
+        if isinstance(stream, cuda.stream):
+            return stream
+    h = stream_handle(stream)  # TypeError naming stream for anything else
+    if h < 0:
+        raise ValueError(f"stream: a stream handle is a non-negative integer, got {h}")
+    return stream
+
+
 def as_device_array(value, name):
     """``value`` (exposing ``__cuda_array_interface__``) as a numba device array, zero-copy.
 
@@ -396,37 +416,39 @@ def depthwise_rows(p):
     dd, dh, dw = p.dilation
     if kd * kh * kw > ROWS_MAX_TAPS:
         return None
-    extra = 0
-    if p.direction != "bwd_d":
+    item = np.dtype(p.compute_dtype).itemsize
+    if p.direction == "bwd_w":
+        # registers only (kernels.cuda.depthwise.bwd_w_depthwise_rows): one accumulator per
+        # tap, a segment's dy values and one tap row's inputs; shared memory for the sum
+        # of the segments; partials per (column tile, split of the output rows)
+        from ..kernels.cuda.depthwise import bwd_w_rows_tiles
+        rw, seg = row_config("fwd", p.osz[2], sw)
+        geo = _geo(p)[0]
+        nwt = bwd_w_rows_tiles(geo, rw, seg)[0]
+        base = _cdiv(p.oc, ROWS_CHANNELS) * nwt
+        rows = p.mb * p.osz[0] * p.osz[1]
+        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
+                     rows // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                     MAX_GRID_YZ // nwt)
+        splits = max(1, splits) * nwt
+        return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+                "row_width": rw, "segments": seg, "shared_bytes": seg * ROWS_CHANNELS * item,
+                "splits": splits, "grid": (_cdiv(p.oc, ROWS_CHANNELS), splits)}
+    if p.direction == "fwd":
         rw, seg = row_config("fwd", p.osz[2], sw)
         span = (seg * rw - 1) * sw + (kw - 1) * dw + 1
         outer, last, ch = p.mb * p.osz[0] * p.osz[1], p.osz[2], p.oc
-        if p.direction == "bwd_w":  # the dy segment; the final sum reuses the rows' buffer
-            extra = seg * rw
-            if kw * seg > span:
-                return None
     else:
         rw, seg = row_config("bwd_d", p.isz[2], sw)
         ob0 = (p.pad_begin[2] - (kw - 1) * dw) // sw
         span = (seg * rw - 1 + p.pad_begin[2]) // sw - ob0 + 1
         outer, last, ch = p.mb * p.isz[0] * p.isz[1], p.isz[2], p.ic
-    shared = (kd * kh * span + extra) * ROWS_CHANNELS * np.dtype(p.compute_dtype).itemsize
+    shared = kd * kh * span * ROWS_CHANNELS * item
     if shared > ROWS_MAX_SHARED:
         return None
-    t = {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
-         "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
-         "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
-    if p.direction == "bwd_w":
-        # blocks: channel tiles x splits of the (output row, segment) steps, each split at
-        # least CUDA_SPLIT_MIN_SLICES steps
-        base = _cdiv(ch, ROWS_CHANNELS)
-        steps = outer * _cdiv(last, seg * rw)
-        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
-                     steps // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
-                     MAX_GRID_YZ)
-        t["splits"] = splits = max(1, splits)
-        t["grid"] = (base, splits)
-    return t
+    return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
+            "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
+            "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
 
 
 def depthwise_args(name, dtype, geo):
@@ -436,8 +458,10 @@ def depthwise_args(name, dtype, geo):
         return (dtype, geo, *row_config("fwd", geo[12], geo[15]))
     if name == "bwd_d_depthwise_rows":
         return (dtype, geo, *row_config("bwd_d", geo[6], geo[15]))
-    if name == "bwd_w_depthwise_rows":
-        return (dtype, geo, *row_config("fwd", geo[12], geo[15]), 1)
+    if name == "bwd_w_depthwise_rows":  # one partial per column tile
+        from ..kernels.cuda.depthwise import bwd_w_rows_tiles
+        rw, nseg = row_config("fwd", geo[12], geo[15])
+        return (dtype, geo, rw, nseg, bwd_w_rows_tiles(geo, rw, nseg)[0])
     return (dtype,)
 
 
@@ -471,10 +495,40 @@ def gpu_plan(problem, strategy=None):
         if kernel == "gemm" and accepts(problem, "gemm") is not None:
             kernel, reason = "direct", f"gemm declined ({accepts(problem, 'gemm')})"
     tiles = plan_tiles(problem, kernel)
-    return {"strategy": kernel, "variant": "cuda-depthwise" if kernel == "direct" else "cuda",
-            "tiles": tiles, "threads": tiles["threads"],
-            "workspace_bytes": workspace_bytes(problem, tiles), "reason": reason,
-            "declined": ()}
+    variant = "cuda-depthwise" if kernel == "direct" else "cuda"
+    declined = ()
+    if problem.precision == "tf32":
+        why = tf32_declines(problem, tiles)
+        if why is None:
+            variant, reason = "tf32", (reason + "; precision='tf32': tensor cores (mma.sync "
+                                       "m16n8k8, TF32 operands, float32 sums)")
+        else:
+            declined = (("gemm[tf32]", why),)
+            reason += f"; exact float32 (gemm[tf32] declines: {why})"
+    return {"strategy": kernel, "variant": variant, "tiles": tiles,
+            "threads": tiles["threads"], "workspace_bytes": workspace_bytes(problem, tiles),
+            "reason": reason, "declined": declined}
+
+
+#: The GPU's planner entries, best first, as ``Plan.strategy[Plan.variant]`` names them:
+#: ``gemm[tf32]`` (``precision="tf32"`` only), ``gemm[cuda]``, ``direct[rows]`` and
+#: ``direct[cuda-depthwise]`` (the row kernels' plans carry ``variant: rows`` in their tiles).
+GPU_ENTRIES = ("gemm[tf32]", "gemm[cuda]", "direct[cuda-depthwise]")
+
+
+def tf32_declines(problem, tiles):
+    """None where the TF32 GEMM entry takes ``problem`` with ``tiles``, else why not: it
+    needs ``precision="tf32"``, float32 operands, the GEMM kernels (the direct kernels have
+    no tensor-core path) and a tile of whole m16n8k8 warp tiles."""
+    if problem.precision != "tf32":
+        return "precision is not 'tf32'"
+    if problem.compute_dtype != "float32":
+        return f"TF32 takes float32 operands, not {problem.dtype}"
+    if tiles.get("kernel") != "gemm":
+        return "the direct kernels (depthwise, few channels) have no tensor-core path"
+    from ..kernels.cuda.gemm import tf32_tile_reason
+    return tf32_tile_reason("float32", tiles["block_m"], tiles["block_n"], tiles["block_k"],
+                            tiles["thread_m"], tiles["thread_n"])
 
 
 # -- layouts ---------------------------------------------------------------------------------
@@ -524,7 +578,9 @@ class _Call:
 
     def __init__(self, cuda, st):
         self.cuda, self.st, self.taken = cuda, st, []
-        self.key = stream_handle(st)
+        # (the simulator's streams have no handle; its launches run synchronously)
+        self.key = ("sim", id(st)) if simulator() and not isinstance(st, int) \
+            else stream_handle(st)
 
     def fresh(self, shape, dtype):
         """A new array (the caller keeps it: results), through numba's allocator and any
@@ -597,7 +653,9 @@ def _to_user(call, r, p, out):
     cdims, sel, div, identity = _layout(p, _result_which(p))
     shape = p.result_shape
     if _result_is_canonical(p, out):
-        return r.reshape(shape)
+        # (numba's reshape drops the array's stream: the result is bound to the launch one)
+        res = r.reshape(shape)
+        return res if isinstance(call.st, int) and call.st == 0 else res.bind(call.st)
     from ..kernels.cuda import layout
 
     dst = out if out is not None else call.fresh(shape, p.dtype)
@@ -673,7 +731,7 @@ def _geo(p):
     return got
 
 
-def _run(call, p, t, ops, out):
+def _run(call, p, t, ops, out, variant=""):
     """Launch the kernels of tiles ``t`` on the canonical operands ``ops`` (flat views for
     ``gemm`` and the row kernels); returns the contiguous canonical result (a fresh array
     where it is the call's result as it is, else a pooled one)."""
@@ -693,7 +751,8 @@ def _run(call, p, t, ops, out):
     if t["kernel"] == "gemm":
         tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
         kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
-                "bwd_w": gemm.bwd_w_gemm}[p.direction](ct, *tile, geo, splits)
+                "bwd_w": gemm.bwd_w_gemm}[p.direction](
+                    ct, *tile, geo, splits, *(("tf32",) if variant == "tf32" else ()))
         a, b = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
         if splits == 1:
             r = result(n)
@@ -780,6 +839,7 @@ def execute(plan, operands, out=None, stream=None):
     """
     p = plan.problem
     cuda = _cuda(p.op or p.direction)
+    stream = check_stream(stream)
     ops = {k: as_device_array(v, k) for k, v in operands.items()}
     dst = check_out(out, p)
     tiles = plan.tiles
@@ -812,7 +872,7 @@ def execute(plan, operands, out=None, stream=None):
     else:
         flat = tiles["kernel"] == "gemm" or tiles.get("variant") == "rows"
         canon = {k: _to_canonical(call, a, p, k, flat) for k, a in ops.items()}
-        r = _run(call, p, tiles, canon, dst)
+        r = _run(call, p, tiles, canon, dst, plan.variant)
     res = _to_user(call, r, p, dst)
     call.done()
     return res

@@ -109,6 +109,9 @@ def _build(np_op, sig, direction, args, kwargs):
         else:
             given[id(v)] = arg
     problem, operands = np_op.parse(*bound.args, **bound.kwargs)
+    # the chunks are NumPy arrays: stream= and precision="tf32" are refused as on the host
+    problem = _opmod.device_options(problem, False, values.get("stream"),
+                                    values.get("precision"))
     names = _roles(sig.parameters)
     arrays = {}
     for role, arr in operands.items():

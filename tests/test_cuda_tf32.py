@@ -1,0 +1,277 @@
+"""``precision="tf32"``: the TF32 tensor-core GEMM entry (``gemm[tf32]``).
+
+* The rounding and the algorithm on the CPU: ``tf32_round_py`` (the simulator's twin of
+  the ``cvt.rna.tf32.f32`` intrinsic) against values whose rounding is known, and a NumPy
+  emulation of the kernels' arithmetic (operands rounded to TF32, ties away from zero;
+  products summed in float32 in K order) against the float64 reference within
+  ``TF32_TOLERANCE``.
+* The fragment layout: the offsets the kernels load their ``mma.sync`` fragments from
+  give, for every lane, the matrix elements the PTX ISA assigns to it (m16n8k8, tf32).
+* Static: each direction's TF32 kernel compiles to PTX for cc 9.0 (``mma.sync ... tf32``
+  and ``cvt.rna.tf32.f32`` in it), ``ptxas`` assembles it within 128 registers and no
+  spills, and the SASS holds one HMMA per m16n8k8 step (skips without the toolchain).
+* The planner names ``gemm[tf32]``; the front ends refuse ``precision="tf32"`` on NumPy
+  operands and on other dtypes than float32.
+* On a real GPU only (skipped otherwise): the public ops with ``precision="tf32"`` on
+  device arrays against the float64 reference within ``TF32_TOLERANCE``.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numbaconv import reference as nref
+from numbaconv.problem import ConvProblem
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+sys.path.insert(0, HERE)
+import reference  # noqa: E402  (tests/reference.py)
+import sass_mix  # noqa: E402
+
+
+def _round(v):
+    from numbaconv.kernels.cuda.gemm import tf32_round_py
+    return tf32_round_py(v)
+
+
+def test_tf32_round_known_values():
+    """10 explicit mantissa bits, round to nearest with ties away from zero (``rna``)."""
+    ulp = 2.0 ** -10
+    one = np.float32(1)
+    assert _round(one) == one
+    assert _round(np.float32(1 + ulp)) == np.float32(1 + ulp)
+    assert _round(np.float32(1 + ulp / 2)) == np.float32(1 + ulp)          # tie: away
+    assert _round(np.float32(-(1 + ulp / 2))) == np.float32(-(1 + ulp))    # (both signs)
+    assert _round(np.float32(1 + ulp / 2 - 2 ** -20)) == one               # below the tie
+    assert _round(np.float32(1 + 3 * ulp / 2)) == np.float32(1 + 2 * ulp)  # tie: away, not even
+    assert np.isinf(_round(np.float32(np.inf))) and np.isnan(_round(np.float32(np.nan)))
+    x = np.random.default_rng(0).standard_normal(10000).astype(np.float32)
+    r = _round(x)
+    assert not np.any(r.view(np.uint32) & np.uint32(0x1FFF))  # low 13 bits cleared
+    assert np.max(np.abs(r - x) / np.abs(x)) <= 2.0 ** -11
+
+
+def _emulated_fwd(x, w, stride, pads):
+    """The TF32 kernels' arithmetic in NumPy for a forward convolution (NHWC, XIO): the
+    operands rounded to TF32, each output a float32 sum over (tap, channel) in K order."""
+    xr, wr = _round(x), _round(w)
+    n, h, wd, c = x.shape
+    kh, kw, _, k = w.shape
+    xp = np.zeros((n, h + pads[0] + pads[1], wd + pads[2] + pads[3], c), np.float32)
+    xp[:, pads[0]:pads[0] + h, pads[2]:pads[2] + wd] = xr
+    oh = (xp.shape[1] - kh) // stride + 1
+    ow = (xp.shape[2] - kw) // stride + 1
+    acc = np.zeros((n, oh, ow, k), np.float32)
+    for th in range(kh):
+        for tw in range(kw):
+            patch = xp[:, th:th + (oh - 1) * stride + 1:stride, tw:tw + (ow - 1) * stride + 1:stride]
+            for ci in range(c):  # one product per K step, summed in float32
+                acc += patch[..., ci:ci + 1] * wr[th, tw, ci]
+    return acc
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_emulated_tf32_within_tolerance(stride):
+    """The emulated TF32 result is within ``TF32_TOLERANCE`` of the float64 reference and,
+    being TF32, clearly outside float32's bound (so the bound is not met by accident)."""
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((2, 9, 9, 48)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 48, 16)).astype(np.float32)
+    got = _emulated_fwd(x, w, stride, (1, 1, 1, 1))
+    err = reference.normalized_error(got, reference.conv_fwd_ref, x.astype(np.float64),
+                                     w.astype(np.float64), stride=stride, pads_begin=1,
+                                     pads_end=1)
+    assert err <= nref.TF32_TOLERANCE, err
+    assert err > nref.TOLERANCE["float32"], err
+
+
+def test_fragment_offsets_match_the_ptx_layout():
+    """For every lane and register, the shared-memory offset the TF32 kernel loads an A or
+    B fragment from holds the element the PTX ISA assigns (m16n8k8 .tf32: a_r = A[g +
+    8*(r%2), t + 4*(r//2)], b_r = B[t + 4*r, g]); the accumulator rows and columns the
+    epilogue writes are those of c_r = C[g + 8*(r//2), 2t + r%2]."""
+    from numbaconv.kernels.cuda.gemm import scheme
+    bm, bn, bk, tm, tn = 128, 128, 8, 8, 8
+    sc = scheme("float32", bm, bn, bk, tm, tn, "tf32")
+    offsets = sc["offsets"].py_func
+    PA, PB = sc["pa"], sc["pb"]
+    for tid in range(256):
+        lane, warp = tid % 32, tid // 32
+        g, t = lane // 4, lane % 4
+        ao, bo, row0, col0 = offsets(tid)
+        wm0, wn0 = (warp // (bn // (4 * tn))) * 8 * tm, (warp % (bn // (4 * tn))) * 4 * tn
+        for r, off in enumerate(sc["a_frag"]):  # As[k][m]: element (m, k) at k*PA + m
+            m, k = wm0 + g + 8 * (r % 2), t + 4 * (r // 2)
+            assert ao + off == k * PA + m, (tid, r)
+        for r, off in enumerate(sc["b_frag"]):  # Bs[k][n]
+            k, n = t + 4 * r, wn0 + g
+            assert bo + off == k * PB + n, (tid, r)
+        for a in range(2):  # the first m16n8 tile's accumulator rows/columns
+            for b in range(2):
+                row = (a // sc["ega"]) * sc["esa"] + (a % sc["ega"]) * sc["eha"] + row0
+                col = (b // sc["egb"]) * sc["esb"] + (b % sc["egb"]) * sc["ehb"] + col0
+                assert (row, col) == (wm0 + g + 8 * a, wn0 + 2 * t + b), tid
+
+
+def test_planner_names_the_tf32_entry():
+    from numbaconv.backends import cuda as backend
+    from numbaconv import planner
+    import dataclasses
+
+    p = ConvProblem("fwd", 8, 1, 64, 64, (1, 14, 14), (1, 3, 3), (1, 14, 14), (1, 1, 1),
+                    (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32")
+    q = dataclasses.replace(p, precision="tf32")
+    exact, tf32 = planner.make_plan(p, device="cuda"), planner.make_plan(q, device="cuda")
+    assert (exact.strategy, exact.variant) == ("gemm", "cuda")
+    assert (tf32.strategy, tf32.variant) == ("gemm", "tf32")
+    assert "gemm[tf32]" in str(tf32) and "tensor cores" in tf32.reason
+    assert q.descriptor().endswith("_float32_tf32")
+    # depthwise: no tensor-core path, exact float32, and the plan says why
+    d = ConvProblem("bwd_w", 8, 32, 32, 32, (1, 14, 14), (1, 3, 3), (1, 14, 14), (1, 1, 1),
+                    (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32", precision="tf32")
+    dp = planner.make_plan(d, device="cuda")
+    assert dp.variant != "tf32" and dp.declined[0][0] == "gemm[tf32]"
+    assert "no tensor-core path" in dp.reason
+    assert backend.tf32_declines(p, exact.tiles) == "precision is not 'tf32'"
+
+
+def test_front_ends_refuse_tf32_where_it_cannot_run():
+    import numbaconv
+
+    x = np.ones((1, 5, 5, 2), np.float32)
+    w = np.ones((3, 3, 2, 4), np.float32)
+    with pytest.raises(ValueError, match="^precision: 'tf32' runs on the GPU"):
+        numbaconv.conv2d(x, w, 1, "SAME", precision="tf32")
+    with pytest.raises(ValueError, match="^precision: 'tf32' runs on the GPU"):
+        numbaconv.convolution_backprop_filters(x, (3, 3), np.ones((1, 5, 5, 4), np.float32),
+                                               strides=1, pads_begin=1, pads_end=1,
+                                               precision="TF32")
+    with pytest.raises(ValueError, match="^precision: expected"):
+        numbaconv.conv2d(x, w, 1, "SAME", precision="tf16")
+    with pytest.raises(TypeError, match="^precision: expected"):
+        numbaconv.conv2d(x, w, 1, "SAME", precision=32)
+    # "exact" (and None) is float32 as always, on the host too
+    np.testing.assert_array_equal(numbaconv.conv2d(x, w, 1, "SAME", precision="exact"),
+                                  numbaconv.conv2d(x, w, 1, "SAME"))
+
+
+def test_device_tf32_refuses_other_dtypes():
+    """On device operands, ``precision="tf32"`` with float64 is a ValueError naming
+    ``precision`` (checked before any device work)."""
+    from numbaconv.api._op import device_options
+
+    p = ConvProblem("fwd", 1, 1, 2, 4, (1, 5, 5), (1, 3, 3), (1, 5, 5), (1, 1, 1), (1, 1, 1),
+                    (0, 1, 1), (0, 1, 1), 2, "float64")
+    with pytest.raises(ValueError, match="^precision: 'tf32' applies to float32"):
+        device_options(p, True, None, "tf32")
+    assert device_options(p, True, None, None) is p
+
+
+# -- static: PTX, ptxas, SASS ---------------------------------------------------------------
+GEO = (8, 1, 64, 64, 1, 56, 56, 1, 3, 3, 1, 56, 56, 1, 1, 1, 1, 1, 1, 0, 1, 1)
+
+
+@pytest.fixture(scope="module")
+def toolchain():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("NUMBA_ENABLE_CUDASIM is set: compile_ptx is not available in the simulator")
+    if not sass_mix.tool_candidates("ptxas"):
+        pytest.skip("ptxas not found (environment's nvidia/*/bin, PATH, CUDA_HOME)")
+    if not sass_mix.tool_candidates("nvdisasm"):
+        pytest.skip("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    try:
+        import inspect
+
+        from numba import cuda, types
+        cuda.compile_ptx(lambda a: None, (types.float32[::1],), cc=(9, 0))
+    except Exception as exc:
+        pytest.skip(f"NVVM not usable by numba.cuda.compile_ptx: {type(exc).__name__}: {exc}")
+    if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
+        pytest.skip("numba.cuda is numba's own older CUDA target: pip install numba-cuda")
+
+
+def _tiles():
+    from numbaconv.backends import cuda as backend
+    return backend.GEMM_TILES
+
+
+@pytest.mark.parametrize("name", ["fwd_gemm", "bwd_d_gemm", "bwd_w_gemm"])
+@pytest.mark.parametrize("tile", _tiles(), ids=lambda t: "x".join(map(str, t)))
+def test_tf32_kernels_assemble_with_hmma(toolchain, name, tile):
+    import collections
+
+    from numba import cuda, types
+    from numbaconv.kernels.cuda import gemm
+
+    kernel = getattr(gemm, name)("float32", *tile, GEO, 1, "tf32")
+    sig = (types.Array(types.float32, 1, "C"),) * 3
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0),
+                              launch_bounds=kernel.targetoptions.get("launch_bounds"))
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx
+    assert "cvt.rna.tf32.f32" in ptx
+    f = sass_mix.figures(ptx, "sm_90")
+    ops = collections.Counter(sass_mix.opcode(t).split(".")[0]
+                              for _, t in sass_mix.parse(f["sass"])[0])
+    bm, bn, bk, tm, tn = tile
+    per_slice = (tm // 2) * (tn // 2) * (bk // 8)
+    print(f"{name}[tf32,{'x'.join(map(str, tile))}]: {f['registers']} registers, spills "
+          f"{f['spill_stores']}/{f['spill_loads']}, {ops['HMMA']} HMMA ({per_slice} per "
+          f"K slice), {ops['FFMA']} FFMA")
+    assert f["spill_stores"] == 0 and f["spill_loads"] == 0, f["log"]
+    assert f["registers"] <= gemm.MAX_REGISTERS, f["log"]
+    assert ops["HMMA"] >= per_slice and ops["HMMA"] % per_slice == 0, ops
+    assert ops["FFMA"] == 0, ops  # every multiply-add on the tensor cores
+
+
+# -- on a real GPU only ---------------------------------------------------------------------
+_GPU_CODE = """
+import numpy as np
+from numba import cuda
+import numbaconv
+from numbaconv.reference import TF32_TOLERANCE, normalized_error
+rng = np.random.default_rng(0)
+x = rng.standard_normal((4, 20, 20, 96)).astype(np.float32)
+w = rng.standard_normal((3, 3, 96, 64)).astype(np.float32)
+dy = rng.standard_normal((4, 10, 10, 64)).astype(np.float32)
+kw = dict(strides=2, pads_begin=1, pads_end=0)
+calls = [("convolution", (x, w)), ("convolution_backprop_data", (dy, w, (20, 20))),
+         ("convolution_backprop_filters", (x, (3, 3), dy))]
+worst = 0.0
+for name, args in calls:
+    fn = getattr(numbaconv, name)
+    dev = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+    p = numbaconv.plan(name, *dev, **kw, precision="tf32")
+    assert (p.strategy, p.variant) == ("gemm", "tf32"), str(p)
+    got = fn(*dev, **kw, precision="tf32").copy_to_host().astype(np.float64)
+    a64 = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args)
+    ref = fn(*a64, **kw)
+    ref_abs = fn(*(np.abs(a) if isinstance(a, np.ndarray) else a for a in a64), **kw)
+    err = normalized_error(got, ref, ref_abs)
+    print(name, err)
+    assert err <= TF32_TOLERANCE, (name, err)
+    worst = max(worst, err)
+print(f"worst {worst:.3g}")
+"""
+
+
+def _gpu_present():
+    env = dict(os.environ)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    r = subprocess.run([sys.executable, "-c",
+                        "from numba import cuda; print(cuda.is_available())"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    return r.stdout.strip() == "True", env
+
+
+def test_tf32_on_a_gpu_within_tolerance():
+    ok, env = _gpu_present()
+    if not ok:
+        pytest.skip("no usable CUDA GPU: the TF32 kernels' device results are checked on a "
+                    "GPU only (the simulator cannot run mma.sync)")
+    r = subprocess.run([sys.executable, "-c", _GPU_CODE], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
