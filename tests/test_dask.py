@@ -23,7 +23,7 @@ distributed = pytest.importorskip("distributed")
 
 import numbaconv as nc  # noqa: E402
 import numbaconv.dask as ncd  # noqa: E402
-from numbaconv.dask import _geometry as geo  # noqa: E402
+from numbaconv.dask import _geometry as geo, _worker  # noqa: E402
 from reference import (TOL, conv_bwd_data_ref, conv_bwd_filter_ref, conv_fwd_ref,  # noqa: E402
                        normalized_error, onednn_pads)
 
@@ -465,7 +465,8 @@ def test_workers_run_one_thread_each_and_use_the_given_cache(client):
         # the machine's Numba pool has every core; each worker has one Dask thread
         assert st["threads"] == 1
         assert st["cache_dir"] == client.test_cache_dir
-        assert st["pool_bytes"] == 0  # Dask holds the results: no idle pool beside it
+        # Dask holds the results: beside them, only a small pool for a call's scratch
+        assert st["pool_bytes"] == _worker.WORKER_POOL_BYTES
     reports = client.run(_plugin_report)
     assert {r["pid"] for r in reports.values()} == {s["pid"] for s in states.values()}
     assert all(r["threads"] == 1 and r["warmup_seconds"] > 0 for r in reports.values())
@@ -486,7 +487,7 @@ def test_first_task_in_a_worker_process_sets_the_workers_threads(monkeypatch):
     monkeypatch.setattr(config, "MEMORY_POOL_BYTES", None)
     monkeypatch.setattr(_worker, "_configured", False)
     _worker.configure_worker()
-    assert config.THREADS == 1 and config.MEMORY_POOL_BYTES == 0
+    assert config.THREADS == 1 and config.MEMORY_POOL_BYTES == _worker.WORKER_POOL_BYTES
     monkeypatch.setattr(config, "THREADS", 2)
     monkeypatch.setattr(_worker, "_configured", False)
     _worker.configure_worker()
