@@ -23,7 +23,7 @@ distributed = pytest.importorskip("distributed")
 
 import numbaconv as nc  # noqa: E402
 import numbaconv.dask as ncd  # noqa: E402
-from numbaconv.dask import _geometry as geo  # noqa: E402
+from numbaconv.dask import _geometry as geo, _worker  # noqa: E402
 from reference import (TOL, conv_bwd_data_ref, conv_bwd_filter_ref, conv_fwd_ref,  # noqa: E402
                        normalized_error, onednn_pads)
 
@@ -349,6 +349,50 @@ def test_weight_gradient_is_bit_identical_across_runs(client, rng, monkeypatch):
         lambda m, x, dy: m.conv2d_backprop_filter(x, [3, 3, 3, 4], dy, 2, "SAME"), (x, dy))
 
 
+def test_reduction_tree_adds_in_key_order():
+    """The tree's shape depends only on the number of partials and SPLIT_EVERY; each node
+    adds its operands in key order (values where the order shows in float32)."""
+    from numbaconv.dask._graph import sum_tree
+    vals = [1e8, 1.0, -1e8, 1.0, 3.0, 0.5, -2.0]
+    dsk = {("p", i): np.full(2, v, F32) for i, v in enumerate(vals)}
+    depth = sum_tree([("p", i) for i in range(7)], ("out", 0), "node", dsk, 3)
+    nodes = [k for k in dsk if k[0] == "node"]
+    # 7 -> [3, 3, 1] -> the two nodes and the lone last partial -> the root
+    assert depth == 2 and len(nodes) == 2
+    got = dask.get(dsk, ("out", 0))
+    f = [F32(v) for v in vals]
+    want = ((f[0] + f[1]) + f[2]) + ((f[3] + f[4]) + f[5]) + f[6]
+    assert got.dtype == F32 and np.all(got == want)
+    dsk = {("p", i): np.full(2, v, F32) for i, v in enumerate(vals[4:6])}
+    assert sum_tree([("p", 0), ("p", 1)], ("out", 0), "node", dsk, 8, out_dtype=F16) == 1
+    got = dask.get(dsk, ("out", 0))
+    assert got.dtype == F16 and np.all(got == F16(3.5))
+
+
+def test_weight_gradient_graph_is_partials_and_the_tree():
+    """One task per partial and one per node of the tree, the root the result's own key:
+    no separate chunk step and no alias tasks between them."""
+    x = np.ones((16, 6, 6, 2), F32)
+    dy = np.ones((16, 6, 6, 3), F32)
+    X = da.from_array(x, chunks=(4, 6, 6, 2))
+    DY = da.from_array(dy, chunks=(4, 6, 6, 3))
+    dw = ncd.conv2d_backprop_filter(X, [3, 3, 2, 3], DY, 1, "SAME")
+    layer = dict(dw.__dask_graph__().layers[dw.name])
+    partials = [k for k in layer if "-partials-" in k[0]]
+    assert len(partials) == 4
+    assert set(layer) - set(partials) == {(dw.name, 0, 0, 0, 0)}
+    assert dw.__dask_keys__() == [[[[(dw.name, 0, 0, 0, 0)]]]]
+
+
+def test_split_every_is_checked(monkeypatch):
+    x, w, dy, X, DY = _arrays()
+    for bad in (1, 0, 2.5, True, "8"):
+        monkeypatch.setattr(ncd, "SPLIT_EVERY", bad)
+        with pytest.raises(ValueError, match=r"^numbaconv\.dask\.SPLIT_EVERY: expected an int "
+                                             r">= 2"):
+            ncd.conv2d_backprop_filter(X, w.shape, DY, 1, "SAME")
+
+
 def test_float16_partials_are_float32(client, rng):
     x, dy, X, DY = _bwd_w_case(rng, F16)
     dw = ncd.conv2d_backprop_filter(X, [3, 3, 3, 4], DY, 2, "SAME")
@@ -465,11 +509,34 @@ def test_workers_run_one_thread_each_and_use_the_given_cache(client):
         # the machine's Numba pool has every core; each worker has one Dask thread
         assert st["threads"] == 1
         assert st["cache_dir"] == client.test_cache_dir
-        assert st["pool_bytes"] == 0  # Dask holds the results: no idle pool beside it
+        # Dask holds the results: beside them, only a small pool for a call's scratch
+        assert st["pool_bytes"] == _worker.WORKER_POOL_BYTES
     reports = client.run(_plugin_report)
     assert {r["pid"] for r in reports.values()} == {s["pid"] for s in states.values()}
     assert all(r["threads"] == 1 and r["warmup_seconds"] > 0 for r in reports.values())
     assert numba.config.NUMBA_NUM_THREADS >= 1
+
+
+def _pool_in_worker():
+    import gc
+    from numbaconv import memory
+    a = memory.empty((600 << 10,), np.uint8)
+    first, pooled = a.ctypes.data, not a.flags.owndata
+    del a
+    gc.collect()
+    again = memory.empty((600 << 10,), np.uint8).ctypes.data
+    return dict(min_bytes=memory.min_bytes(), limit=memory.limit(), pooled=pooled,
+                reused=again == first, trim=os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+
+
+def test_workers_pool_what_glibc_would_map_afresh(client):
+    """Dask's nanny pins glibc's mmap threshold (MALLOC_TRIM_THRESHOLD_): in its workers the
+    pool serves arrays from 128 KiB on, and keeps WORKER_POOL_BYTES of them idle, so that a
+    call's scratch is not faulted in afresh on every call."""
+    for st in client.run(_pool_in_worker).values():
+        assert st["trim"] is not None
+        assert st["min_bytes"] == 128 << 10 and st["limit"] == _worker.WORKER_POOL_BYTES
+        assert st["pooled"] and st["reused"]
 
 
 def test_first_task_in_a_worker_process_sets_the_workers_threads(monkeypatch):
@@ -486,7 +553,7 @@ def test_first_task_in_a_worker_process_sets_the_workers_threads(monkeypatch):
     monkeypatch.setattr(config, "MEMORY_POOL_BYTES", None)
     monkeypatch.setattr(_worker, "_configured", False)
     _worker.configure_worker()
-    assert config.THREADS == 1 and config.MEMORY_POOL_BYTES == 0
+    assert config.THREADS == 1 and config.MEMORY_POOL_BYTES == _worker.WORKER_POOL_BYTES
     monkeypatch.setattr(config, "THREADS", 2)
     monkeypatch.setattr(_worker, "_configured", False)
     _worker.configure_worker()

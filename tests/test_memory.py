@@ -66,6 +66,53 @@ def test_idle_blocks_stay_under_the_limit(monkeypatch):
     assert memory.idle_bytes() == 0
 
 
+def test_a_block_serves_the_request_it_was_rounded_up_for():
+    """A request under MIN_FILL of its own rounded block (5 KiB in an 8 KiB block) gets
+    that block back: before, every such request made a new block."""
+    a = memory.empty((5 * 1024,), np.uint8)
+    addr = a.ctypes.data
+    del a
+    gc.collect()
+    b = memory.empty((5 * 1024,), np.uint8)
+    assert b.ctypes.data == addr
+
+
+def test_pinned_mmap_threshold_from_the_environment():
+    """glibc adjusts its mmap threshold unless a setting pins it (Dask's nanny sets
+    MALLOC_TRIM_THRESHOLD_): then it is 128 KiB, or what MALLOC_MMAP_THRESHOLD_ says."""
+    assert memory.pinned_mmap_threshold({}) is None
+    assert memory.pinned_mmap_threshold({"OMP_NUM_THREADS": "1"}) is None
+    assert memory.pinned_mmap_threshold({"MALLOC_TRIM_THRESHOLD_": "65536"}) == 128 << 10
+    assert memory.pinned_mmap_threshold({"MALLOC_TOP_PAD_": "0"}) == 128 << 10
+    assert memory.pinned_mmap_threshold({"MALLOC_MMAP_THRESHOLD_": "1048576"}) == 1 << 20
+    assert memory.pinned_mmap_threshold(
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=65536:glibc.malloc.mmap_threshold=300000"}
+    ) == 300000
+    assert memory.pinned_mmap_threshold({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}) is None
+    assert memory.pinned_mmap_threshold({"MALLOC_TRIM_THRESHOLD_": "1",
+                                         "MALLOC_MMAP_THRESHOLD_": "lots"}) == 128 << 10
+
+
+def test_pool_starts_at_the_pinned_threshold(monkeypatch):
+    """Where glibc's threshold is pinned below MIN_BYTES, arrays from it on come from the
+    pool (glibc would map each afresh), in blocks of SMALL_GRAIN below GRAIN."""
+    monkeypatch.setattr(memory, "MIN_BYTES", 4 << 20)
+    monkeypatch.setattr(memory, "GRAIN", 2 << 20)
+    monkeypatch.setattr(memory, "_pinned", [None])
+    assert memory.min_bytes() == 4 << 20
+    assert memory.empty((1 << 20,), np.uint8).flags.owndata  # NumPy's
+    monkeypatch.setattr(memory, "_pinned", [128 << 10])
+    assert memory.min_bytes() == 128 << 10
+    assert memory.empty((1000,), np.uint8).flags.owndata
+    a = memory.empty((600 << 10,), np.uint8)
+    assert not a.flags.owndata  # the pool's
+    addr = a.ctypes.data
+    del a
+    gc.collect()
+    assert memory.idle_bytes() == 640 << 10  # 600 KiB in a block of 10 x 64 KiB
+    assert memory.empty((600 << 10,), np.uint8).ctypes.data == addr
+
+
 def test_ascontiguous_copies_only_when_needed():
     a = np.arange(6000, dtype=np.float32).reshape(60, 100)
     assert memory.ascontiguous(a) is a

@@ -32,8 +32,8 @@ from ..problem import numpy_dtype as _numpy_dtype
 from . import _graph
 from ._worker import NumbaconvSetup, worker_state
 
-#: Partial weight gradients added per node of the reduction tree (``split_every`` of
-#: ``dask.array.sum``); read when an op is called.
+#: Partial weight gradients added per node of the reduction tree (an int >= 2); read when
+#: an op is called. Up to this many partials are added by one task, the result's own.
 SPLIT_EVERY = 8
 
 #: The ops, by direction (docs/contract.md section 1).
@@ -81,6 +81,14 @@ def _roles(params):
     """The argument that carries each operand, for messages."""
     dy = "out_backprop" if "out_backprop" in params else "output_delta"
     return {"x": "input", "dy": dy, "w": "filter"}
+
+
+def _check_split_every():
+    v = SPLIT_EVERY
+    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+        raise ValueError(f"numbaconv.dask.SPLIT_EVERY: expected an int >= 2 (partial weight "
+                         f"gradients added per node of the reduction tree), got {v!r}")
+    return v
 
 
 def _build(np_op, sig, direction, args, kwargs):
@@ -148,7 +156,7 @@ def _build(np_op, sig, direction, args, kwargs):
         return _graph.backward_data(p, arrays["dy"], arrays["w"], names, token, strategy,
                                     tune)
     dw = _graph.backward_weights(p, arrays["x"], arrays["dy"], names, token, strategy, tune,
-                                 split_every=SPLIT_EVERY)
+                                 split_every=_check_split_every())
     if xim:
         dw = dw.reshape(problem.w_shape)
     return dw

@@ -5,8 +5,8 @@ is one task. The task reads, from every operand, exactly the index range the blo
 (its halo included), assembled from however many of the operand's chunks that range
 touches, and calls the NumPy op on it with EXPLICIT pads chosen by :mod:`._geometry`, so
 that the call computes that block and nothing else. Partial weight gradients are summed in
-a fixed tree (``dask.array.sum`` with ``split_every``), so the same graph gives the same
-bits on every run.
+a fixed tree of this module's own tasks (:func:`sum_tree`: ``split_every`` partials per
+node, added in key order), so the same graph gives the same bits on every run.
 """
 import itertools
 
@@ -94,12 +94,12 @@ class _Operand:
 class _Call:
     """One task: assemble the operands, call the NumPy op, place the result."""
 
-    __slots__ = ("fn", "takes", "kwargs", "cast", "embed", "shape", "dtype", "lead")
+    __slots__ = ("fn", "takes", "kwargs", "cast", "embed", "shape", "dtype", "out_dtype")
 
     def __init__(self, fn, takes, kwargs, cast=None, embed=None, shape=None, dtype=None,
-                 lead=False):
+                 out_dtype=None):
         self.fn, self.takes, self.kwargs, self.cast = fn, takes, kwargs, cast
-        self.embed, self.shape, self.dtype, self.lead = embed, shape, dtype, lead
+        self.embed, self.shape, self.dtype, self.out_dtype = embed, shape, dtype, out_dtype
 
     def __call__(self, *block_lists):
         from ._worker import configure_worker
@@ -112,7 +112,53 @@ class _Call:
             out = np.zeros(self.shape, self.dtype)
             out[self.embed] = res
             res = out
-        return res[None] if self.lead else res
+        if self.out_dtype is not None:  # a float16 weight gradient of a single partial
+            res = res.astype(self.out_dtype)
+        return res
+
+
+class _Sum:
+    """A node of the reduction tree: its operands added in the order given, in their own
+    dtype (float32 partials of float16 operands), then cast to ``out_dtype`` if given."""
+
+    __slots__ = ("out_dtype",)
+
+    def __init__(self, out_dtype=None):
+        self.out_dtype = out_dtype
+
+    def __call__(self, *parts):
+        total = np.add(parts[0], parts[1])
+        for part in parts[2:]:
+            np.add(total, part, out=total)
+        if self.out_dtype is not None:
+            total = total.astype(self.out_dtype)
+        return total
+
+
+def sum_tree(keys, out_key, name, dsk, split_every, out_dtype=None):
+    """Tasks in ``dsk`` that add the results of ``keys`` (two or more) into ``out_key``:
+    a tree whose nodes add ``split_every`` consecutive results in key order (the last node
+    of a level fewer), level by level, the root named ``out_key``. Its shape depends only
+    on ``len(keys)`` and ``split_every``: the same bits on every run, whichever worker ran
+    what. Returns the tree's depth."""
+    level = list(keys)
+    depth = 0
+    while len(level) > 1:
+        depth += 1
+        groups = [level[i:i + split_every] for i in range(0, len(level), split_every)]
+        if len(groups) == 1:
+            dsk[out_key] = (_Sum(out_dtype), *groups[0])
+            return depth
+        nxt = []
+        for j, group in enumerate(groups):
+            if len(group) == 1:  # a lone last result goes up a level as it is
+                nxt.append(group[0])
+                continue
+            key = (name, depth, j, *out_key[1:])
+            dsk[key] = (_Sum(), *group)
+            nxt.append(key)
+        level = nxt
+    raise ValueError("sum_tree: expected two or more keys")
 
 
 class _Zeros:
@@ -294,7 +340,8 @@ def backward_data(p, dy, w, names, token, strategy=None, tune=False):
 def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
                      split_every=None):
     """The weight gradient of problem ``p`` (XIO or OIX) as a Dask array: one partial per
-    block of the output grid, summed in a fixed tree; float16 partials are float32."""
+    block of the output grid, summed in a fixed tree (:func:`sum_tree`); float16 partials
+    are float32, the root rounds once."""
     import dask.array as da
     import numbaconv
     g = Geometry(p)
@@ -316,9 +363,11 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
     else:
         w_shape = (p.oc, icg, *g.k)
         w_chunks = (tuple(n * ocg for n in geo.sizes(gb)), (icg,), *[(k,) for k in g.k])
-    name = f"numbaconv-{p.op}-partials-{token}"
+    name = f"numbaconv-{p.op}-{token}"
+    pname = f"numbaconv-{p.op}-partials-{token}"
+    tname = f"numbaconv-{p.op}-sum-{token}"
     dsk = {}
-    part = 0
+    parts = {ig: [] for ig in range(len(gb) - 1)}  # per channel group: (key, call), in order
     for ib in range(len(nb) - 1):
         for ia in itertools.product(*[range(len(b) - 1) for b in ob]):
             orng = [(ob[a][i], ob[a][i + 1]) for a, i in enumerate(ia)]
@@ -328,8 +377,6 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
                 continue
             for ig in range(len(gb) - 1):
                 g0, g1 = gb[ig], gb[ig + 1]
-                key = [name, part, *[0] * (g.nd + 2)]
-                key[2 + lay.k_axis] = ig
                 n_rng = (nb[ib], nb[ib + 1])
                 xk, xt = X.take(lay.data(n_rng, (g0 * icg, g1 * icg),
                                          [(wn[0], wn[1]) for wn in wins]), dsk)
@@ -337,14 +384,26 @@ def backward_weights(p, x, dy, names, token, strategy=None, tune=False,
                 kw = _common_kwargs(g, g1 - g0, p.filter_format, p.data_format, strategy, tune)
                 kw.update(pads_begin=[wn[2] for wn in wins], pads_end=[wn[3] for wn in wins])
                 call = _Call(_bwd_w_call, (xt, dt), dict(ksz=list(g.k), kw=kw),
-                             cast=acc if acc != dtype else None, lead=True)
-                dsk[tuple(key)] = _task(call, (xk, dk_))
-            part += 1
-    if part == 0:
+                             cast=acc if acc != dtype else None)
+                parts[ig].append((call, xk, dk_))
+    if not parts[0]:
         return da.zeros(w_shape, dtype=dtype, chunks=w_chunks)
-    partials = _array(name, dsk, [x, dy], ((1,) * part, *w_chunks), acc)
-    total = partials.sum(axis=0, split_every=split_every or 8, dtype=acc)
-    return total.astype(dtype) if acc != dtype else total
+    for ig, calls in parts.items():
+        idx = [0] * (g.nd + 2)
+        idx[lay.k_axis] = ig
+        out_key = (name, *idx)
+        if len(calls) == 1:  # the one partial is the block, rounded in its own task
+            call, xk, dk_ = calls[0]
+            call.out_dtype = dtype if acc != dtype else None
+            dsk[out_key] = _task(call, (xk, dk_))
+            continue
+        keys = []
+        for i, (call, xk, dk_) in enumerate(calls):
+            keys.append((pname, i, *idx))
+            dsk[keys[-1]] = _task(call, (xk, dk_))
+        sum_tree(keys, out_key, tname, dsk, split_every or 8,
+                 out_dtype=dtype if acc != dtype else None)
+    return _array(name, dsk, [x, dy], w_chunks, dtype)
 
 
 def _bwd_w_call(x, dy, ksz, kw):

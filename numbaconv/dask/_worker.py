@@ -1,6 +1,6 @@
 """Worker set-up: numbaconv's threads follow the worker's threads, kernels warm once per
-worker process, the Numba cache directory is the one the cluster was given, and no idle
-pool of result blocks sits beside Dask's own memory.
+worker process, the Numba cache directory is the one the cluster was given, and the idle
+blocks numbaconv keeps beside Dask's own memory are few (``WORKER_POOL_BYTES``).
 
 Dask sets the BLAS thread variables of its worker processes (``OMP_NUM_THREADS=1`` and
 friends) but not Numba's: without a limit, every worker process of a machine would run its
@@ -14,6 +14,15 @@ import multiprocessing
 import os
 
 _configured = False
+
+#: Idle bytes numbaconv's pool of recycled blocks (:mod:`numbaconv.memory`) keeps in a
+#: worker process unless ``pool_bytes=`` or ``NUMBACONV_MEMORY_POOL_BYTES`` says otherwise:
+#: enough for the scratch arrays of a call on a block (res3a_branch2b's weight gradient on
+#: 16 samples: 14 MB), few beside Dask's memory, which does not see them. Without a pool a
+#: worker process re-faults that scratch on every call: Dask's nanny sets
+#: ``MALLOC_TRIM_THRESHOLD_``, which pins glibc's mmap threshold at 128 KiB, so every
+#: array from 128 KiB on is a fresh mapping (measured: 3354 faults, +40% per call).
+WORKER_POOL_BYTES = 64 << 20
 
 
 def _worker():
@@ -47,17 +56,17 @@ def configure_worker():
         return
     if not config.THREADS:
         config.THREADS = worker_threads(worker)
-    if config.MEMORY_POOL_BYTES is None:
-        config.MEMORY_POOL_BYTES = 0
+    _worker_pool()
 
 
-def _pool_off():
-    """No idle pool of result blocks in a worker unless asked for
-    (``NUMBACONV_MEMORY_POOL_BYTES``): Dask holds the results, and idle blocks would be
-    memory it does not manage, on top of its own limit, in every worker of the machine."""
+def _worker_pool():
+    """A small pool of idle blocks in a worker unless one was asked for
+    (``NUMBACONV_MEMORY_POOL_BYTES``): Dask holds the results, and idle blocks are memory it
+    does not manage, on top of its own limit, in every worker of the machine; a call's
+    scratch arrays (``WORKER_POOL_BYTES``) are worth keeping."""
     from .. import config
     if config.MEMORY_POOL_BYTES is None:
-        config.MEMORY_POOL_BYTES = 0
+        config.MEMORY_POOL_BYTES = WORKER_POOL_BYTES
 
 
 def _set_cache_dir(path):
@@ -83,10 +92,11 @@ class NumbaconvSetup(_plugin_base()):
     worker process, including those started later or restarted after a failure, runs
     :meth:`setup` once.
 
-    In each worker the pool of idle result blocks (``numbaconv.memory``) is off unless
-    ``pool_bytes=`` or ``NUMBACONV_MEMORY_POOL_BYTES`` sets it: Dask holds the results, and
-    idle blocks would be memory its memory manager neither sees nor limits, in every worker
-    of the machine.
+    In each worker the pool of idle blocks (``numbaconv.memory``) keeps at most
+    ``WORKER_POOL_BYTES`` (64 MiB) unless ``pool_bytes=`` or
+    ``NUMBACONV_MEMORY_POOL_BYTES`` sets it: enough for a call's scratch arrays, which a
+    worker process would otherwise fault in afresh on every call, and little beside the
+    memory Dask's memory manager sees and limits.
 
     Parameters
     ----------
@@ -105,8 +115,8 @@ class NumbaconvSetup(_plugin_base()):
         ``NUMBA_CACHE_DIR`` for the workers; default: what their environment says. Workers
         that share one directory compile each kernel once between them.
     pool_bytes : int, optional
-        Idle bytes numbaconv's result pool keeps in each worker (default: 0, or
-        ``NUMBACONV_MEMORY_POOL_BYTES`` where set).
+        Idle bytes numbaconv's pool keeps in each worker (default: ``WORKER_POOL_BYTES``,
+        or ``NUMBACONV_MEMORY_POOL_BYTES`` where set; 0 turns it off).
     """
 
     name = "numbaconv-setup"
@@ -142,7 +152,7 @@ class NumbaconvSetup(_plugin_base()):
         if self.pool_bytes is not None:
             config.MEMORY_POOL_BYTES = self.pool_bytes
         else:
-            _pool_off()
+            _worker_pool()
         _configured = True
         seconds = 0.0
         if self.warmup:

@@ -268,8 +268,8 @@ class Winograd(Strategy):
                         fwd_tiles(dy, 1, D, 0, 0, t0, t1)
                         # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K]
                         VT = V.transpose(0, 2, 1)
-                        if run not in acc:
-                            acc[run] = np.matmul(VT, D)
+                        if run not in acc:  # from the pool, as every scratch array
+                            acc[run] = np.matmul(VT, D, out=memory.empty((a2, C, K), ct))
                         else:
                             a = acc[run]
                             np.add(a, np.matmul(VT, D, out=prod[slot].reshape(a2, C, K)),
@@ -283,8 +283,10 @@ class Winograd(Strategy):
             # dw = G^T M G per (c, k)
             GT = np.ascontiguousarray(G.T)
             with blas.threads(outside):
-                t = np.matmul(GT, total.reshape(alpha, alpha * C * K)).reshape(3, alpha, C * K)
-                return np.matmul(GT, t).reshape(1, 3, 3, C, K)
+                t = np.matmul(GT, total.reshape(alpha, alpha * C * K),
+                              out=memory.empty((3, alpha * C * K), ct)).reshape(3, alpha, C * K)
+                return np.matmul(GT, t, out=memory.empty((3, 3, C * K), ct)).reshape(
+                    1, 3, 3, C, K)
 
         if p.direction == "fwd":
             src = ops["x"].reshape(nb, H, W, C)
