@@ -20,6 +20,7 @@ bitwise reproducibility across processes is part of the contract).
 
 When it runs: the disk cache is on, the plan runs on at least two threads (so the caller
 gave numbaconv at least two cores; a Dask worker of one thread never starts a helper),
+the machine is not busy already (a minute's load average under the cores less a half),
 the operands take at most ``config.COMPILE_AHEAD_MAX_BYTES`` (the helper allocates zeros
 of the same shapes), and ``config.COMPILE_AHEAD`` (``NUMBACONV_COMPILE_AHEAD=0`` turns it
 off). Whatever goes wrong with the helper (it cannot start, fails, or dies), the call
@@ -114,6 +115,16 @@ def _cores():
         return os.cpu_count() or 1
 
 
+def _busy(cores):
+    """Whether the cores are taken already: a minute's load average of ``cores - 0.5`` or
+    more (the caller itself counts about one; the rest are other processes, such as a pool
+    of workers each making its own first calls), so that a helper would only compete."""
+    try:
+        return os.getloadavg()[0] >= cores - 0.5
+    except (AttributeError, OSError):
+        return False
+
+
 def enabled(plan, operands, cached):
     """Whether ``plan``'s first call on ``operands`` may start a helper (``cached``: kernels
     go to the disk cache, where alone a helper's work can reach this process)."""
@@ -121,7 +132,8 @@ def enabled(plan, operands, cached):
         return False
     if not cached or plan.threads < 2:
         return False
-    if _cores() < 2:
+    cores = _cores()
+    if cores < 2 or _busy(cores):
         return False
     nbytes = sum(getattr(a, "nbytes", 0) for a in operands.values())
     return nbytes <= config.COMPILE_AHEAD_MAX_BYTES

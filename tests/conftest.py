@@ -1,6 +1,13 @@
 """Shared fixtures: one seeded random generator for the whole session."""
+import os
+
 import numpy as np
 import pytest
+
+# The test run keeps every core busy with its own workers: a helper process compiling
+# ahead for each first call would only compete with them, in this process and in the
+# processes tests start (tests/test_ahead.py turns it on where it tests it).
+os.environ["NUMBACONV_COMPILE_AHEAD"] = "0"
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +42,10 @@ def every_strategy_even_when_small(monkeypatch, request):
     if request.node.get_closest_marker("small_problem_rule") is None:
         from numbaconv import config
         monkeypatch.setattr(config, "SMALL_FLOPS", 0)
+
+
+@pytest.fixture(autouse=True)
+def no_compile_helpers(monkeypatch):
+    """No helper process compiling ahead (see the top of this file)."""
+    from numbaconv import config
+    monkeypatch.setattr(config, "COMPILE_AHEAD", False)

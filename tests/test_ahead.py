@@ -57,6 +57,7 @@ def _plan(threads):
 def test_when_a_helper_may_start(monkeypatch):
     ops = {"x": np.zeros(10, np.float32)}
     monkeypatch.setattr(_ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(_ahead, "_busy", lambda cores: False)
     monkeypatch.setattr(config, "COMPILE_AHEAD", True)
     assert _ahead.enabled(_plan(2), ops, True)
     assert not _ahead.enabled(_plan(1), ops, True)      # one thread: one core to use
@@ -68,6 +69,9 @@ def test_when_a_helper_may_start(monkeypatch):
     monkeypatch.setattr(_ahead, "_cores", lambda: 1)
     assert not _ahead.enabled(_plan(2), ops, True)      # no second core
     monkeypatch.setattr(_ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(_ahead, "_busy", lambda cores: True)
+    assert not _ahead.enabled(_plan(2), ops, True)      # other processes use the cores
+    monkeypatch.setattr(_ahead, "_busy", lambda cores: False)
     monkeypatch.setattr(config, "COMPILE_AHEAD", False)
     assert not _ahead.enabled(_plan(2), ops, True)      # turned off
     monkeypatch.setattr(config, "COMPILE_AHEAD", True)
@@ -85,6 +89,8 @@ _SCRIPT = textwrap.dedent("""
     from reference import conv_bwd_data_ref
 
     config.COMPILE_AHEAD = True
+    _ahead._busy = lambda cores: False  # the test run's other workers keep the cores busy
+    _ahead._cores = lambda: 2
     numbaconv.set_num_threads(2)
     sessions, compiled = [], []
     close = _ahead.Session.close
