@@ -20,7 +20,7 @@ bitwise reproducibility across processes is part of the contract).
 
 When it runs: the disk cache is on, the plan runs on at least two threads (so the caller
 gave numbaconv at least two cores; a Dask worker of one thread never starts a helper),
-the machine is not busy already (a minute's load average under the cores less a half),
+the machine is not busy already (a minute's load average under the number of cores),
 the operands take at most ``config.COMPILE_AHEAD_MAX_BYTES`` (the helper allocates zeros
 of the same shapes), and ``config.COMPILE_AHEAD`` (``NUMBACONV_COMPILE_AHEAD=0`` turns it
 off). Whatever goes wrong with the helper (it cannot start, fails, or dies), the call
@@ -116,11 +116,12 @@ def _cores():
 
 
 def _busy(cores):
-    """Whether the cores are taken already: a minute's load average of ``cores - 0.5`` or
-    more (the caller itself counts about one; the rest are other processes, such as a pool
-    of workers each making its own first calls), so that a helper would only compete."""
+    """Whether the cores are taken already: a minute's load average of ``cores`` or more
+    (other processes, such as a pool of workers each making its own first calls, on top of
+    the caller; a first call and its helper alone stay under two), so that a helper would
+    only compete."""
     try:
-        return os.getloadavg()[0] >= cores - 0.5
+        return os.getloadavg()[0] >= cores
     except (AttributeError, OSError):
         return False
 
