@@ -18,7 +18,9 @@ first call takes about half its compile time where a second core is free. Result
 depend on it: a kernel loaded from the cache is the one compiled here (the kernels'
 bitwise reproducibility across processes is part of the contract).
 
-When it runs: the disk cache is on, the plan runs on at least two threads (so the caller
+When it runs: the disk cache is on, the plan's entry compiles slowly (``compile_heavy``, or
+the Numba GEMM engine: for the light ones a helper's half second of start-up is more than
+it could save), the plan runs on at least two threads (so the caller
 gave numbaconv at least two cores; a Dask worker of one thread never starts a helper),
 the machine is not busy already (a minute's load average under the number of cores),
 the operands take at most ``config.COMPILE_AHEAD_MAX_BYTES`` (the helper allocates zeros
@@ -126,12 +128,13 @@ def _busy(cores):
         return False
 
 
-def enabled(plan, operands, cached):
-    """Whether ``plan``'s first call on ``operands`` may start a helper (``cached``: kernels
-    go to the disk cache, where alone a helper's work can reach this process)."""
+def enabled(plan, operands, worth):
+    """Whether ``plan``'s first call on ``operands`` may start a helper (``worth``: kernels
+    go to the disk cache, where alone a helper's work can reach this process, and the
+    plan's kernels take seconds to compile)."""
     if not config.COMPILE_AHEAD or os.environ.get(_CHILD_ENV) == "1":
         return False
-    if not cached or plan.threads < 2:
+    if not worth or plan.threads < 2:
         return False
     cores = _cores()
     if cores < 2 or _busy(cores):
@@ -254,13 +257,13 @@ def adopt(s):
 
 
 class session:
-    """``with session(plan, operands, cached):`` around a plan's first execution (no-op
+    """``with session(plan, operands, worth):`` around a plan's first execution (no-op
     where :func:`enabled` says no)."""
 
     __slots__ = ("s", "prev")
 
-    def __init__(self, plan, operands, cached):
-        self.s = Session(plan, operands) if enabled(plan, operands, cached) else None
+    def __init__(self, plan, operands, worth):
+        self.s = Session(plan, operands) if enabled(plan, operands, worth) else None
 
     def __enter__(self):
         self.prev = current()

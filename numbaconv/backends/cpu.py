@@ -386,6 +386,14 @@ def _compute(prep, operands):
     return r.reshape(prep.shape) if plain else _to_user(r, p)
 
 
+def _compiles_slowly(prep):
+    """Whether the plan's kernels take seconds to compile (a helper process compiling
+    ahead is worth its start-up of half a second): a ``compile_heavy`` entry, or one on
+    the Numba GEMM engine."""
+    s = prep.strategy
+    return s is not None and (s.compile_heavy or prep.plan.tiles.get("engine") == "numba")
+
+
 def execute(plan, operands, out=None, threads_current=False):
     """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result.
     ``threads_current``: the calling thread's Numba threads are already ``plan.threads``
@@ -401,7 +409,8 @@ def execute(plan, operands, out=None, threads_current=False):
             _set_num_threads(plan.threads)
         if prep.first:
             prep.first = False
-            with _ahead.session(plan, operands, _jit.cache_enabled()):
+            with _ahead.session(plan, operands,
+                                _jit.cache_enabled() and _compiles_slowly(prep)):
                 result = runtime.run_parallel(_compute, prep, operands)
         else:
             result = runtime.run_parallel(_compute, prep, operands)
