@@ -7,6 +7,18 @@ import sys
 import numpy as np
 
 
+def _ahead_status():
+    """Whether a first call's helper process may compile part of its kernels, and why not."""
+    from . import _ahead, _jit, config
+    if not config.COMPILE_AHEAD:
+        return "off (NUMBACONV_COMPILE_AHEAD=0)"
+    if not _jit.cache_enabled():
+        return "off (no disk cache for a helper to fill)"
+    if _ahead._cores() < 2:
+        return "off (one core)"
+    return "on (first calls of slowly compiling entries on two or more threads)"
+
+
 def _info(args):
     import numba
     import numbaconv
@@ -40,6 +52,7 @@ def _info(args):
                    f"L3 {m.l3_bytes // 1024} KiB"),
         ("kernel cache", ("on" if _jit.cache_enabled() else "off (in-memory compilation)")
          + f", {cache_dir}"),
+        ("compile ahead", _ahead_status()),
         ("blas", _blas_status()),
         ("tune cache", __import__("numbaconv.tune", fromlist=["x"]).cache_path()),
         ("cuda", _cuda_status()),

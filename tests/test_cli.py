@@ -15,6 +15,9 @@ def test_info_reports_threading_cache_and_blas(capsys):
         assert key in out
     layer = [line for line in out.splitlines() if line.startswith("threading layer")][0]
     assert any(name in layer for name in ("omp", "tbb", "workqueue"))
+    # the test run turns compiling ahead off (tests/conftest.py), and info says so
+    ahead = [line for line in out.splitlines() if line.startswith("compile ahead")][0]
+    assert "off (NUMBACONV_COMPILE_AHEAD=0)" in ahead
 
 
 def test_check_passes_and_prints_a_table(capsys):
