@@ -167,11 +167,13 @@ class Separate:
     instead of calling a null address. The helper must not return a value.
     """
 
-    def __init__(self, fn, variants):
+    def __init__(self, fn, variants, noalias=False):
         from numba.core import sigutils
         self.__name__ = fn.__name__
         self.dispatcher = _compile(fn, False)
         self.dispatcher.is_kernel = True  # called for its effect, from Python too
+        if noalias and not numba.config.DISABLE_JIT:
+            _no_alias(self.dispatcher)
         self.names = tuple(variants)
         self.signatures = tuple(sigutils._parse_signature_string(s)
                                 if isinstance(s, str) else s for s in variants.values())
@@ -194,7 +196,21 @@ class Separate:
         return t
 
 
-def separate(template=None, **variants):
+def _no_alias(disp):
+    """Compile ``disp`` with Numba's ``noalias`` flag (array arguments' data marked as not
+    aliasing one another: the flag Numba sets for a ``prange`` body whose arrays do not
+    alias), so that LLVM vectorises its loops without run-time overlap checks."""
+    comp = disp._compiler
+    customize = comp._customize_flags
+
+    def with_noalias(flags):
+        flags = customize(flags)
+        flags.noalias = True
+        return flags
+    comp._customize_flags = with_noalias
+
+
+def separate(template=None, *, noalias=False, **variants):
     """Decorate a serial helper that kernels call through its address (:class:`Separate`).
 
     ``variants``: name -> signature; with a ``template``, name -> what to put in it
@@ -202,13 +218,17 @@ def separate(template=None, **variants):
     ``@separate("void({T}[:, ::1], int64)", float32="float32", float64="float64")``.
     The decorated name is the call for jitted code, ``helper(table, *args)``, with the
     :class:`Separate` methods on it: ``helper.table(name)``, ``helper.dispatcher``.
+
+    ``noalias=True``: the helper's array arguments never overlap where one of them is
+    written (as in a loop nest outlined from a ``prange`` body, which Numba compiles so);
+    the row drivers that replace such bodies declare it to keep their vectorised loops.
     """
     if template is not None:
         variants = {name: template.format(**(v if isinstance(v, dict) else {"T": v}))
                     for name, v in variants.items()}
 
     def wrap(fn):
-        sep = Separate(fn, variants)
+        sep = Separate(fn, variants, noalias)
         call = sep.call
         call.table = sep.table
         call.dispatcher = sep.dispatcher

@@ -17,10 +17,27 @@ from numba import prange
 
 from numbaconv._jit import kernel, separate
 
+#: The general row drivers' signature (each a separate helper under a small parallel
+#: kernel, so that Numba's parallel passes never see the loop nest; see
+#: :mod:`numbaconv.kernels.cpu.direct`): three 5-D arrays, the geometry, a row.
+_SIG5 = "void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)"
 
-@kernel
+
 def fwd_depthwise(x, w, y, geo):
     """y (zeroed) = depthwise conv(x, w)."""
+    fwd_depthwise_kernel(_fwd_row.table(y.dtype.name), x, w, y, geo)
+
+
+@kernel
+def fwd_depthwise_kernel(fns, x, w, y, geo):
+    """:func:`fwd_depthwise` with its address table, in parallel over the output rows."""
+    for r in prange(geo[0] * geo[10] * geo[11]):
+        _fwd_row(fns, x, w, y, geo, r)
+
+
+@separate(_SIG5, noalias=True, float32="float32", float64="float64")
+def _fwd_row(x, w, y, geo, r):
+    """Output row ``r`` of :func:`fwd_depthwise`."""
     mb, C, m = geo[0], geo[1], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -28,7 +45,108 @@ def fwd_depthwise(x, w, y, geo):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    for r in prange(mb * od * oh):
+    n = r // (od * oh)
+    o_d = (r // oh) % od
+    o_h = r % oh
+    for t_d in range(kd):
+        i_d = o_d * sd - pd + t_d * dd
+        if i_d < 0 or i_d >= id_:
+            continue
+        for t_h in range(kh):
+            i_h = o_h * sh - ph + t_h * dh
+            if i_h < 0 or i_h >= ih:
+                continue
+            for o_w in range(ow):
+                for t_w in range(kw):
+                    i_w = o_w * sw - pw + t_w * dw
+                    if i_w < 0 or i_w >= iw:
+                        continue
+                    for j in range(m):
+                        for c in range(C):
+                            y[n, o_d, o_h, o_w, c * m + j] += (
+                                x[n, i_d, i_h, i_w, c] * w[t_d, t_h, t_w, 0, c * m + j])
+
+
+def bwd_d_depthwise(dy, w, dx, geo):
+    """dx (zeroed) = depthwise conv^T(dy, w), as a gather over the taps that reach each row."""
+    bwd_d_depthwise_kernel(_bwd_d_row.table(dx.dtype.name), dy, w, dx, geo)
+
+
+@kernel
+def bwd_d_depthwise_kernel(fns, dy, w, dx, geo):
+    """:func:`bwd_d_depthwise` with its address table, in parallel over the input rows."""
+    for r in prange(geo[0] * geo[4] * geo[5]):
+        _bwd_d_row(fns, dy, w, dx, geo, r)
+
+
+@separate(_SIG5, noalias=True, float32="float32", float64="float64")
+def _bwd_d_row(dy, w, dx, geo, r):
+    """Input row ``r`` of :func:`bwd_d_depthwise`."""
+    mb, C, m = geo[0], geo[1], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    n = r // (id_ * ih)
+    i_d = (r // ih) % id_
+    i_h = r % ih
+    for t_d in range(kd):
+        a_d = i_d + pd - t_d * dd
+        if a_d < 0:
+            break
+        if a_d % sd != 0 or a_d // sd >= od:
+            continue
+        o_d = a_d // sd
+        for t_h in range(kh):
+            a_h = i_h + ph - t_h * dh
+            if a_h < 0:
+                break
+            if a_h % sh != 0 or a_h // sh >= oh:
+                continue
+            o_h = a_h // sh
+            for i_w in range(iw):
+                for t_w in range(kw):
+                    a_w = i_w + pw - t_w * dw
+                    if a_w < 0:
+                        break
+                    if a_w % sw != 0 or a_w // sw >= ow:
+                        continue
+                    o_w = a_w // sw
+                    for j in range(m):
+                        for c in range(C):
+                            dx[n, i_d, i_h, i_w, c] += (
+                                dy[n, o_d, o_h, o_w, c * m + j] * w[t_d, t_h, t_w, 0, c * m + j])
+
+
+def bwd_w_depthwise(x, dy, part, geo):
+    """part[j] (zeroed, ``[kd, kh, kw, 1, C*m]``): dW summed over the output rows of chunk j."""
+    bwd_w_depthwise_kernel(_bwd_w_chunk.table(part.dtype.name), x, dy, part, geo)
+
+
+@kernel
+def bwd_w_depthwise_kernel(fns, x, dy, part, geo):
+    """:func:`bwd_w_depthwise` with its address table, in parallel over the chunks."""
+    for ch in prange(part.shape[0]):
+        _bwd_w_chunk(fns, x, dy, part, geo, ch)
+
+
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], "
+          "int64[::1], int64)", noalias=True, float32="float32", float64="float64")
+def _bwd_w_chunk(x, dy, part, geo, ch):
+    """Chunk ``ch`` of :func:`bwd_w_depthwise`."""
+    mb, C, m = geo[0], geo[1], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    nchunks = part.shape[0]
+    pj = part[ch]
+    for r in range(rows * ch // nchunks, rows * (ch + 1) // nchunks):
         n = r // (od * oh)
         o_d = (r // oh) % od
         o_h = r % oh
@@ -47,87 +165,8 @@ def fwd_depthwise(x, w, y, geo):
                             continue
                         for j in range(m):
                             for c in range(C):
-                                y[n, o_d, o_h, o_w, c * m + j] += (
-                                    x[n, i_d, i_h, i_w, c] * w[t_d, t_h, t_w, 0, c * m + j])
-
-
-@kernel
-def bwd_d_depthwise(dy, w, dx, geo):
-    """dx (zeroed) = depthwise conv^T(dy, w), as a gather over the taps that reach each row."""
-    mb, C, m = geo[0], geo[1], geo[3]
-    id_, ih, iw = geo[4], geo[5], geo[6]
-    kd, kh, kw = geo[7], geo[8], geo[9]
-    od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh, sw = geo[13], geo[14], geo[15]
-    dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
-    for r in prange(mb * id_ * ih):
-        n = r // (id_ * ih)
-        i_d = (r // ih) % id_
-        i_h = r % ih
-        for t_d in range(kd):
-            a_d = i_d + pd - t_d * dd
-            if a_d < 0:
-                break
-            if a_d % sd != 0 or a_d // sd >= od:
-                continue
-            o_d = a_d // sd
-            for t_h in range(kh):
-                a_h = i_h + ph - t_h * dh
-                if a_h < 0:
-                    break
-                if a_h % sh != 0 or a_h // sh >= oh:
-                    continue
-                o_h = a_h // sh
-                for i_w in range(iw):
-                    for t_w in range(kw):
-                        a_w = i_w + pw - t_w * dw
-                        if a_w < 0:
-                            break
-                        if a_w % sw != 0 or a_w // sw >= ow:
-                            continue
-                        o_w = a_w // sw
-                        for j in range(m):
-                            for c in range(C):
-                                dx[n, i_d, i_h, i_w, c] += (
-                                    dy[n, o_d, o_h, o_w, c * m + j] * w[t_d, t_h, t_w, 0, c * m + j])
-
-
-@kernel
-def bwd_w_depthwise(x, dy, part, geo):
-    """part[j] (zeroed, ``[kd, kh, kw, 1, C*m]``): dW summed over the output rows of chunk j."""
-    mb, C, m = geo[0], geo[1], geo[3]
-    id_, ih, iw = geo[4], geo[5], geo[6]
-    kd, kh, kw = geo[7], geo[8], geo[9]
-    od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh, sw = geo[13], geo[14], geo[15]
-    dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
-    rows = mb * od * oh
-    nchunks = part.shape[0]
-    for ch in prange(nchunks):
-        pj = part[ch]
-        for r in range(rows * ch // nchunks, rows * (ch + 1) // nchunks):
-            n = r // (od * oh)
-            o_d = (r // oh) % od
-            o_h = r % oh
-            for t_d in range(kd):
-                i_d = o_d * sd - pd + t_d * dd
-                if i_d < 0 or i_d >= id_:
-                    continue
-                for t_h in range(kh):
-                    i_h = o_h * sh - ph + t_h * dh
-                    if i_h < 0 or i_h >= ih:
-                        continue
-                    for o_w in range(ow):
-                        for t_w in range(kw):
-                            i_w = o_w * sw - pw + t_w * dw
-                            if i_w < 0 or i_w >= iw:
-                                continue
-                            for j in range(m):
-                                for c in range(C):
-                                    pj[t_d, t_h, t_w, 0, c * m + j] += (
-                                        x[n, i_d, i_h, i_w, c] * dy[n, o_d, o_h, o_w, c * m + j])
+                                pj[t_d, t_h, t_w, 0, c * m + j] += (
+                                    x[n, i_d, i_h, i_w, c] * dy[n, o_d, o_h, o_w, c * m + j])
 
 
 def fwd_depthwise_3x3(x, w, y, geo):
