@@ -17,8 +17,8 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
   gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
   direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
 * ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[rows], gemm[split-k], gemm[identity],
-  gemm[split-dw], gemm[slabs], direct[depthwise-rows], direct[depthwise-spans],
-  direct[depthwise], direct
+  gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
+  direct[depthwise-spans], direct[depthwise], direct
 
 What each takes, in brief (its ``accepts`` has the guards and the reasons):
 
@@ -40,6 +40,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
 * ``gemm[slabs]``: im2col slabs, any problem with >= 8 result columns per GEMM (groups of
   >= 16 channels), as every ``gemm`` entry requires;
 * ``gemm[col2im]``: one group, < 8 input channels, >= 16 taps x channels;
+* ``direct[narrow]``: backward weights, one group, < 8 output channels, at least as many
+  input channels, a partial dW within 16 KiB (heads: channels of the input innermost);
 * ``direct[depthwise-rows]``: depthwise 3x3, multiplier 1, column stride 1 or 2, column
   dilation 1;
 * ``direct[depthwise-unrolled]``: depthwise 3x3, multiplier 1 (backward data: stride 1,
@@ -65,7 +67,7 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
           "gemm[rows]", "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
-          "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]",
+          "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
           "direct[depthwise]", "direct")
 STRATEGY_NAMES = FAMILIES + tuple(n for n in LABELS if n not in FAMILIES)
@@ -102,8 +104,9 @@ def _strategies():
         from .strategies.winograd import STRATEGY as WINOGRAD
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
+        from .strategies.narrow import STRATEGY as NARROW
         _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, ROWGEMM, IGEMM,
-                          *GEMM, COL2IM, *DEPTHWISE, DIRECT]
+                          *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

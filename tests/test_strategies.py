@@ -460,3 +460,67 @@ def test_grouped_takes_strided_weight_gradient_of_wide_groups():
     plan = nc.plan("convolution_backprop_filters", x, (3, 3, 3), dy, strides=2,
                    pads_begin=1, pads_end=1, groups=8)
     assert (plan.strategy, plan.variant) == ("direct", "grouped"), plan
+
+
+# (ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end): few output
+# channels, the heads direct[narrow] takes (1-D, 2-D, 3-D; strides, dilations, pads).
+NARROW_CASES = [
+    (64, 2, (9, 10), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+    (16, 3, (9, 8), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1)),
+    (8, 1, (23,), (7,), (1,), (1,), (3,), (3,)),
+    (5, 5, (4, 5, 6), (3, 1, 2), (1, 2, 1), (2, 1, 1), (1, 0, 1), (1, 0, 0)),
+    (24, 7, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("case", NARROW_CASES, ids=[f"ic{c[0]}oc{c[1]}k{'x'.join(map(str, c[3]))}"
+                                                    for c in NARROW_CASES])
+def test_narrow_weight_gradient_matches_reference(case, dtype):
+    """direct[narrow] (few output channels, channels of the input innermost) against the
+    float64 reference (bfloat16: tests/test_bfloat16.py over the strategy cases)."""
+    ic, oc, isz, k, st, dl, pb, pe = case
+    plan = nc.plan("convolution_backprop_filters", np.zeros((2, *isz, ic), np.float32), k,
+                   np.zeros((2, *R.conv_fwd(np.zeros((1, *isz, ic)), np.zeros((*k, ic, oc)),
+                                            st, dl, pb, pe, 1).shape[1:]), np.float32),
+                   strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=1)
+    assert (plan.strategy, plan.variant) == ("direct", "narrow"), str(plan)
+    err = _run("bwd_w", (1, *case), dtype, "direct[narrow]", np.random.default_rng(5))
+    assert err <= R.TOLERANCE[dtype]
+
+
+def test_narrow_bits_do_not_depend_on_threads_or_blocks(monkeypatch):
+    """One partial per core and a fixed order of adding them: the same bits on 1 or 2
+    threads, and when the call runs as several launches over row blocks."""
+    from numbaconv.strategies import direct as D
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 11, 12, 40)).astype(np.float32)
+    dy = rng.standard_normal((3, 11, 12, 3)).astype(np.float32)
+    kw = dict(strides=1, pads_begin=(1, 1), pads_end=(1, 1), strategy="direct[narrow]")
+    before = nc.get_num_threads()
+    try:
+        runs = []
+        import numba
+        for t in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            nc.set_num_threads(t)
+            runs.append(nc.convolution_backprop_filters(x, (3, 3), dy, **kw))
+        monkeypatch.setattr(D, "BLOCK_FLOPS", 1e4)
+        runs.append(nc.convolution_backprop_filters(x, (3, 3), dy, **kw))
+    finally:
+        nc.set_num_threads(before)
+    for r in runs[1:]:
+        assert np.array_equal(r, runs[0])
+
+
+@pytest.mark.parametrize("shape, why", [
+    ((1, 16, 8, (6, 6), (3, 3)), "output channels"),        # enough GEMM columns
+    ((2, 16, 4, (6, 6), (3, 3)), "groups"),
+    ((1, 2, 4, (6, 6), (3, 3)), "input channels"),          # fewer inputs than outputs
+    ((1, 512, 4, (6, 6), (3, 3)), "L1"),                    # partial dW too large
+])
+def test_narrow_declines_with_a_reason(shape, why):
+    g, ic, oc, isz, k = shape
+    with pytest.raises(ValueError, match=r"direct\[narrow\].*" + why):
+        nc.plan("convolution_backprop_filters", np.zeros((2, *isz, ic), np.float32), k,
+                np.zeros((2, 4, 4, oc), np.float32), strides=1, groups=g,
+                strategy="direct[narrow]")

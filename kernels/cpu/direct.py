@@ -264,3 +264,51 @@ def reduce_partials(part, out):
         for j in range(1, nchunks):
             acc += part[j, e]
         out[e] = acc
+
+
+@kernel
+def bwd_w_narrow(x, dy, part, geo, blk, nblk):
+    """Per-chunk partial weight gradients for few output channels, transposed:
+    ``part[j, t, k, c]`` (zeroed before the first block; ``t`` the flat tap
+    ``(t_d*kh + t_h)*kw + t_w``) adds block ``blk`` of ``nblk`` of the output rows of chunk
+    ``j``, in row order, pixel by pixel. The innermost loop runs over the input channels of
+    one input pixel (contiguous in ``x`` and in ``part[j, t, k]``), each output channel's
+    ``dy`` value a scalar: vectors across ``C`` where :func:`bwd_w_direct`'s innermost loop,
+    over the few output channels, is too short for a vector. One group only."""
+    mb, icg, ocg = geo[0], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    nchunks = part.shape[0]
+    for j in prange(nchunks):
+        c0 = rows * j // nchunks
+        c1 = rows * (j + 1) // nchunks
+        r0 = c0 + (c1 - c0) * blk // nblk
+        r1 = c0 + (c1 - c0) * (blk + 1) // nblk
+        pj = part[j]
+        for r in range(r0, r1):
+            n = r // (od * oh)
+            o_d = (r // oh) % od
+            o_h = r % oh
+            for o_w in range(ow):
+                for t_d in range(kd):
+                    i_d = o_d * sd - pd + t_d * dd
+                    if i_d < 0 or i_d >= id_:
+                        continue
+                    for t_h in range(kh):
+                        i_h = o_h * sh - ph + t_h * dh
+                        if i_h < 0 or i_h >= ih:
+                            continue
+                        for t_w in range(kw):
+                            i_w = o_w * sw - pw + t_w * dw
+                            if i_w < 0 or i_w >= iw:
+                                continue
+                            t = (t_d * kh + t_h) * kw + t_w
+                            for k in range(ocg):
+                                d = dy[n, o_d, o_h, o_w, k]
+                                for c in range(icg):
+                                    pj[t, k, c] += x[n, i_d, i_h, i_w, c] * d
