@@ -17,7 +17,9 @@ def _problems(dt):
     pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0)  # 1x1 paths
     # a short reduction into a larger dW (the split-dW weight gradient)
     short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1)
-    return dense4, dense2, narrow, depthwise, grouped, pointwise, short
+    # few output channels (a head: direct[narrow]'s weight gradient)
+    head = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 16, 4), dt), 1, 1)
+    return dense4, dense2, narrow, depthwise, grouped, pointwise, short, head
 
 
 def _calls(dt):

@@ -266,7 +266,6 @@ def reduce_partials(part, out):
         out[e] = acc
 
 
-@kernel
 def bwd_w_narrow(x, dy, part, geo, blk, nblk):
     """Per-chunk partial weight gradients for few output channels, transposed:
     ``part[j, t, k, c]`` (zeroed before the first block; ``t`` the flat tap
@@ -275,6 +274,20 @@ def bwd_w_narrow(x, dy, part, geo, blk, nblk):
     one input pixel (contiguous in ``x`` and in ``part[j, t, k]``), each output channel's
     ``dy`` value a scalar: vectors across ``C`` where :func:`bwd_w_direct`'s innermost loop,
     over the few output channels, is too short for a vector. One group only."""
+    bwd_w_narrow_kernel(_narrow_chunk.table(part.dtype.name), x, dy, part, geo, blk, nblk)
+
+
+@kernel
+def bwd_w_narrow_kernel(fns, x, dy, part, geo, blk, nblk):
+    """:func:`bwd_w_narrow` with its address table, in parallel over the chunks."""
+    for j in prange(part.shape[0]):
+        _narrow_chunk(fns, x, dy, part, geo, j, blk, nblk)
+
+
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], "
+          "int64[::1], int64, int64, int64)", noalias=True, float32="float32", float64="float64")
+def _narrow_chunk(x, dy, part, geo, j, blk, nblk):
+    """Block ``blk`` of chunk ``j``'s rows of :func:`bwd_w_narrow`."""
     mb, icg, ocg = geo[0], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -284,31 +297,30 @@ def bwd_w_narrow(x, dy, part, geo, blk, nblk):
     pd, ph, pw = geo[19], geo[20], geo[21]
     rows = mb * od * oh
     nchunks = part.shape[0]
-    for j in prange(nchunks):
-        c0 = rows * j // nchunks
-        c1 = rows * (j + 1) // nchunks
-        r0 = c0 + (c1 - c0) * blk // nblk
-        r1 = c0 + (c1 - c0) * (blk + 1) // nblk
-        pj = part[j]
-        for r in range(r0, r1):
-            n = r // (od * oh)
-            o_d = (r // oh) % od
-            o_h = r % oh
-            for o_w in range(ow):
-                for t_d in range(kd):
-                    i_d = o_d * sd - pd + t_d * dd
-                    if i_d < 0 or i_d >= id_:
+    c0 = rows * j // nchunks
+    c1 = rows * (j + 1) // nchunks
+    r0 = c0 + (c1 - c0) * blk // nblk
+    r1 = c0 + (c1 - c0) * (blk + 1) // nblk
+    pj = part[j]
+    for r in range(r0, r1):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        for o_w in range(ow):
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
                         continue
-                    for t_h in range(kh):
-                        i_h = o_h * sh - ph + t_h * dh
-                        if i_h < 0 or i_h >= ih:
+                    for t_w in range(kw):
+                        i_w = o_w * sw - pw + t_w * dw
+                        if i_w < 0 or i_w >= iw:
                             continue
-                        for t_w in range(kw):
-                            i_w = o_w * sw - pw + t_w * dw
-                            if i_w < 0 or i_w >= iw:
-                                continue
-                            t = (t_d * kh + t_h) * kw + t_w
-                            for k in range(ocg):
-                                d = dy[n, o_d, o_h, o_w, k]
-                                for c in range(icg):
-                                    pj[t, k, c] += x[n, i_d, i_h, i_w, c] * d
+                        t = (t_d * kh + t_h) * kw + t_w
+                        for k in range(ocg):
+                            d = dy[n, o_d, o_h, o_w, k]
+                            for c in range(icg):
+                                pj[t, k, c] += x[n, i_d, i_h, i_w, c] * d
