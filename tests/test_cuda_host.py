@@ -4,8 +4,9 @@ query per plan, plan caching. No GPU and no simulator: ``numba.cuda`` is replace
 whose kernel launches only record their grid, block and stream (the kernel factories are
 replaced too), so these tests see exactly what a call asks of the device.
 
-``python tests/test_cuda_host.py`` prints the host time per call of the backend with the
-launches mocked (Python overhead only; numba's own launch cost is not in it).
+``python tests/test_cuda_host.py`` prints the host time per public call on device arrays
+with ``out=`` and the launches mocked (Python overhead only; numba's own launch cost is not
+in it); ``--profile`` adds a cProfile breakdown.
 """
 import math
 import sys
@@ -331,29 +332,76 @@ def test_numpy_call_with_stream_is_refused(stream):
     np.testing.assert_array_equal(numbaconv.conv2d(x, w, 1, "SAME", stream=None), want)
 
 
-def main():  # pragma: no cover - a measurement, not a test
-    """Host time per call of plan + execute with the launches mocked."""
+def _install_fake():
+    """Route the backend through a FakeCuda outside pytest (the fixture's work, by hand)."""
+    from numbaconv.kernels.cuda import depthwise, gemm, layout
     cuda = FakeCuda()
     backend._cuda = lambda name="array": cuda
     backend.simulator = lambda: False
-    from numbaconv.kernels.cuda import gemm, layout
-    for mod, names in ((gemm, ("fwd_gemm", "reduce_partials")), (layout, ("gather", "scatter"))):
+    for mod, names in ((gemm, ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm", "reduce_partials")),
+                       (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
+                                    "fwd_depthwise_rows", "bwd_d_depthwise_rows",
+                                    "bwd_w_depthwise_rows")),
+                       (layout, ("gather", "scatter", "fill_zero"))):
         for n in names:
             setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
-    for fmt in ("NXC", "NCX"):
-        p = _problem(fmt=fmt)
-        ops = _operands(p, fmt=fmt)
-        for _ in range(100):
-            backend.execute(planner.make_plan(p, device="cuda"), ops)
-        n, best = 500, float("inf")
-        for _ in range(7):  # best round: the machine may be shared
+    return cuda
+
+
+def _host_calls():
+    """(label, function, args, kwargs) of public device calls with ``out=`` preallocated: a
+    ResNet-style 3x3 layer (14x14x64 -> 64, batch 8) in every direction, and a depthwise
+    weight gradient."""
+    import numbaconv
+
+    def dev(*shape):
+        return FakeArray(np.zeros(shape, np.float32))
+    x, w, dy = dev(8, 14, 14, 64), dev(3, 3, 64, 64), dev(8, 14, 14, 64)
+    wd, dyd = dev(3, 3, 64, 1), dev(8, 14, 14, 64)
+    return [
+        ("conv2d", numbaconv.conv2d, (x, w, 1, "SAME"), dict(out=dev(8, 14, 14, 64))),
+        ("conv2d_backprop_input", numbaconv.conv2d_backprop_input,
+         ((8, 14, 14, 64), w, dy, 1, "SAME"), dict(out=dev(8, 14, 14, 64))),
+        ("conv2d_backprop_filter", numbaconv.conv2d_backprop_filter,
+         (x, (3, 3, 64, 64), dy, 1, "SAME"), dict(out=dev(3, 3, 64, 64))),
+        ("depthwise_conv2d_native_backprop_filter",
+         numbaconv.depthwise_conv2d_native_backprop_filter,
+         (x, (3, 3, 64, 1), dyd, 1, "SAME"), dict(out=dev(3, 3, 64, 1))),
+    ]
+
+
+def main(argv=None):  # pragma: no cover - a measurement, not a test
+    """Host time per public call on device arrays with ``out=`` and the launches mocked
+    (front end + plan + execute; numba's own launch cost is not in it). ``--profile``
+    prints a cProfile breakdown of the first op's calls."""
+    import cProfile
+    import pstats
+
+    argv = sys.argv[1:] if argv is None else argv
+    cuda = _install_fake()
+    n = 2000
+    for label, fn, args, kwargs in _host_calls():
+        fn(*args, **kwargs)  # the first call plans (and, on a GPU, compiles)
+        launches = len(cuda.launches)
+        fn(*args, **kwargs)
+        per_call = len(cuda.launches) - launches
+        best = float("inf")
+        for _ in range(5):  # best round: the machine may be shared
             t0 = time.perf_counter()
             for _ in range(n):
-                backend.execute(planner.make_plan(p, device="cuda"), ops)
+                fn(*args, **kwargs)
             best = min(best, (time.perf_counter() - t0) / n)
-        print(f"{fmt}: {best * 1e6:.1f} us per call (plan from the cache + execute, best "
-              f"of 7 rounds of {n}; {len(cuda.launches) // (7 * n + 100)} mocked launches "
-              f"per call)")
+        print(f"{label}: {best * 1e6:.1f} us per call (best of 5 rounds of {n}; "
+              f"{per_call} mocked launch(es) per call)")
+        if "--profile" in argv:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(n):
+                fn(*args, **kwargs)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        cuda.launches.clear()
+        cuda.allocs.clear()
 
 
 if __name__ == "__main__":
