@@ -122,7 +122,8 @@ def fake(monkeypatch):
         for n in names:
             monkeypatch.setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
     backend.clear_pool()
-    backend._CHECKED.clear()
+    backend.clear_prepared()
+    planner.clear_plan_cache()  # (the front end's memo keeps prepared launches)
     yield cuda
     backend.clear_pool()
 
