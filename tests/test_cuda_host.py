@@ -37,7 +37,7 @@ class FakeArray:
     def __init__(self, data, stream=0):
         self.data, self.stream = data, stream
         self.shape, self.dtype, self.size = data.shape, data.dtype, data.size
-        self.nbytes, self.ndim = data.nbytes, data.ndim
+        self.nbytes, self.ndim, self.strides = data.nbytes, data.ndim, data.strides
 
     def reshape(self, *shape):
         # (numba's reshape drops the stream, as this one does)

@@ -58,9 +58,12 @@ DEFAULTS = {
 }
 
 
+_DEFAULT_ITEMS = tuple(DEFAULTS.items())
+
+
 def settings():
     """The ``config.CUDA_*`` values a GPU plan depends on (the planner's cache key)."""
-    return tuple(getattr(config, n, DEFAULTS[n]) for n in DEFAULTS)
+    return tuple([getattr(config, n, d) for n, d in _DEFAULT_ITEMS])
 
 #: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first: 256 threads each but the last (128).
 #: An 8x8 register tile does 64 multiply-adds per four 16-byte shared-memory loads (a 4x4
@@ -685,6 +688,14 @@ def check_out(out, p):
     if tuple(arr.shape) != tuple(p.result_shape):
         raise ValueError(f"out: expected shape {tuple(p.result_shape)}, got {tuple(arr.shape)}")
     return arr
+
+
+def device_out(out):
+    """A memoised call's ``out=`` (shape and dtype checked by its first run) as a numba
+    device array: itself where it is one, else wrapped zero-copy."""
+    if out is None or getattr(out, "__cuda_ndarray__", False) is True:
+        return out
+    return as_device_array(out, "out")
 
 
 def check_memory(cuda, p, tiles, ops=None, out=None):
