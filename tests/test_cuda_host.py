@@ -516,6 +516,44 @@ def test_memoised_device_call_follows_cuda_settings(fake, counts, monkeypatch):
     assert counts["plan"] == 2 and counts["parse"] == 1
 
 
+
+# -- strategy= labels on the GPU ---------------------------------------------------------------
+def test_gpu_entry_labels_force_that_entry(fake):
+    """``strategy=`` takes the GPU's entry labels as the CPU's: ``gemm[tf32]`` (declining
+    with its reason where it cannot run), ``gemm[cuda]`` (exact even under
+    ``precision="tf32"``), ``direct[cuda-depthwise]``; a CPU label on the GPU and a GPU
+    label on the CPU are ValueErrors naming strategy."""
+    import dataclasses
+
+    import numbaconv
+
+    p = _problem()
+    tf32 = dataclasses.replace(p, precision="tf32")
+    plan = planner.make_plan(tf32, strategy="gemm[tf32]", device="cuda")
+    assert (plan.strategy, plan.variant) == ("gemm", "tf32")
+    assert planner.make_plan(tf32, strategy="gemm[cuda]", device="cuda").variant == "cuda"
+    assert planner.make_plan(p, strategy="gemm[cuda]", device="cuda").variant == "cuda"
+    d = planner.make_plan(p, strategy="direct[cuda-depthwise]", device="cuda")
+    assert (d.strategy, d.variant) == ("direct", "cuda-depthwise")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32\]' declines .*precision"):
+        planner.make_plan(p, strategy="gemm[tf32]", device="cuda")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[slabs\]' is a CPU entry"):
+        planner.make_plan(p, strategy="gemm[slabs]", device="cuda")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32\]' is a GPU entry"):
+        planner.make_plan(p, strategy="gemm[tf32]", device="cpu")
+    # through a public call, memoised: the label reaches the plan
+    x, w = _dev(2, 6, 6, 8), _dev(3, 3, 8, 16)
+    for _ in range(2):
+        got = numbaconv.plan("conv2d", x, w, 1, "SAME", strategy="gemm[tf32]",
+                             precision="tf32")
+        assert got.variant == "tf32"
+        fake.launches.clear()
+        numbaconv.conv2d(x, w, 1, "SAME", strategy="gemm[tf32]", precision="tf32")
+        assert [n for n, *_ in fake.launches][0] == "fwd_gemm"
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32\]' declines"):
+        numbaconv.conv2d(x, w, 1, "SAME", strategy="gemm[tf32]")
+
+
 def _install_fake():
     """Route the backend through a FakeCuda outside pytest (the fixture's work, by hand)."""
     from numbaconv.kernels.cuda import depthwise, gemm, layout

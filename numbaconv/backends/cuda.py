@@ -483,13 +483,20 @@ def gpu_plan(problem, strategy=None):
     ``threads``, ``workspace_bytes``, ``reason``, ``declined``.
 
     ``strategy="gemm"`` forces the implicit GEMM, ``"direct"`` the one-element-per-thread
-    kernels (depthwise-style, any grouping); ``"winograd"`` declines (ValueError).
+    kernels (depthwise-style, any grouping); ``"winograd"`` declines (ValueError). A label
+    of :data:`GPU_ENTRIES` forces exactly that entry: ``"gemm[tf32]"`` (ValueError where
+    it declines: no ``precision="tf32"``, not float32), ``"gemm[cuda]"`` (exact float32
+    even under ``precision="tf32"``), ``"direct[cuda-depthwise]"``.
     """
+    entry = None
+    if strategy in GPU_ENTRIES:  # one entry's label: that family, and exactly that variant
+        entry = strategy
+        strategy = strategy.partition("[")[0]
     if strategy is not None:
         why = accepts(problem, strategy)
         if why is not None:
-            raise ValueError(f"strategy: {strategy!r} declines {problem.descriptor()} on the "
-                             f"GPU: {why}")
+            raise ValueError(f"strategy: {entry or strategy!r} declines "
+                             f"{problem.descriptor()} on the GPU: {why}")
         kernel, reason = strategy, "forced by strategy="
     else:
         kernel = default_kernel(problem)
@@ -500,7 +507,14 @@ def gpu_plan(problem, strategy=None):
     tiles = plan_tiles(problem, kernel)
     variant = "cuda-depthwise" if kernel == "direct" else "cuda"
     declined = ()
-    if problem.precision == "tf32":
+    if entry == "gemm[tf32]":
+        why = tf32_declines(problem, tiles)
+        if why is not None:
+            raise ValueError(f"strategy: 'gemm[tf32]' declines {problem.descriptor()} on the "
+                             f"GPU: {why}")
+    if entry == "gemm[cuda]" and problem.precision == "tf32":
+        reason += "; exact float32 (gemm[cuda] forced)"
+    elif problem.precision == "tf32":
         why = tf32_declines(problem, tiles)
         if why is None:
             variant, reason = "tf32", (reason + "; precision='tf32': tensor cores (mma.sync "
