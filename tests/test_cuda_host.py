@@ -502,6 +502,21 @@ def test_memoised_foreign_arrays_are_wrapped_per_call(fake, counts):
         numbaconv.conv2d(ForeignArray(np.zeros((2, 6, 6, 8), np.float32)), w, 1, "SAME")
 
 
+def test_device_array_whose_interface_raises_is_parsed_as_before(fake):
+    """An array whose ``__cuda_array_interface__`` raises (a PyTorch tensor that requires
+    grad) is not memoised: the parser meets its error, each time."""
+    import numbaconv
+
+    class Grad:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="requires grad"):
+            numbaconv.conv2d(Grad(), _dev(3, 3, 8, 16), 1, "SAME")
+
+
 def test_memoised_device_call_follows_cuda_settings(fake, counts, monkeypatch):
     """A changed ``config.CUDA_*`` tunable re-plans a memoised call (tests shrink tiles at
     run time)."""

@@ -66,13 +66,16 @@ def _value_key(v, depth=0):
             return _NO_KEY
         _DEVICE_TYPES.add(t)
         return ("d", t, v.shape, v.dtype, strides)
-    cai = getattr(v, "__cuda_array_interface__", None)
-    if type(cai) is dict:  # CuPy, PyTorch: the fields numba's wrapper depends on, not
-        if cai.get("mask") is not None:  # the data pointer or the stream
-            return _NO_KEY
-        strides = cai.get("strides")
-        return ("c", t, tuple(cai["shape"]), cai["typestr"],
-                None if strides is None else tuple(strides), cai.get("version"))
+    try:  # (PyTorch refuses the interface of a tensor that requires grad: parsing says so)
+        cai = getattr(v, "__cuda_array_interface__", None)
+        if type(cai) is dict:  # CuPy, PyTorch: the fields numba's wrapper depends on, not
+            if cai.get("mask") is not None:  # the data pointer or the stream
+                return _NO_KEY
+            strides = cai.get("strides")
+            return ("c", t, tuple(cai["shape"]), cai["typestr"],
+                    None if strides is None else tuple(strides), cai.get("version"))
+    except Exception:
+        pass
     return _NO_KEY
 
 
