@@ -267,9 +267,11 @@ def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
     (the same object for a problem planned before with the same settings)."""
     if strategy is not None and (not isinstance(strategy, str)
                                  or strategy not in STRATEGY_NAMES):
-        raise ValueError(f"strategy: expected a family {list(FAMILIES)}, one entry "
-                         f"{[n for n in STRATEGY_NAMES if n not in FAMILIES]} or None, "
-                         f"got {strategy!r}")
+        from .backends.cuda import GPU_ENTRIES
+        if not (isinstance(strategy, str) and strategy in GPU_ENTRIES):
+            raise ValueError(f"strategy: expected a family {list(FAMILIES)}, one entry "
+                             f"{[n for n in STRATEGY_NAMES if n not in FAMILIES]}, a GPU "
+                             f"entry {list(GPU_ENTRIES)} or None, got {strategy!r}")
     if not isinstance(tune, (bool, int)) or isinstance(tune, float):
         raise TypeError(f"tune: expected a bool, got {tune!r}")
     if device is None and operands:
@@ -277,9 +279,16 @@ def make_plan(problem, strategy=None, tune=False, operands=None, device=None):
         device = "cuda" if on_device(operands) else "cpu"
     if device == "cuda":
         if strategy is not None and strategy not in FAMILIES:
-            raise ValueError(f"strategy: {strategy!r} is a CPU entry; on the GPU strategy= "
-                             f"takes a family name {list(FAMILIES)}")
+            from .backends.cuda import GPU_ENTRIES
+            if strategy not in GPU_ENTRIES:
+                raise ValueError(f"strategy: {strategy!r} is a CPU entry; on the GPU "
+                                 f"strategy= takes a family name {list(FAMILIES)} or a GPU "
+                                 f"entry {list(GPU_ENTRIES)}")
         return _gpu_plan(problem, strategy)
+    if strategy is not None and strategy not in STRATEGY_NAMES:
+        raise ValueError(f"strategy: {strategy!r} is a GPU entry; on NumPy arrays strategy= "
+                         f"takes a family {list(FAMILIES)} or one entry "
+                         f"{[n for n in STRATEGY_NAMES if n not in FAMILIES]}")
     threads = runtime.threads()
     key = None
     if not tune and not config.VERBOSE:

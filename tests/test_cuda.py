@@ -258,6 +258,13 @@ for name, args, kwargs in calls:
     got = fn(*dev, **kwargs).copy_to_host()
     want = fn(*args, **kwargs)
     assert got.shape == want.shape, (name, got.shape, want.shape)
+    # the memoised call (no parsing, no planning) on new arrays, then into out=, twice
+    dev2 = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+    assert np.array_equal(fn(*dev2, **kwargs).copy_to_host(), got), name
+    out = cuda.device_array(want.shape, want.dtype)
+    for _ in range(2):
+        assert fn(*dev2, **kwargs, out=out) is out, name
+        assert np.array_equal(out.copy_to_host(), got), name
     worst = max(worst, float(np.max(np.abs(got - want)) / np.max(np.abs(want))))
 print(f"worst {worst:.3g}")
 """
@@ -265,7 +272,8 @@ print(f"worst {worst:.3g}")
 
 def test_public_ops_take_device_arrays():
     """The public ops, called with device arrays (the simulator's without a GPU), match the
-    same calls with NumPy arrays: the front ends' parsing of device arrays included."""
+    same calls with NumPy arrays: the front ends' parsing of device arrays included; the
+    memoised calls that follow (new arrays, ``out=``) give the same bits."""
     r = subprocess.run([sys.executable, "-c", _API_CODE], capture_output=True, text=True,
                        env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -4,8 +4,9 @@ query per plan, plan caching. No GPU and no simulator: ``numba.cuda`` is replace
 whose kernel launches only record their grid, block and stream (the kernel factories are
 replaced too), so these tests see exactly what a call asks of the device.
 
-``python tests/test_cuda_host.py`` prints the host time per call of the backend with the
-launches mocked (Python overhead only; numba's own launch cost is not in it).
+``python tests/test_cuda_host.py`` prints the host time per public call on device arrays
+with ``out=`` and the launches mocked (Python overhead only; numba's own launch cost is not
+in it); ``--profile`` adds a cProfile breakdown.
 """
 import math
 import sys
@@ -36,7 +37,14 @@ class FakeArray:
     def __init__(self, data, stream=0):
         self.data, self.stream = data, stream
         self.shape, self.dtype, self.size = data.shape, data.dtype, data.size
-        self.nbytes, self.ndim = data.nbytes, data.ndim
+        self.nbytes, self.ndim, self.strides = data.nbytes, data.ndim, data.strides
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
+                "data": (self.data.__array_interface__["data"][0], False),
+                "strides": None if self.data.flags.c_contiguous else self.data.strides,
+                "stream": backend.stream_handle(self.stream) or None}
 
     def reshape(self, *shape):
         # (numba's reshape drops the stream, as this one does)
@@ -49,11 +57,27 @@ class FakeArray:
         return self.data.flags.c_contiguous
 
 
+class ForeignArray:
+    """A CuPy- or PyTorch-style device array: only ``__cuda_array_interface__`` (a new dict
+    per access, the data pointer and the producer's stream in it)."""
+
+    def __init__(self, data, stream=None):
+        self.data, self.stream = data, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.data.shape, "typestr": self.data.dtype.str, "version": 3,
+                "data": (self.data.__array_interface__["data"][0], False),
+                "strides": None if self.data.flags.c_contiguous else self.data.strides,
+                "stream": self.stream}
+
+
 class FakeCuda:
     """Records allocations, launches, events and memory queries."""
 
     def __init__(self):
         self.allocs, self.launches, self.waits, self.mem_queries = [], [], [], 0
+        self.wraps = 0
         self.devicearray = types.SimpleNamespace(
             is_cuda_ndarray=lambda v: isinstance(v, FakeArray))
 
@@ -64,6 +88,13 @@ class FakeCuda:
         a = FakeArray(np.empty(shape, dtype), stream)
         self.allocs.append(a)
         return a
+
+    def from_cuda_array_interface(self, desc, owner=None, sync=True):
+        """numba's zero-copy wrapper of a foreign device array: the stream its interface
+        names (numba's own rule), recorded per wrap."""
+        assert sync is False, "the host must not wait for a producer's stream"
+        self.wraps += 1
+        return FakeArray(owner.data, FakeStream(desc["stream"]) if desc.get("stream") else 0)
 
     def external_stream(self, handle):
         return FakeStream(handle)
@@ -121,7 +152,8 @@ def fake(monkeypatch):
         for n in names:
             monkeypatch.setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
     backend.clear_pool()
-    backend._CHECKED.clear()
+    backend.clear_prepared()
+    planner.clear_plan_cache()  # (the front end's memo keeps prepared launches)
     yield cuda
     backend.clear_pool()
 
@@ -331,29 +363,282 @@ def test_numpy_call_with_stream_is_refused(stream):
     np.testing.assert_array_equal(numbaconv.conv2d(x, w, 1, "SAME", stream=None), want)
 
 
-def main():  # pragma: no cover - a measurement, not a test
-    """Host time per call of plan + execute with the launches mocked."""
+# -- the memoised device call ------------------------------------------------------------------
+@pytest.fixture
+def counts(monkeypatch):
+    """Count the planner's plans, the TF front end's problem parses and the backend's
+    preparations made by public calls."""
+    from numbaconv.api import tf
+
+    n = {"plan": 0, "parse": 0, "prepare": 0}
+
+    def counted(key, fn):
+        def wrapper(*a, **k):
+            n[key] += 1
+            return fn(*a, **k)
+        return wrapper
+    monkeypatch.setattr(planner, "make_plan", counted("plan", planner.make_plan))
+    monkeypatch.setattr(tf, "make_problem", counted("parse", tf.make_problem))
+    monkeypatch.setattr(backend, "prepare", counted("prepare", backend.prepare))
+    return n
+
+
+def _dev(*shape, stream=0):
+    return FakeArray(np.zeros(shape, np.float32), stream)
+
+
+def _layer_calls():
+    """(function, args, kwargs) of the public calls the memo tests repeat, with out=."""
+    import numbaconv
+
+    x, w, dy = _dev(2, 6, 6, 8), _dev(3, 3, 8, 16), _dev(2, 6, 6, 16)
+    return [
+        (numbaconv.conv2d, (x, w, 1, "SAME"), dict(out=_dev(2, 6, 6, 16))),
+        (numbaconv.conv2d_backprop_input, ((2, 6, 6, 8), w, dy, 1, "SAME"),
+         dict(out=_dev(2, 6, 6, 8))),
+        (numbaconv.conv2d_backprop_filter, (x, (3, 3, 8, 16), dy, 1, "SAME"),
+         dict(out=_dev(3, 3, 8, 16))),
+        (numbaconv.depthwise_conv2d_native_backprop_filter,
+         (x, (3, 3, 8, 1), _dev(2, 6, 6, 8), 1, "SAME"), dict(out=_dev(3, 3, 8, 1))),
+        (numbaconv.convolution, (_dev(2, 8, 6, 6), w),
+         dict(strides=1, pads_begin=1, pads_end=1, data_format="NCX",
+              out=_dev(2, 16, 6, 6))),
+    ]
+
+
+def test_memoised_device_call_neither_parses_nor_plans(fake, counts):
+    """A device call repeated with equal shapes, dtypes and layouts (new arrays, new out=)
+    is neither parsed, planned nor prepared again, queries no memory, and still launches
+    every kernel of the first call into the out= it was given."""
+    for fn, args, kwargs in _layer_calls():
+        fake.launches.clear()
+        res = fn(*args, **kwargs)
+        assert res is kwargs["out"]
+        first = list(fake.launches)
+        seen = dict(counts)
+        queries = fake.mem_queries
+        assert seen["prepare"] >= 1 and queries >= 1
+        for _ in range(3):
+            fake.launches.clear()
+            new = {k: (FakeArray(v.data.copy()) if isinstance(v, FakeArray) else v)
+                   for k, v in kwargs.items()}
+            args2 = tuple(FakeArray(a.data.copy()) if isinstance(a, FakeArray) else a
+                          for a in args)
+            assert fn(*args2, **new) is new["out"], fn.__name__
+            assert fake.launches == first, fn.__name__
+        assert counts == seen, (fn.__name__, counts, seen)
+        assert fake.mem_queries == queries, fn.__name__
+
+
+def test_memoised_device_call_takes_each_calls_stream(fake, counts):
+    """The stream is no part of the memo's key: each call's ``stream=`` (or its operands'
+    stream) orders its own launches and waits."""
+    fn, args, kwargs = _layer_calls()[2]
+    fn(*args, **kwargs)
+    fn(*args, **kwargs, stream=FakeStream(0x5100))  # (a call with stream=: its own entry)
+    seen = dict(counts)
+    for h in (0x5200, 0x5300):
+        fake.launches.clear()
+        fn(*args, **kwargs, stream=FakeStream(h))
+        assert {s for *_, s in fake.launches} == {h}
+    for h in (0x5400, 0x5500):  # operands from a stream: the launches follow it
+        fake.launches.clear()
+        x, dy = FakeArray(args[0].data, FakeStream(h)), FakeArray(args[2].data, FakeStream(h))
+        out = FakeArray(kwargs["out"].data, FakeStream(h))
+        fn(x, args[1], dy, *args[3:], out=out)
+        assert {s for *_, s in fake.launches} == {h} and fake.waits == []
+    fake.launches.clear()
+    x = FakeArray(args[0].data, FakeStream(0x5600))  # one foreign operand: a device wait
+    fn(x, *args[1:], **kwargs, stream=7)
+    assert {s for *_, s in fake.launches} == {7} and fake.waits == [(0x5600, 7)]
+    with pytest.raises(TypeError, match="^stream: "):  # a bad stream still names stream
+        fn(*args, **kwargs, stream="s")
+    assert counts == seen
+
+
+def test_device_memo_misses_on_other_strides_shapes_and_out(fake, counts):
+    """Other strides (a transposed view), another shape or another out= shape or dtype is
+    another key: parsed and planned again, with its own gather and errors."""
+    import numbaconv
+
+    x, w = _dev(2, 6, 6, 8), _dev(3, 3, 8, 16)
+    out = _dev(2, 6, 6, 16)
+    numbaconv.conv2d(x, w, 1, "SAME", out=out)
+    assert counts["parse"] == 1
+    fake.launches.clear()
+    xt = FakeArray(np.zeros((2, 8, 6, 6), np.float32).transpose(0, 2, 3, 1))  # NHWC view
+    numbaconv.conv2d(xt, w, 1, "SAME", out=out)
+    assert counts["parse"] == 2 and counts["prepare"] == 2
+    assert [n for n, *_ in fake.launches][0] == "gather"  # the strided x gets its copy
+    numbaconv.conv2d(_dev(4, 6, 6, 8), w, 1, "SAME", out=_dev(4, 6, 6, 16))
+    assert counts["parse"] == 3 and counts["plan"] == 3
+    with pytest.raises(ValueError, match="^out: expected shape"):
+        numbaconv.conv2d(x, w, 1, "SAME", out=_dev(2, 6, 6, 15))
+    with pytest.raises(TypeError, match="^out: expected dtype float32"):
+        numbaconv.conv2d(x, w, 1, "SAME", out=FakeArray(np.zeros((2, 6, 6, 16))))
+    with pytest.raises(TypeError, match="^out: expected a device array"):
+        numbaconv.conv2d(x, w, 1, "SAME", out=np.zeros((2, 6, 6, 16), np.float32))
+    fake.launches.clear()
+    assert numbaconv.conv2d(x, w, 1, "SAME") is not out  # without out=: a fresh result
+    assert fake.allocs[-1].shape in ((2 * 6 * 6 * 16,), (2, 6, 6, 16))
+
+
+def test_memoised_foreign_arrays_are_wrapped_per_call(fake, counts):
+    """CuPy/PyTorch-style operands (``__cuda_array_interface__`` only) are memoised by their
+    interface's shape, type and strides, not their pointer or stream: each call wraps
+    its own arrays (zero-copy, no host wait) and launches on the stream they name."""
+    import numbaconv
+
+    w = np.zeros((3, 3, 8, 16), np.float32)
+    for i, h in enumerate((0x6200, 0x6300, 0x6400)):
+        fake.launches.clear()
+        x = ForeignArray(np.zeros((2, 6, 6, 8), np.float32), h)
+        numbaconv.conv2d(x, ForeignArray(w.copy(), h), 1, "SAME",
+                         out=ForeignArray(np.zeros((2, 6, 6, 16), np.float32), h))
+        assert {s for *_, s in fake.launches} == {h} and fake.waits == []
+        assert fake.wraps == 3 * (i + 1)  # x, w and out, once per call
+    assert counts["parse"] == 1 and counts["plan"] == 1 and counts["prepare"] == 1
+    with pytest.raises(TypeError, match="^all arrays of one call"):
+        numbaconv.conv2d(ForeignArray(np.zeros((2, 6, 6, 8), np.float32)), w, 1, "SAME")
+
+
+def test_device_array_whose_interface_raises_is_parsed_as_before(fake):
+    """An array whose ``__cuda_array_interface__`` raises (a PyTorch tensor that requires
+    grad) is not memoised: the parser meets its error, each time."""
+    import numbaconv
+
+    class Grad:
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="requires grad"):
+            numbaconv.conv2d(Grad(), _dev(3, 3, 8, 16), 1, "SAME")
+
+
+def test_memoised_device_call_follows_cuda_settings(fake, counts, monkeypatch):
+    """A changed ``config.CUDA_*`` tunable re-plans a memoised call (tests shrink tiles at
+    run time)."""
+    from numbaconv import config
+
+    fn, args, kwargs = _layer_calls()[0]
+    fn(*args, **kwargs)
+    fn(*args, **kwargs)
+    assert counts["plan"] == 1
+    monkeypatch.setattr(config, "CUDA_THREADS", 128, raising=False)
+    fn(*args, **kwargs)
+    assert counts["plan"] == 2 and counts["parse"] == 1
+
+
+
+# -- strategy= labels on the GPU ---------------------------------------------------------------
+def test_gpu_entry_labels_force_that_entry(fake):
+    """``strategy=`` takes the GPU's entry labels as the CPU's: ``gemm[tf32]`` (declining
+    with its reason where it cannot run), ``gemm[cuda]`` (exact even under
+    ``precision="tf32"``), ``direct[cuda-depthwise]``; a CPU label on the GPU and a GPU
+    label on the CPU are ValueErrors naming strategy."""
+    import dataclasses
+
+    import numbaconv
+
+    p = _problem()
+    tf32 = dataclasses.replace(p, precision="tf32")
+    plan = planner.make_plan(tf32, strategy="gemm[tf32]", device="cuda")
+    assert (plan.strategy, plan.variant) == ("gemm", "tf32")
+    assert planner.make_plan(tf32, strategy="gemm[cuda]", device="cuda").variant == "cuda"
+    assert planner.make_plan(p, strategy="gemm[cuda]", device="cuda").variant == "cuda"
+    d = planner.make_plan(p, strategy="direct[cuda-depthwise]", device="cuda")
+    assert (d.strategy, d.variant) == ("direct", "cuda-depthwise")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32\]' declines .*precision"):
+        planner.make_plan(p, strategy="gemm[tf32]", device="cuda")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[slabs\]' is a CPU entry"):
+        planner.make_plan(p, strategy="gemm[slabs]", device="cuda")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32\]' is a GPU entry"):
+        planner.make_plan(p, strategy="gemm[tf32]", device="cpu")
+    # through a public call, memoised: the label reaches the plan
+    x, w = _dev(2, 6, 6, 8), _dev(3, 3, 8, 16)
+    for _ in range(2):
+        got = numbaconv.plan("conv2d", x, w, 1, "SAME", strategy="gemm[tf32]",
+                             precision="tf32")
+        assert got.variant == "tf32"
+        fake.launches.clear()
+        numbaconv.conv2d(x, w, 1, "SAME", strategy="gemm[tf32]", precision="tf32")
+        assert [n for n, *_ in fake.launches][0] == "fwd_gemm"
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32\]' declines"):
+        numbaconv.conv2d(x, w, 1, "SAME", strategy="gemm[tf32]")
+
+
+def _install_fake():
+    """Route the backend through a FakeCuda outside pytest (the fixture's work, by hand)."""
+    from numbaconv.kernels.cuda import depthwise, gemm, layout
     cuda = FakeCuda()
     backend._cuda = lambda name="array": cuda
     backend.simulator = lambda: False
-    from numbaconv.kernels.cuda import gemm, layout
-    for mod, names in ((gemm, ("fwd_gemm", "reduce_partials")), (layout, ("gather", "scatter"))):
+    for mod, names in ((gemm, ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm", "reduce_partials")),
+                       (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
+                                    "fwd_depthwise_rows", "bwd_d_depthwise_rows",
+                                    "bwd_w_depthwise_rows")),
+                       (layout, ("gather", "scatter", "fill_zero"))):
         for n in names:
             setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
-    for fmt in ("NXC", "NCX"):
-        p = _problem(fmt=fmt)
-        ops = _operands(p, fmt=fmt)
-        for _ in range(100):
-            backend.execute(planner.make_plan(p, device="cuda"), ops)
-        n, best = 500, float("inf")
-        for _ in range(7):  # best round: the machine may be shared
+    return cuda
+
+
+def _host_calls():
+    """(label, function, args, kwargs) of public device calls with ``out=`` preallocated: a
+    ResNet-style 3x3 layer (14x14x64 -> 64, batch 8) in every direction, and a depthwise
+    weight gradient."""
+    import numbaconv
+
+    def dev(*shape):
+        return FakeArray(np.zeros(shape, np.float32))
+    x, w, dy = dev(8, 14, 14, 64), dev(3, 3, 64, 64), dev(8, 14, 14, 64)
+    wd, dyd = dev(3, 3, 64, 1), dev(8, 14, 14, 64)
+    return [
+        ("conv2d", numbaconv.conv2d, (x, w, 1, "SAME"), dict(out=dev(8, 14, 14, 64))),
+        ("conv2d_backprop_input", numbaconv.conv2d_backprop_input,
+         ((8, 14, 14, 64), w, dy, 1, "SAME"), dict(out=dev(8, 14, 14, 64))),
+        ("conv2d_backprop_filter", numbaconv.conv2d_backprop_filter,
+         (x, (3, 3, 64, 64), dy, 1, "SAME"), dict(out=dev(3, 3, 64, 64))),
+        ("depthwise_conv2d_native_backprop_filter",
+         numbaconv.depthwise_conv2d_native_backprop_filter,
+         (x, (3, 3, 64, 1), dyd, 1, "SAME"), dict(out=dev(3, 3, 64, 1))),
+    ]
+
+
+def main(argv=None):  # pragma: no cover - a measurement, not a test
+    """Host time per public call on device arrays with ``out=`` and the launches mocked
+    (front end + plan + execute; numba's own launch cost is not in it). ``--profile``
+    prints a cProfile breakdown of the first op's calls."""
+    import cProfile
+    import pstats
+
+    argv = sys.argv[1:] if argv is None else argv
+    cuda = _install_fake()
+    n = 2000
+    for label, fn, args, kwargs in _host_calls():
+        fn(*args, **kwargs)  # the first call plans (and, on a GPU, compiles)
+        launches = len(cuda.launches)
+        fn(*args, **kwargs)
+        per_call = len(cuda.launches) - launches
+        best = float("inf")
+        for _ in range(5):  # best round: the machine may be shared
             t0 = time.perf_counter()
             for _ in range(n):
-                backend.execute(planner.make_plan(p, device="cuda"), ops)
+                fn(*args, **kwargs)
             best = min(best, (time.perf_counter() - t0) / n)
-        print(f"{fmt}: {best * 1e6:.1f} us per call (plan from the cache + execute, best "
-              f"of 7 rounds of {n}; {len(cuda.launches) // (7 * n + 100)} mocked launches "
-              f"per call)")
+        print(f"{label}: {best * 1e6:.1f} us per call (best of 5 rounds of {n}; "
+              f"{per_call} mocked launch(es) per call)")
+        if "--profile" in argv:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(n):
+                fn(*args, **kwargs)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        cuda.launches.clear()
+        cuda.allocs.clear()
 
 
 if __name__ == "__main__":

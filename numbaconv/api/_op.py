@@ -16,11 +16,17 @@ from ..backends import cpu, cuda
 REGISTRY = {}
 
 #: Parsed calls kept per process: (op, argument key) -> (problem, where each operand sits
-#: among the arguments). Parsing a call is 30-40 us of Python (70-100 us right after a
-#: kernel has evicted it from the caches), a tenth of a small layer.
+#: among the arguments, the plan or the prepared GPU launches). Parsing a call is 30-40 us
+#: of Python (70-100 us right after a kernel has evicted it from the caches), a tenth of a
+#: small layer; a device call's whole host time is to stay under 50 us.
 PARSE_MEMO_SIZE = 512
 _MEMO = {}
 _NO_KEY = object()
+
+
+#: numba's device array types (the simulator's too) seen so far: keyed by shape, dtype and
+#: strides, which numba keeps as a tuple, a NumPy dtype and a tuple.
+_DEVICE_TYPES = set()
 
 
 def _value_key(v, depth=0):
@@ -29,6 +35,8 @@ def _value_key(v, depth=0):
     read), small integer arrays and scalars by value (with their type: ``True`` is not
     ``1``), lists and tuples item by item; anything else is not memoised."""
     t = type(v)
+    if t in _DEVICE_TYPES:  # (a numba device array type seen before: the common device call)
+        return ("d", t, v.shape, v.dtype, v.strides)
     if t is np.ndarray:
         dt = v.dtype
         kind = dt.kind
@@ -51,28 +59,70 @@ def _value_key(v, depth=0):
         return _NO_KEY if _NO_KEY in items else (t, "items", items)
     if isinstance(v, np.integer):
         return (t, int(v))
+    if getattr(v, "__cuda_ndarray__", False) is True:  # numba's device arrays (simulated too)
+        strides = getattr(v, "strides", None)
+        if (type(strides) is not tuple or type(v.shape) is not tuple
+                or not isinstance(v.dtype, np.dtype)):
+            return _NO_KEY
+        _DEVICE_TYPES.add(t)
+        return ("d", t, v.shape, v.dtype, strides)
+    try:  # (PyTorch refuses the interface of a tensor that requires grad: parsing says so)
+        cai = getattr(v, "__cuda_array_interface__", None)
+        if type(cai) is dict:  # CuPy, PyTorch: the fields numba's wrapper depends on, not
+            if cai.get("mask") is not None:  # the data pointer or the stream
+                return _NO_KEY
+            strides = cai.get("strides")
+            return ("c", t, tuple(cai["shape"]), cai["typestr"],
+                    None if strides is None else tuple(strides), cai.get("version"))
+    except Exception:
+        pass
     return _NO_KEY
 
 
+#: The key of ``stream=``: a call's stream is honoured per call, never part of the memo's key.
+_STREAM = ("stream",)
+
+
+def _device_source(arr, flat):
+    """The index in ``flat`` of the one device argument that ``arr`` (a numba device array
+    the parser made of it) wraps: same data pointer and shape; None where none or several
+    do."""
+    try:
+        ptr = arr.__cuda_array_interface__["data"][0]
+        shape = tuple(arr.shape)
+        found = {i for i, a in enumerate(flat)
+                 if type(getattr(a, "__cuda_array_interface__", None)) is dict
+                 and a.__cuda_array_interface__["data"][0] == ptr
+                 and tuple(a.__cuda_array_interface__["shape"]) == shape}
+    except Exception:
+        return None
+    return found.pop() if len(found) == 1 else None
+
+
 def clear_memo():
-    """Forget the parsed calls (and the plans they keep)."""
+    """Forget the parsed calls (and the plans and prepared GPU launches they keep)."""
     _MEMO.clear()
+    cuda.clear_prepared()
 
 
 planner.on_clear(clear_memo)
 
 
-def _parse(parse, args, kwargs):
+def _parse(parse, args, kwargs, names=()):
     """``parse(*args, **kwargs)``, from the memo when an earlier call had equal arguments
-    (by :func:`_value_key`) and every operand it returned was one of the arguments itself.
+    (by :func:`_value_key`; ``stream=`` is not part of the key) and every operand it
+    returned was one of the arguments itself, or a numba device array wrapping one
+    (CuPy, PyTorch: wrapped again per call, zero-copy).
 
     Returns ``(problem, operands, entry)``: ``entry`` is the memo's mutable record of this
-    call (``[problem, where, (plan key, plan)]``), or None when the call is not memoised. Every
-    operand of a memoised call is a NumPy array the caller passed (a device array has no
-    key), so it runs on the host.
+    call (``[problem, where, (plan key, plan), on device, (GPU settings, prepared
+    launches), wrapped]``: the last three filled by the first call that runs), or None when
+    the call is not memoised. ``names``: the parser's parameter names, in order (the
+    names a wrapped operand's errors carry).
     """
     pos = tuple([_value_key(a) for a in args])
-    named = tuple([(k, _value_key(v)) for k, v in kwargs.items()]) if kwargs else ()
+    named = tuple([(k, _STREAM if k == "stream" else _value_key(v))
+                   for k, v in kwargs.items()]) if kwargs else ()
     key = (parse, pos, named)
     memo = (PARSE_MEMO_SIZE > 0 and _NO_KEY not in pos
             and all(k[1] is not _NO_KEY for k in named))
@@ -80,19 +130,29 @@ def _parse(parse, args, kwargs):
         hit = _MEMO.get(key)
         if hit is not None:
             flat = args + tuple(kwargs.values()) if kwargs else args
+            wrapped = hit[5]
+            if wrapped:
+                return hit[0], {name: (cuda.as_device_array(flat[i], wrapped[name])
+                                       if name in wrapped else flat[i])
+                                for name, i in hit[1]}, hit
             return hit[0], {name: flat[i] for name, i in hit[1]}, hit
     problem, operands = parse(*args, **kwargs)
     if memo:
         flat = args + tuple(kwargs.values())
-        where = []
+        keys = tuple(kwargs)
+        where, wrapped = [], {}
         for name, arr in operands.items():
             i = next((i for i, a in enumerate(flat) if a is arr), None)
-            if i is None:  # converted while parsing (a list, a device array): parse again
-                return problem, operands, None
+            if i is None:  # converted while parsing: a device array numba wraps, or a list
+                i = _device_source(arr, flat) if cuda.is_device_array(arr) else None
+                if i is None:
+                    return problem, operands, None  # (a list: parse again)
+                wrapped[name] = (names[i] if i < len(args) and i < len(names)
+                                 else keys[i - len(args)] if i >= len(args) else name)
             where.append((name, i))
         if len(_MEMO) >= PARSE_MEMO_SIZE:
             _MEMO.clear()
-        entry = [problem, tuple(where), None]
+        entry = [problem, tuple(where), None, None, None, wrapped]
         _MEMO[key] = entry
         return problem, operands, entry
     return problem, operands, None
@@ -164,29 +224,52 @@ def op(parse):
         i, default = where[key]
         return args[i] if i is not None and i < len(args) else default
 
+    names = tuple(prm.name for prm in params)
+
     @functools.wraps(parse)
     def public(*args, **kwargs):
         try:
-            problem, operands, entry = _parse(parse, args, kwargs)
+            problem, operands, entry = _parse(parse, args, kwargs, names)
             out = _arg(args, kwargs, "out")
             tune = _arg(args, kwargs, "tune")
             stream = _arg(args, kwargs, "stream")
             precision = _arg(args, kwargs, "precision")
-            if (entry is not None and (tune is None or tune is False) and not config.VERBOSE
-                    and stream is None and precision is None):
-                # a memoised call (host arrays only; strategy= and out's shape in the key):
-                # its plan, made for the present threads and planner settings
-                # (one slot, replaced whole: Python threads may differ in Numba's threads)
-                pkey = (runtime.threads(), planner._settings())
-                kept = entry[2]
-                if kept is None or kept[0] != pkey:
-                    kept = (pkey, planner.make_plan(problem, strategy=_arg(args, kwargs,
-                                                                           "strategy"),
-                                                    device="cpu"))
-                    entry[2] = kept
-                # without config.THREADS the plan's threads are the calling thread's own
-                return cpu.execute(kept[1], operands, out=out,
-                                   threads_current=not config.THREADS)
+            if entry is not None and (tune is None or tune is False) and not config.VERBOSE:
+                device = entry[3]
+                if device is None:  # (the call's first run; TypeError when host and device mix)
+                    device = entry[3] = cuda.on_device(operands, out)
+                if not device and stream is None and precision is None:
+                    # a memoised host call (strategy= and out's shape in the key): its plan,
+                    # made for the present threads and planner settings
+                    # (one slot, replaced whole: Python threads may differ in Numba's threads)
+                    pkey = (runtime.threads(), planner._settings())
+                    kept = entry[2]
+                    if kept is None or kept[0] != pkey:
+                        kept = (pkey, planner.make_plan(problem, strategy=_arg(args, kwargs,
+                                                                               "strategy"),
+                                                        device="cpu"))
+                        entry[2] = kept
+                    # without config.THREADS the plan's threads are the calling thread's own
+                    return cpu.execute(kept[1], operands, out=out,
+                                       threads_current=not config.THREADS)
+                if device:
+                    # a memoised device call (strategy=, precision= and the layouts of the
+                    # operands and out in the key): its launches, prepared once for the
+                    # present config.CUDA_* settings; the stream is the call's own
+                    gkey = cuda.settings()
+                    kept = entry[4]
+                    if kept is None or kept[0] != gkey:
+                        problem = device_options(problem, True, stream, precision)
+                        cuda.check_stream(stream)  # before planning: a bad stream names it
+                        the_plan = planner.make_plan(problem, strategy=_arg(args, kwargs,
+                                                                            "strategy"),
+                                                     device="cuda")
+                        dst = cuda.check_out(out, problem)
+                        kept = (gkey, cuda.prepare(the_plan, operands, dst))
+                        entry[4] = kept
+                    else:
+                        dst = cuda.device_out(out)
+                    return cuda.run_prepared(kept[1], operands, dst, cuda.check_stream(stream))
             device = cuda.on_device(operands, out)  # TypeError when host and device mix
             problem = device_options(problem, device, stream, precision)
             if device:

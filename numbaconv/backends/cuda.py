@@ -58,9 +58,12 @@ DEFAULTS = {
 }
 
 
+_DEFAULT_ITEMS = tuple(DEFAULTS.items())
+
+
 def settings():
     """The ``config.CUDA_*`` values a GPU plan depends on (the planner's cache key)."""
-    return tuple(getattr(config, n, DEFAULTS[n]) for n in DEFAULTS)
+    return tuple([getattr(config, n, d) for n, d in _DEFAULT_ITEMS])
 
 #: GEMM tiles ``(BM, BN, BK, TM, TN)``, largest first: 256 threads each but the last (128).
 #: An 8x8 register tile does 64 multiply-adds per four 16-byte shared-memory loads (a 4x4
@@ -480,13 +483,20 @@ def gpu_plan(problem, strategy=None):
     ``threads``, ``workspace_bytes``, ``reason``, ``declined``.
 
     ``strategy="gemm"`` forces the implicit GEMM, ``"direct"`` the one-element-per-thread
-    kernels (depthwise-style, any grouping); ``"winograd"`` declines (ValueError).
+    kernels (depthwise-style, any grouping); ``"winograd"`` declines (ValueError). A label
+    of :data:`GPU_ENTRIES` forces exactly that entry: ``"gemm[tf32]"`` (ValueError where
+    it declines: no ``precision="tf32"``, not float32), ``"gemm[cuda]"`` (exact float32
+    even under ``precision="tf32"``), ``"direct[cuda-depthwise]"``.
     """
+    entry = None
+    if strategy in GPU_ENTRIES:  # one entry's label: that family, and exactly that variant
+        entry = strategy
+        strategy = strategy.partition("[")[0]
     if strategy is not None:
         why = accepts(problem, strategy)
         if why is not None:
-            raise ValueError(f"strategy: {strategy!r} declines {problem.descriptor()} on the "
-                             f"GPU: {why}")
+            raise ValueError(f"strategy: {entry or strategy!r} declines "
+                             f"{problem.descriptor()} on the GPU: {why}")
         kernel, reason = strategy, "forced by strategy="
     else:
         kernel = default_kernel(problem)
@@ -497,7 +507,14 @@ def gpu_plan(problem, strategy=None):
     tiles = plan_tiles(problem, kernel)
     variant = "cuda-depthwise" if kernel == "direct" else "cuda"
     declined = ()
-    if problem.precision == "tf32":
+    if entry == "gemm[tf32]":
+        why = tf32_declines(problem, tiles)
+        if why is not None:
+            raise ValueError(f"strategy: 'gemm[tf32]' declines {problem.descriptor()} on the "
+                             f"GPU: {why}")
+    if entry == "gemm[cuda]" and problem.precision == "tf32":
+        reason += "; exact float32 (gemm[cuda] forced)"
+    elif problem.precision == "tf32":
         why = tf32_declines(problem, tiles)
         if why is None:
             variant, reason = "tf32", (reason + "; precision='tf32': tensor cores (mma.sync "
@@ -569,6 +586,22 @@ def _blocks(n, threads):
     return max(1, min(_cdiv(n, threads), 1 << 16))
 
 
+class _Buf:
+    """A pooled flat device array and the shaped views of it taken so far (a reshape of a
+    numba device array costs microseconds of Python; a pooled buffer serves many calls)."""
+
+    __slots__ = ("arr", "key", "nbytes", "views")
+
+    def __init__(self, arr, key):
+        self.arr, self.key, self.nbytes, self.views = arr, key, arr.nbytes, {}
+
+    def view(self, shape):
+        v = self.views.get(shape)
+        if v is None:
+            v = self.views[shape] = self.arr.reshape(shape)
+        return v
+
+
 class _Call:
     """One call's device context: numba.cuda, the launch stream ``st`` (0: numba's default)
     and the pooled buffers it took, returned to the pool when the call has queued its
@@ -579,39 +612,45 @@ class _Call:
     def __init__(self, cuda, st):
         self.cuda, self.st, self.taken = cuda, st, []
         # (the simulator's streams have no handle; its launches run synchronously)
-        self.key = ("sim", id(st)) if simulator() and not isinstance(st, int) \
-            else stream_handle(st)
+        self.key = stream_handle(st) if isinstance(st, int) or not simulator() \
+            else ("sim", id(st))
 
     def fresh(self, shape, dtype):
         """A new array (the caller keeps it: results), through numba's allocator and any
         External Memory Management plugin the user installed."""
         return self.cuda.device_array(shape, dtype, stream=self.st)
 
+    def buf(self, n, dtype):
+        """A flat scratch buffer (:class:`_Buf`) of ``n`` elements of ``dtype`` (a NumPy
+        dtype string such as ``"<f4"``), from the pool where one is free."""
+        global _POOLED
+        key = (self.key, n, dtype)
+        free = _POOL.get(key)
+        if free:
+            b = free.pop()
+            _POOLED -= b.nbytes
+        else:
+            b = _Buf(self.cuda.device_array(n, np.dtype(dtype), stream=self.st), key)
+        self.taken.append(b)
+        return b
+
     def work(self, n, dtype):
         """A flat scratch array of ``n`` elements, from the pool where one is free."""
-        global _POOLED
-        dt = np.dtype(dtype)
-        free = _POOL.get((self.key, n, dt.str))
-        if free:
-            arr = free.pop()
-            _POOLED -= arr.nbytes
-        else:
-            arr = self.cuda.device_array(n, dt, stream=self.st)
-        self.taken.append(arr)
-        return arr
+        return self.buf(n, np.dtype(dtype).str).arr
 
     def done(self):
         global _POOLED
         limit = cfg("CUDA_POOL_BYTES")
-        for arr in self.taken:
-            if _POOLED + arr.nbytes > limit:
+        for b in self.taken:
+            if _POOLED + b.nbytes > limit:
                 continue
-            _POOL.setdefault((self.key, arr.size, np.dtype(arr.dtype).str), []).append(arr)
-            _POOLED += arr.nbytes
+            _POOL.setdefault(b.key, []).append(b)
+            _POOLED += b.nbytes
         self.taken = []
 
 
-#: Free pooled device arrays by (stream handle, elements, dtype), and their bytes.
+#: Free pooled device buffers (:class:`_Buf`) by (stream handle, elements, dtype), and
+#: their bytes.
 _POOL = {}
 _POOLED = 0
 
@@ -621,21 +660,6 @@ def clear_pool():
     global _POOLED
     _POOL.clear()
     _POOLED = 0
-
-
-def _to_canonical(call, a, p, which, flat=False):
-    """Operand ``a`` in the canonical layout and compute dtype: 5-D, or a flat 1-D view."""
-    cdims, sel, div, identity = _layout(p, which)
-    ct = p.compute_dtype
-    if identity and np.dtype(a.dtype) == np.dtype(ct) and a.is_c_contiguous():
-        return a.reshape(math.prod(cdims) if flat else cdims)
-    from ..kernels.cuda import layout
-
-    n = math.prod(cdims)
-    canon = call.work(n, ct)
-    threads = cfg("CUDA_THREADS")
-    layout.gather(a.ndim)[_blocks(n, threads), threads, call.st](a, canon, cdims, sel, div)
-    return canon if flat else canon.reshape(cdims)
 
 
 def _result_which(p):
@@ -678,6 +702,14 @@ def check_out(out, p):
     if tuple(arr.shape) != tuple(p.result_shape):
         raise ValueError(f"out: expected shape {tuple(p.result_shape)}, got {tuple(arr.shape)}")
     return arr
+
+
+def device_out(out):
+    """A memoised call's ``out=`` (shape and dtype checked by its first run) as a numba
+    device array: itself where it is one, else wrapped zero-copy."""
+    if out is None or getattr(out, "__cuda_ndarray__", False) is True:
+        return out
+    return as_device_array(out, "out")
 
 
 def check_memory(cuda, p, tiles, ops=None, out=None):
@@ -731,76 +763,188 @@ def _geo(p):
     return got
 
 
-def _run(call, p, t, ops, out, variant=""):
-    """Launch the kernels of tiles ``t`` on the canonical operands ``ops`` (flat views for
-    ``gemm`` and the row kernels); returns the contiguous canonical result (a fresh array
-    where it is the call's result as it is, else a pooled one)."""
-    from ..kernels.cuda import depthwise, gemm
+class _Prepared:
+    """What a plan's calls launch, derived once per plan and operand layout: the kernel
+    objects, grids and blocks, the shapes of the views each kernel takes, the scratch
+    sizes. A call (:meth:`launch`) only takes buffers, binds its arrays and launches.
 
-    ct = p.compute_dtype
-    st = call.st
-    geo, rs = _geo(p)
-    ws = rs
-    n = math.prod(rs)
-    final = _result_is_canonical(p, out)
-    grid, threads, splits = tuple(t["grid"]), t["threads"], t["splits"]
+    ``inputs``: per operand of the main kernel, in its argument order, ``(name, view,
+    gather)``: ``view`` the shape the kernel takes (None: the array as it is), ``gather``
+    None where the operand is used in place, else ``(kernel, blocks, threads, elements,
+    cdims, sel, div)`` of the gather kernel that makes its canonical copy. ``main``: the
+    main kernel, grid, block and trailing arguments. With ``splits > 1`` the kernel writes
+    ``splits`` partial results (``part_view``) that ``reduce`` sums into the result.
+    ``final``: the canonical result is the call's result (a fresh array, no scatter);
+    else ``scatter`` (kernel, blocks, threads, cdims, sel, div) writes it in the user's
+    layout and dtype. ``special``: ``"zero"`` (a result without elements) or ``"empty"``
+    (zeros: no operand elements), which take the general path.
+    """
 
-    def result(shape=rs):
-        return (call.fresh(n, ct) if final else call.work(n, ct)).reshape(shape)
+    __slots__ = ("plan", "p", "special", "ct", "n", "inputs", "kern", "grid", "block",
+                 "extra", "splits", "res_view", "part_view", "reduce", "final", "scatter",
+                 "shape", "dtype")
 
-    if t["kernel"] == "gemm":
-        tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
-        kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
-                "bwd_w": gemm.bwd_w_gemm}[p.direction](
-                    ct, *tile, geo, splits, *(("tf32",) if variant == "tf32" else ()))
-        a, b = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
-        if splits == 1:
-            r = result(n)
-            kern[grid, threads, st](ops[a], ops[b], r)
-            return r.reshape(rs)
-        part = call.work(splits * n, ct)
-        kern[grid, threads, st](ops[a], ops[b], part)
-    elif t.get("variant") == "rows" and p.direction == "bwd_w":
-        kern = depthwise.bwd_w_depthwise_rows(ct, geo, t["row_width"], t["segments"], splits)
-        if splits == 1:
-            r = result(n)
-            kern[grid, threads, st](ops["x"], ops["dy"], r)
-            return r.reshape(rs)
-        part = call.work(splits * n, ct)
-        kern[grid, threads, st](ops["x"], ops["dy"], part)
-    elif t.get("variant") == "rows":
-        r = result(n)
-        kern = (depthwise.fwd_depthwise_rows if p.direction == "fwd"
-                else depthwise.bwd_d_depthwise_rows)(ct, geo, t["row_width"], t["segments"])
-        a = "x" if p.direction == "fwd" else "dy"
-        kern[grid, threads, st](ops[a], ops["w"], r)
-        return r.reshape(rs)
-    else:
-        if p.direction == "fwd":
-            y = result()
-            depthwise.fwd_depthwise(ct)[grid, threads, st](ops["x"], ops["w"], y, geo)
-            return y
-        if p.direction == "bwd_d":
-            dx = result()
-            depthwise.bwd_d_depthwise(ct)[grid, threads, st](ops["dy"], ops["w"], dx, geo)
-            return dx
-        if splits == 1:
-            dw = result()
-            depthwise.bwd_w_depthwise(ct)[grid, threads, st](ops["x"], ops["dy"],
-                                                             dw.reshape((1, *ws)), geo)
-            return dw
-        part = call.work(splits * n, ct)
-        depthwise.bwd_w_depthwise(ct)[grid, threads, st](ops["x"], ops["dy"],
-                                                         part.reshape((splits, *ws)), geo)
-    r = result(n)
-    rt = cfg("CUDA_THREADS")
-    gemm.reduce_partials(ct)[_blocks(n, rt), rt, st](part.reshape(splits, n), r)
-    return r.reshape(rs)
+    def __init__(self, plan, ops, dst):
+        from ..kernels.cuda import depthwise, gemm, layout
+
+        p = self.p = plan.problem
+        self.plan = plan
+        self.shape, self.dtype = tuple(p.result_shape), p.dtype
+        self.special = ("zero" if math.prod(p.result_shape) == 0
+                        else "empty" if p.empty else None)
+        if self.special:
+            return
+        t = plan.tiles
+        if t.get("kernel") not in ("gemm", "direct"):
+            t = plan_tiles(p)
+        ct = np.dtype(p.compute_dtype)
+        self.ct = ct.str
+        geo, rs = _geo(p)
+        n = self.n = math.prod(rs)
+        threads = cfg("CUDA_THREADS")
+        splits = self.splits = t["splits"]
+        self.grid, self.block = tuple(t["grid"]), t["threads"]
+        self.extra = ()
+        flat = t["kernel"] == "gemm" or t.get("variant") == "rows"
+        cp = p.compute_dtype
+        if t["kernel"] == "gemm":
+            tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
+            self.kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
+                         "bwd_w": gemm.bwd_w_gemm}[p.direction](
+                             cp, *tile, geo, splits,
+                             *(("tf32",) if plan.variant == "tf32" else ()))
+            names = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
+            self.res_view, self.part_view = (n,), (splits * n,)
+        elif t.get("variant") == "rows" and p.direction == "bwd_w":
+            self.kern = depthwise.bwd_w_depthwise_rows(cp, geo, t["row_width"], t["segments"],
+                                                       splits)
+            names = ("x", "dy")
+            self.res_view, self.part_view = (n,), (splits * n,)
+        elif t.get("variant") == "rows":
+            self.kern = (depthwise.fwd_depthwise_rows if p.direction == "fwd"
+                         else depthwise.bwd_d_depthwise_rows)(cp, geo, t["row_width"],
+                                                              t["segments"])
+            names = ("x" if p.direction == "fwd" else "dy", "w")
+            self.res_view, self.part_view, splits = (n,), None, 1
+        else:
+            self.kern = {"fwd": depthwise.fwd_depthwise, "bwd_d": depthwise.bwd_d_depthwise,
+                         "bwd_w": depthwise.bwd_w_depthwise}[p.direction](cp)
+            names = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
+            self.extra = (geo,)
+            if p.direction == "bwd_w":
+                self.res_view, self.part_view = (1, *rs), (splits, *rs)
+            else:
+                self.res_view, self.part_view, splits = tuple(rs), None, 1
+        self.splits = splits
+        self.reduce = None
+        if splits > 1:
+            rt = threads
+            self.reduce = (gemm.reduce_partials(cp), _blocks(n, rt), rt, (splits, n))
+        self.inputs = []
+        for name in names:
+            a = ops[name]
+            cdims, sel, div, identity = _layout(p, name)
+            m = math.prod(cdims)
+            view = (m,) if flat else tuple(cdims)
+            if identity and np.dtype(a.dtype) == ct and a.is_c_contiguous():
+                self.inputs.append((name, None if tuple(a.shape) == view else view, None))
+            else:
+                self.inputs.append((name, None if flat else view,
+                                    (layout.gather(a.ndim), _blocks(m, threads), threads, m,
+                                     cdims, sel, div)))
+        self.inputs = tuple(self.inputs)
+        self.final = _result_is_canonical(p, dst)
+        self.scatter = None
+        if not self.final:
+            cdims, sel, div, _ = _layout(p, _result_which(p))
+            self.scatter = (layout.scatter(len(self.shape)), _blocks(n, threads), threads,
+                            cdims, sel, div)
+
+    def launch(self, call, ops, dst):
+        """Queue the plan's kernels on ``call``'s stream for device arrays ``ops`` (by
+        name) and ``out`` array ``dst`` (or None); returns the result."""
+        st = call.st
+        ct = self.ct
+        args = []
+        for name, view, gather in self.inputs:
+            a = ops[name]
+            if gather is None:
+                args.append(a if view is None else a.reshape(view))
+            else:
+                kern, blocks, threads, m, cdims, sel, div = gather
+                b = call.buf(m, ct)
+                kern[blocks, threads, st](a, b.arr, cdims, sel, div)
+                args.append(b.arr if view is None else b.view(view))
+        n = self.n
+        if self.final:
+            r = call.fresh(n, ct)
+            rv = r if self.res_view == (n,) else r.reshape(self.res_view)
+        else:
+            b = call.buf(n, ct)
+            r, rv = b.arr, b.view(self.res_view)
+        if self.reduce is None:
+            self.kern[self.grid, self.block, st](*args, rv, *self.extra)
+        else:
+            part = call.buf(self.splits * n, ct)
+            self.kern[self.grid, self.block, st](*args, part.view(self.part_view), *self.extra)
+            kern, blocks, threads, view = self.reduce
+            kern[blocks, threads, st](part.view(view), r)
+        if self.final:
+            # (numba's reshape drops the array's stream: the result is bound to the launch one)
+            res = r.reshape(self.shape)
+            return res if isinstance(st, int) and st == 0 else res.bind(st)
+        kern, blocks, threads, cdims, sel, div = self.scatter
+        if dst is None:
+            dst = call.fresh(self.shape, self.dtype)
+        kern[blocks, threads, st](r, dst, cdims, sel, div)
+        return dst
 
 
-#: Plans whose memory need was checked against the free GPU memory (once per plan: the
-#: query costs a driver call; later calls of the plan leave a shortage to the allocator).
-_CHECKED = {}
+def _general(call, p, dst):
+    """The result of an empty problem (zeros) or of one without result elements."""
+    if math.prod(p.result_shape) == 0:
+        return dst if dst is not None else call.fresh(p.result_shape, p.dtype)
+    from ..kernels.cuda import layout
+
+    n = math.prod(canonical_shapes(p)[{"fwd": 1, "bwd_d": 0, "bwd_w": 2}[p.direction]])
+    r = call.fresh(n, p.compute_dtype) if _result_is_canonical(p, dst) else \
+        call.work(n, p.compute_dtype)
+    threads = cfg("CUDA_THREADS")
+    layout.fill_zero()[_blocks(n, threads), threads, call.st](r)
+    r = r.reshape(_layout(p, _result_which(p))[0])
+    return _to_user(call, r, p, dst)
+
+
+#: Prepared launches by (problem, tiles, variant, operands' dtypes and contiguity, whether
+#: out= is given);
+#: making one checks the plan's memory need against the free GPU memory (a driver call,
+#: once: later calls leave a shortage to the allocator).
+_PREPARED = {}
+
+
+def clear_prepared():
+    """Forget the prepared launches (the front end's memo of parsed calls keeps some too)."""
+    _PREPARED.clear()
+
+
+def prepare(plan, ops, dst, cuda=None):
+    """The :class:`_Prepared` launches of ``plan`` for device arrays ``ops`` (by name) and
+    ``out`` array ``dst`` (or None), made and memory-checked on first use."""
+    tiles = plan.tiles
+    key = (plan.problem, getattr(tiles, "_items", None) or tuple(sorted(tiles.items())),
+           plan.variant, tuple([(k, np.dtype(a.dtype).str, bool(a.is_c_contiguous()))
+                                for k, a in ops.items()]), dst is None)
+    pr = _PREPARED.get(key)
+    if pr is None:
+        p = plan.problem
+        if tiles.get("kernel") not in ("gemm", "direct"):
+            tiles = plan_tiles(p)
+        check_memory(cuda or _cuda(p.op or p.direction), p, tiles, ops, dst)
+        pr = _Prepared(plan, ops, dst)
+        if len(_PREPARED) >= 4096:
+            _PREPARED.clear()
+        _PREPARED[key] = pr
+    return pr
 
 
 def _launch_stream(cuda, ops, stream):
@@ -842,37 +986,29 @@ def execute(plan, operands, out=None, stream=None):
     stream = check_stream(stream)
     ops = {k: as_device_array(v, k) for k, v in operands.items()}
     dst = check_out(out, p)
-    tiles = plan.tiles
-    if tiles.get("kernel") not in ("gemm", "direct"):
-        tiles = plan_tiles(p)
-    arrays = list(ops.values()) + ([dst] if dst is not None else [])
+    return run_prepared(prepare(plan, ops, dst, cuda), ops, dst, stream, cuda)
+
+
+def run_prepared(pr, ops, dst, stream, cuda=None):
+    """Launch the prepared ``pr`` on numba device arrays ``ops`` (by name, the dtypes and
+    layouts ``pr`` was prepared for) into ``dst`` (a numba device array of the result's
+    shape and dtype, or None) on ``stream`` (checked by :func:`check_stream`): the
+    launch stream and the device-side waits on the operands' streams are worked out per
+    call; everything else comes from ``pr``."""
+    if cuda is None:
+        cuda = _cuda(pr.p.op or pr.p.direction)
+    arrays = list(ops.values())
+    if dst is not None:
+        arrays.append(dst)
     st, waits = _launch_stream(cuda, arrays, stream)
     for s in waits:
         ev = cuda.event(timing=False)
         ev.record(stream=s)
         ev.wait(stream=st)
     call = _Call(cuda, st)
-    key = (p, getattr(tiles, "_items", None) or tuple(sorted(tiles.items())), dst is None)
-    if key not in _CHECKED:
-        check_memory(cuda, p, tiles, ops, dst)
-        if len(_CHECKED) >= 4096:
-            _CHECKED.clear()
-        _CHECKED[key] = True
-    if math.prod(p.result_shape) == 0:
-        return dst if dst is not None else call.fresh(p.result_shape, p.dtype)
-    if p.empty:
-        from ..kernels.cuda import layout
-
-        n = math.prod(canonical_shapes(p)[{"fwd": 1, "bwd_d": 0, "bwd_w": 2}[p.direction]])
-        r = call.fresh(n, p.compute_dtype) if _result_is_canonical(p, dst) else \
-            call.work(n, p.compute_dtype)
-        threads = cfg("CUDA_THREADS")
-        layout.fill_zero()[_blocks(n, threads), threads, st](r)
-        r = r.reshape(_layout(p, _result_which(p))[0])
+    if pr.special:
+        res = _general(call, pr.p, dst)
     else:
-        flat = tiles["kernel"] == "gemm" or tiles.get("variant") == "rows"
-        canon = {k: _to_canonical(call, a, p, k, flat) for k, a in ops.items()}
-        r = _run(call, p, tiles, canon, dst, plan.variant)
-    res = _to_user(call, r, p, dst)
+        res = pr.launch(call, ops, dst)
     call.done()
     return res
