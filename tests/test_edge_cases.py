@@ -183,11 +183,13 @@ def test_direct_in_row_blocks_is_the_single_call(case, direction, monkeypatch):
 
 
 _LONG_DIRECT_CALLS = """
+import faulthandler, sys
 import numpy as np, numbaconv as nc
 w = np.ones((7, 7, 128, 128), np.float32)
 nc.conv2d(np.ones((1, 8, 8, 128), np.float32), w, 1, "SAME", strategy="direct")  # compiled
 x = np.ones((2, 224, 224, 128), np.float32)  # 160 GFLOP a call: half a minute or so
 print("started", flush=True)
+faulthandler.dump_traceback_later(8, exit=True)  # where it is, should SIGINT not end it
 while True:
     nc.conv2d(x, w, 1, "SAME", strategy="direct")
 """
@@ -208,7 +210,7 @@ def test_ctrl_c_interrupts_a_long_direct_call():
         time.sleep(1.0)  # inside the first long call
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=30)
         waited = time.monotonic() - t0
     finally:
         if proc.poll() is None:
