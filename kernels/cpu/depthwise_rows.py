@@ -401,11 +401,14 @@ def blocks(npix, win, pw, S):
 #: The column stride a copy of a row driver is specialised for (see ``_jit.specialise``):
 #: 1 or 2 in the copies, each of which compiles only its stride's row kernels.
 _SW = 0
+#: The backward-data row kernels over 3, 2 and 1 dY rows, bound per copy (``_d_rows``).
+_ROW3 = _ROW2 = _ROW1 = None
 
 
-def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
+def _bwd_d_rows(rt, dy, w, dx, geo, r0, r1, prefetch, stream, head):
     """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`), column stride
-    ``_SW``."""
+    ``_SW``; the row kernels over 3, 2 and 1 dY rows (``_ROW3``, ``_ROW2``, ``_ROW1``, each
+    compiled apart) through the address tables ``rt[0]``, ``rt[1]``, ``rt[2]``."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -447,26 +450,12 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1, prefetch, stream, head):
                                   ow * C * it)
         if nr == 0:
             dxf[r * iw * C:(r + 1) * iw * C] = 0
-        elif _SW == 1:
-            if nr == 3:
-                _drow3s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          head, dx)
-            elif nr == 2:
-                _drow2s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          head, dx)
-            else:
-                _drow1s1(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          head, dx)
+        elif nr == 3:
+            _ROW3(rt[0], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
+        elif nr == 2:
+            _ROW2(rt[1], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
         else:
-            if nr == 3:
-                _drow3s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          head, dx)
-            elif nr == 2:
-                _drow2s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          head, dx)
-            else:
-                _drow1s2(dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream,
-                          head, dx)
+            _ROW1(rt[2], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
 
 
 def variant(a):
@@ -476,11 +465,15 @@ def variant(a):
 
 def d_tables(sw, name):
     """The address tables of the backward-data row drivers for column stride ``sw`` and
-    variant ``name``: the one the kernel runs compiled, the other's left as it is (the
-    kernel never calls it)."""
+    variant ``name``, and of their row kernels (``[3, variants]``, over 3, 2 and 1 dY rows):
+    the ones the kernel runs compiled, the others left as they are (the kernel never calls
+    them)."""
+    rows = [_d_rows[S] for S in (1, 2)]
     if sw == 1:
-        return _bwd_d_rows_s1.table(name), _bwd_d_rows_s2.table()
-    return _bwd_d_rows_s1.table(), _bwd_d_rows_s2.table(name)
+        return (_bwd_d_rows_s1.table(name), _bwd_d_rows_s2.table(),
+                np.stack([f.table(name) for f in rows[0]]), np.stack([f.table() for f in rows[1]]))
+    return (_bwd_d_rows_s1.table(), _bwd_d_rows_s2.table(name),
+            np.stack([f.table() for f in rows[0]]), np.stack([f.table(name) for f in rows[1]]))
 
 
 def w_tables(sw, name):
@@ -504,8 +497,8 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
 
 
 @kernel
-def bwd_d_rows_kernel(fns1, fns2, dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
-                      place=False):
+def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, stream=False,
+                      head=0, place=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
@@ -537,9 +530,11 @@ def bwd_d_rows_kernel(fns1, fns2, dy, w, dx, geo, nchunks, prefetch, stream=Fals
     for chunk in prange(nchunks):
         r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
         if geo[15] == 1:
-            _bwd_d_rows_s1(fns1, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0, head)
+            _bwd_d_rows_s1(fns1, rt1, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0,
+                           head)
         else:
-            _bwd_d_rows_s2(fns2, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0, head)
+            _bwd_d_rows_s2(fns2, rt2, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0,
+                           head)
         if nt:
             _sfence()
 
@@ -644,12 +639,30 @@ def bwd_w_rows_kernel(fns1, fns2, x, dy, part, dwt, geo, prefetch, head=0):
 # The separate row drivers, one copy per column stride (compiled apart from the kernels,
 # once per dtype; a plan compiles only its stride's copy).
 _D_SIGS = dict(
-    float32="void(float32[:, :, :, :, ::1], float32[::1], float32[:, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float64="void(float64[:, :, :, :, ::1], float64[::1], float64[:, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float16="void(uint16[:, :, :, :, ::1], float32[::1], uint16[:, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)")
+    float32="void(int64[:, ::1], float32[:, :, :, :, ::1], float32[::1], float32[:, :, :, :, ::1], "
+            "int64[::1], int64, int64, int64, int64, int64)",
+    float64="void(int64[:, ::1], float64[:, :, :, :, ::1], float64[::1], float64[:, :, :, :, ::1], "
+            "int64[::1], int64, int64, int64, int64, int64)",
+    float16="void(int64[:, ::1], uint16[:, :, :, :, ::1], float32[::1], uint16[:, :, :, :, ::1], "
+            "int64[::1], int64, int64, int64, int64, int64)")
+
+
+def _d_row(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work):
+    """One backward-data row kernel (``_ROW``, bound per copy) compiled on its own, so that
+    a first call's helper process can compile the three of a stride while the call
+    compiles the rest (see :mod:`numbaconv._ahead`)."""
+    _ROW(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work)
+
+
+_ROW = None
+_R_SIG = "void(" + "int64, " * 13 + "{W}[:, :, :, :, ::1])"
+_R_VARIANTS = dict(float32=dict(W="float32"), float64=dict(W="float64"),
+                   float16=dict(W="uint16"))
+#: Column stride -> the separate row kernels over 3, 2 and 1 dY rows.
+_d_rows = {S: [separate(_R_SIG, **_R_VARIANTS)(specialise(_d_row, f"{n}s{S}", _ROW=row))
+               for n, row in ((3, r3), (2, r2), (1, r1))]
+           for S, (r3, r2, r1) in ((1, (_drow3s1, _drow2s1, _drow1s1)),
+                                   (2, (_drow3s2, _drow2s2, _drow1s2)))}
 _W_SIGS = dict(
     float32="void(float32[:, :, :, :, ::1], float32[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
             "int64, int64, int64, int64, int64)",
@@ -657,7 +670,9 @@ _W_SIGS = dict(
             "int64, int64, int64, int64, int64)",
     float16="void(uint16[:, :, :, :, ::1], uint16[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
             "int64, int64, int64, int64, int64)")
-_bwd_d_rows_s1 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s1", _SW=1))
-_bwd_d_rows_s2 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s2", _SW=2))
+_bwd_d_rows_s1 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s1", _SW=1, _ROW3=_d_rows[1][0],
+                                                _ROW2=_d_rows[1][1], _ROW1=_d_rows[1][2]))
+_bwd_d_rows_s2 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s2", _SW=2, _ROW3=_d_rows[2][0],
+                                                _ROW2=_d_rows[2][1], _ROW1=_d_rows[2][2]))
 _bwd_w_rows_s1 = separate(**_W_SIGS)(specialise(_bwd_w_rows, "s1", _SW=1))
 _bwd_w_rows_s2 = separate(**_W_SIGS)(specialise(_bwd_w_rows, "s2", _SW=2))

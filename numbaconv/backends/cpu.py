@@ -386,18 +386,35 @@ def _compute(prep, operands):
     return r.reshape(prep.shape) if plain else _to_user(r, p)
 
 
-def _compiles_slowly(prep):
+def _compiles_slowly(plan):
     """Whether the plan's kernels take seconds to compile (a helper process compiling
     ahead is worth its start-up of half a second): a ``compile_heavy`` entry, or one on
     the Numba GEMM engine."""
-    s = prep.strategy
-    return s is not None and (s.compile_heavy or prep.plan.tiles.get("engine") == "numba")
+    if plan.problem.empty:
+        return False
+    from ..planner import implementation
+    s = implementation(plan)
+    return s is not None and (s.compile_heavy or plan.tiles.get("engine") == "numba")
+
+
+def _first(plan):
+    """Whether this is ``plan``'s first call in this process (its kernels may compile,
+    while it is prepared too: strategies take their drivers' address tables then)."""
+    prep = _PREPARED.get(id(plan))
+    return prep is None or prep.plan is not plan or prep.first
 
 
 def execute(plan, operands, out=None, threads_current=False):
     """Run ``plan`` on the user's ``operands`` (NumPy arrays); returns the result.
     ``threads_current``: the calling thread's Numba threads are already ``plan.threads``
     (a memoised call planned for them), so they are not set again."""
+    if _first(plan):
+        with _ahead.session(plan, operands, _jit.cache_enabled() and _compiles_slowly(plan)):
+            return _execute(plan, operands, out, threads_current)
+    return _execute(plan, operands, out, threads_current)
+
+
+def _execute(plan, operands, out, threads_current):
     p = plan.problem
     check_out(out, p)
     prep = _prepared(plan, operands, out)
@@ -407,13 +424,8 @@ def execute(plan, operands, out=None, threads_current=False):
         if not threads_current:
             # thread-local in Numba: set for this calling thread, the conversions' too
             _set_num_threads(plan.threads)
-        if prep.first:
-            prep.first = False
-            with _ahead.session(plan, operands,
-                                _jit.cache_enabled() and _compiles_slowly(prep)):
-                result = runtime.run_parallel(_compute, prep, operands)
-        else:
-            result = runtime.run_parallel(_compute, prep, operands)
+        result = runtime.run_parallel(_compute, prep, operands)
+    prep.first = False
     if out is not None:
         np.copyto(out, result, casting="unsafe")
         return out
