@@ -117,15 +117,22 @@ def _cores():
         return os.cpu_count() or 1
 
 
+#: When this process's last helper ended (``time.monotonic()``), or None.
+_last_helper = None
+
+
 def _busy(cores):
     """Whether the cores are taken already: a minute's load average of ``cores`` or more
     (other processes, such as a pool of workers each making its own first calls, on top of
-    the caller; a first call and its helper alone stay under two), so that a helper would
-    only compete."""
+    the caller), so that a helper would only compete. A helper of this process that ran
+    in the last minute counts one core of that average itself (first calls one after
+    another, each with its helper, keep the average near two on their own)."""
     try:
-        return os.getloadavg()[0] >= cores
+        load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return False
+    own = _last_helper is not None and time.monotonic() - _last_helper < 60
+    return load >= cores + (1 if own else 0)
 
 
 def enabled(plan, operands, worth):
@@ -230,8 +237,10 @@ class Session:
                 self.cond.notify_all()
 
     def close(self):
+        global _last_helper
         if self.proc is None:
             return
+        _last_helper = time.monotonic()
         if self.proc.poll() is None:
             self.proc.terminate()
         try:

@@ -167,3 +167,20 @@ def test_a_first_call_shares_its_compiling_with_a_helper(tmp_path):
     # this process waited for the helper: every kernel came from it through the cache
     names = {k.split("(")[0].rsplit(".", 1)[1] for k in here}
     assert not names & set(helped["compiled_here"]), helped["compiled_here"]
+
+
+def test_busy_counts_this_process_s_own_recent_helper(monkeypatch):
+    """A minute's load average of the number of cores means busy; a helper of this process
+    that ran in the last minute counts one core of it."""
+    import time
+    monkeypatch.setattr(_ahead.os, "getloadavg", lambda: (2.2, 1.0, 1.0))
+    monkeypatch.setattr(_ahead, "_last_helper", None)
+    assert _ahead._busy(2)
+    assert not _ahead._busy(4)
+    monkeypatch.setattr(_ahead, "_last_helper", time.monotonic() - 5)
+    assert not _ahead._busy(2)           # 2.2 less this process's own helper
+    monkeypatch.setattr(_ahead.os, "getloadavg", lambda: (3.1, 1.0, 1.0))
+    assert _ahead._busy(2)
+    monkeypatch.setattr(_ahead, "_last_helper", time.monotonic() - 120)
+    monkeypatch.setattr(_ahead.os, "getloadavg", lambda: (2.2, 1.0, 1.0))
+    assert _ahead._busy(2)               # that helper ran more than a minute ago
