@@ -515,7 +515,9 @@ def _sum_tile(whole, full, a, b, c, segs, ns, ars, acs, bcs, crs, work):
         _tile_w1h(a, b, c, segs, ns, ars, acs, bcs, crs, 0, 0, 1, work)
 
 
-@helper
+@separate("void(int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, "
+          "int64, int64, int64, int64, {W}[::1])",
+          float32=dict(W="float32"), float64=dict(W="float64"), float16=dict(W="uint16"))
 def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, it, work):
     """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
     groups, in ``TILE_D`` or ``TILE_D5`` tiles (whichever computes fewer pixels; the last
@@ -524,7 +526,9 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, i
     (``vl`` apart: the full or the half vector width). ResNeXt-3D conv_3d:6 (14-pixel rows,
     2 threads, float32): 1.51 -> 1.35 ms with 5-pixel tiles; conv_3d:12 (two 14-pixel
     phases) 2.18 -> 1.99 ms. ``it``: the bytes of A's and B's elements; C's are
-    ``work``'s (float16 bits where ``work`` is uint16)."""
+    ``work``'s (float16 bits where ``work`` is uint16). Compiled on its own (the forward
+    and backward-data row drivers call it through ``tiles``, their first argument: one
+    compile for both, and a unit of its own for a first call's helper process)."""
     NV = TILE_D[1]
     itc = work.itemsize
     full = vl * it == VECTOR_BYTES
@@ -560,12 +564,15 @@ def variant(data, result):
 
 def fwd_gm(xp, wf, y, geo, pl):
     """See :func:`fwd_gm_kernel` (its address table added)."""
-    fwd_gm_kernel(_fwd_row.table(variant(xp, y)), xp, wf, y, geo, pl)
+    name = variant(xp, y)
+    fwd_gm_kernel(_fwd_row.table(name), _row_tiles.table(name), xp, wf, y, geo, pl)
 
 
 def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
     """See :func:`bwd_d_gm_kernel` (its address table added)."""
-    bwd_d_gm_kernel(_bwd_d_row.table(variant(dyp, dx)), dyp, wq, dx, geo, qtab, runs)
+    name = variant(dyp, dx)
+    bwd_d_gm_kernel(_bwd_d_row.table(name), _row_tiles.table(name), dyp, wq, dx, geo, qtab,
+                    runs)
 
 
 def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
@@ -574,7 +581,7 @@ def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
 
 
 @kernel
-def fwd_gm_kernel(fns, xp, wf, y, geo, pl):
+def fwd_gm_kernel(fns, tiles, xp, wf, y, geo, pl):
     """``y [mb, od, oh, ow, g*ocg]`` = grouped conv(xp, wf) (``xp`` group-minor, padded by
     ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``). With dilation 1 along w, the
     taps along w of one row make one segment (their x pixels and filter rows are
@@ -582,14 +589,14 @@ def fwd_gm_kernel(fns, xp, wf, y, geo, pl):
     rows = geo[0] * geo[10] * geo[11]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * geo[9]), np.int64)
     for r in prange(rows):
-        _fwd_row(fns, xp, wf, y, geo, pl, seg_all[r], r)
+        _fwd_row(fns, tiles, xp, wf, y, geo, pl, seg_all[r], r)
 
 
-@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64, int64[::1], "
-           "int64)",
+@separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64, "
+           "int64[::1], int64)",
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
-def _fwd_row(xp, wf, y, geo, pl, segs, r):
+def _fwd_row(tiles, xp, wf, y, geo, pl, segs, r):
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -623,13 +630,13 @@ def _fwd_row(xp, wf, y, geo, pl, segs, r):
                 ns += 1
     crow = ((n * od + o_d) * oh + o_h) * ow * oc
     for gv in range(nvg):
-        _row_tiles(pa + gv * xs * it, pb + gv * ws * it, pc + (crow + gv * vl * ocg) * itc,
-                   segs.ctypes.data, ns, ow, ocg, min(vl, g - gv * vl), sw * icg * vl, vl,
-                   ocg * vl, oc, ocg, vl, it, work)
+        _row_tiles(tiles, pa + gv * xs * it, pb + gv * ws * it,
+                   pc + (crow + gv * vl * ocg) * itc, segs.ctypes.data, ns, ow, ocg,
+                   min(vl, g - gv * vl), sw * icg * vl, vl, ocg * vl, oc, ocg, vl, it, work)
 
 
 @kernel
-def bwd_d_gm_kernel(fns, dyp, wq, dx, geo, qtab, runs):
+def bwd_d_gm_kernel(fns, tiles, dyp, wq, dx, geo, qtab, runs):
     """``dx [mb, id, ih, iw, g*icg]`` = grouped conv^T(dyp, w) (``dyp`` group-minor and
     zero-padded along w): per row and stride phase ``q`` along w, a gather over the taps
     that reach it. ``wq [nvg, phases: kd, kh, nq, ocg, icg, VL]``: phase q's nq taps along
@@ -639,14 +646,14 @@ def bwd_d_gm_kernel(fns, dyp, wq, dx, geo, qtab, runs):
     rows = geo[0] * geo[4] * geo[5]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
     for r in prange(rows):
-        _bwd_d_row(fns, dyp, wq, dx, geo, qtab, runs, seg_all[r], r)
+        _bwd_d_row(fns, tiles, dyp, wq, dx, geo, qtab, runs, seg_all[r], r)
 
 
-@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64[:, ::1], "
-           "int64[:, ::1], int64[::1], int64)",
+@separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], "
+           "int64[:, ::1], int64[:, ::1], int64[::1], int64)",
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
-def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
+def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, segs, r):
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh = geo[7], geo[8]
@@ -687,7 +694,7 @@ def _bwd_d_row(dyp, wq, dx, geo, qtab, runs, segs, r):
                     ns += 1
         crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
         for gv in range(nvg):
-            _row_tiles(pa + gv * ys * it, pb + gv * ws * it,
+            _row_tiles(tiles, pa + gv * ys * it, pb + gv * ws * it,
                        pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix, icg,
                        min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg, vl, it,
                        work)
