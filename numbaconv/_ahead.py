@@ -206,9 +206,15 @@ class Session:
             env = dict(os.environ)
             env[_CHILD_ENV] = "1"
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from numbaconv.backends.ahead import main; main()", path], stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=_stderr(), env=env, text=True)
+            log = _stderr()
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", "from numbaconv.backends.ahead import main; main()",
+                     path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                    env=env, text=True)
+            finally:
+                if log is not subprocess.DEVNULL:
+                    log.close()  # the helper has its own copy
         except Exception:
             self.proc = None
             return

@@ -67,6 +67,9 @@ def run(n_tasks, fn, workers):
             if not state["slots"]:
                 return
             slot = state["slots"].pop()
+        if session is None:  # every call after a plan's first
+            work(slot)
+            return
         prev = _ahead.adopt(session)
         try:
             work(slot)

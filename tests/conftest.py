@@ -44,8 +44,28 @@ def every_strategy_even_when_small(monkeypatch, request):
         monkeypatch.setattr(config, "SMALL_FLOPS", 0)
 
 
-@pytest.fixture(autouse=True)
-def no_compile_helpers(monkeypatch):
-    """No helper process compiling ahead (see the top of this file)."""
-    from numbaconv import config
-    monkeypatch.setattr(config, "COMPILE_AHEAD", False)
+@pytest.fixture(scope="module")
+def toolchain():
+    """What the SASS checks need (ptxas, nvdisasm, NVVM behind numba.cuda.compile_ptx, and
+    numba-cuda's launch bounds), or a skip naming what is missing. tests/test_cuda_ptx.py,
+    which needs no nvdisasm, has its own."""
+    import inspect
+    import sys
+    tools = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import sass_mix
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        pytest.skip("NUMBA_ENABLE_CUDASIM is set: compile_ptx is not available in the simulator")
+    if not sass_mix.tool_candidates("ptxas"):
+        pytest.skip("ptxas not found (environment's nvidia/*/bin, PATH, CUDA_HOME)")
+    if not sass_mix.tool_candidates("nvdisasm"):
+        pytest.skip("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    try:
+        from numba import cuda, types
+        cuda.compile_ptx(lambda a: None, (types.float32[::1],), cc=(9, 0))
+    except Exception as exc:
+        pytest.skip(f"NVVM not usable by numba.cuda.compile_ptx: {type(exc).__name__}: {exc}")
+    if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
+        pytest.skip("numba.cuda is numba's own older CUDA target (no launch bounds, no "
+                    "16-byte shared loads): pip install numba-cuda (the cuda12/cuda13 extras)")

@@ -101,26 +101,6 @@ def ptx_of(k, cc=(9, 0)):
     return ptx
 
 
-@pytest.fixture(scope="module")
-def toolchain():
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        pytest.skip("NUMBA_ENABLE_CUDASIM is set: compile_ptx is not available in the simulator")
-    if not sass_mix.tool_candidates("ptxas"):
-        pytest.skip("ptxas not found (environment's nvidia/*/bin, PATH, CUDA_HOME)")
-    if not sass_mix.tool_candidates("nvdisasm"):
-        pytest.skip("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
-    try:
-        import inspect
-
-        from numba import cuda, types
-        cuda.compile_ptx(lambda a: None, (types.float32[::1],), cc=(9, 0))
-    except Exception as exc:
-        pytest.skip(f"NVVM not usable by numba.cuda.compile_ptx: {type(exc).__name__}: {exc}")
-    if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
-        pytest.skip("numba.cuda is numba's own older CUDA target (no launch bounds, no "
-                    "16-byte shared loads): pip install numba-cuda (the cuda12/cuda13 extras)")
-
-
 def _labels():
     try:
         return [k["label"] for k in static_kernels()]

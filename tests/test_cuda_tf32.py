@@ -175,25 +175,6 @@ def test_device_tf32_refuses_other_dtypes():
 GEO = (8, 1, 64, 64, 1, 56, 56, 1, 3, 3, 1, 56, 56, 1, 1, 1, 1, 1, 1, 0, 1, 1)
 
 
-@pytest.fixture(scope="module")
-def toolchain():
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
-        pytest.skip("NUMBA_ENABLE_CUDASIM is set: compile_ptx is not available in the simulator")
-    if not sass_mix.tool_candidates("ptxas"):
-        pytest.skip("ptxas not found (environment's nvidia/*/bin, PATH, CUDA_HOME)")
-    if not sass_mix.tool_candidates("nvdisasm"):
-        pytest.skip("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
-    try:
-        import inspect
-
-        from numba import cuda, types
-        cuda.compile_ptx(lambda a: None, (types.float32[::1],), cc=(9, 0))
-    except Exception as exc:
-        pytest.skip(f"NVVM not usable by numba.cuda.compile_ptx: {type(exc).__name__}: {exc}")
-    if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
-        pytest.skip("numba.cuda is numba's own older CUDA target: pip install numba-cuda")
-
-
 def _tiles():
     from numbaconv.backends import cuda as backend
     return backend.GEMM_TILES
