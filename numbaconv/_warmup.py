@@ -4,22 +4,25 @@ import time
 
 def _problems(dt):
     """Small problems that, together, every implementation accepts in every direction:
-    ``(x, w, groups, pad)``."""
+    ``(x, w, groups, pad, stride)``."""
     import numpy as np
     if dt == "bfloat16":
         import ml_dtypes  # noqa: F401  (registers the dtype name)
     w3 = np.ones((3, 3, 64, 64), dt)
-    dense4 = (np.ones((1, 24, 24, 64), dt), w3, 1, 1)  # gemm, winograd F(4x4): 36 tiles
-    dense2 = (np.ones((1, 12, 12, 64), dt), w3, 1, 1)  # winograd F(2x2): 36 tiles (F(4x4): 9)
-    narrow = (np.ones((1, 9, 9, 3), dt), np.ones((3, 3, 3, 16), dt), 1, 1)   # per-pixel direct
-    depthwise = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 1, 16), dt), 16, 1)
-    grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8, 1)
-    pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0)  # 1x1 paths
+    dense4 = (np.ones((1, 24, 24, 64), dt), w3, 1, 1, 1)  # gemm, winograd F(4x4): 36 tiles
+    dense2 = (np.ones((1, 12, 12, 64), dt), w3, 1, 1, 1)  # winograd F(2x2): 36 tiles
+    narrow = (np.ones((1, 9, 9, 3), dt), np.ones((3, 3, 3, 16), dt), 1, 1, 1)  # per-pixel
+    wd = np.ones((3, 3, 1, 16), dt)
+    depthwise = (np.ones((1, 9, 9, 16), dt), wd, 16, 1, 1)
+    # depthwise at stride 2 (the row kernels are compiled per column stride)
+    depthwise2 = (np.ones((1, 10, 10, 16), dt), wd, 16, 1, 2)
+    grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8, 1, 1)
+    pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0, 1)  # 1x1
     # a short reduction into a larger dW (the split-dW weight gradient)
-    short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1)
+    short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1, 1)
     # few output channels (a head: direct[narrow]'s weight gradient)
-    head = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 16, 4), dt), 1, 1)
-    return dense4, dense2, narrow, depthwise, grouped, pointwise, short, head
+    head = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 16, 4), dt), 1, 1, 1)
+    return dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head
 
 
 def _calls(dt):
@@ -27,21 +30,25 @@ def _calls(dt):
     import numpy as np
     from numbaconv.api import onednn
     calls = []
-    for x, w, g, pad in _problems(dt):
-        dy = np.ones((x.shape[0], *x.shape[1:-1], w.shape[-1]), dt)
+    for x, w, g, pad, stride in _problems(dt):
+        k = w.shape[:-2]
+        osz = tuple((n + 2 * pad - kk) // stride + 1 for n, kk in zip(x.shape[1:-1], k))
+        dy = np.ones((x.shape[0], *osz, w.shape[-1]), dt)
         calls.append(({"fwd": (onednn.convolution.parse, (x, w)),
                        "bwd_d": (onednn.convolution_backprop_data.parse,
                                  (dy, w, x.shape[1:-1])),
                        "bwd_w": (onednn.convolution_backprop_filters.parse,
                                  (x, w.shape[:-2], dy))},
-                      dict(strides=1, pads_begin=pad, pads_end=pad, groups=g)))
+                      dict(strides=stride, pads_begin=pad, pads_end=pad, groups=g)))
     return calls
 
 
 def _tasks(dtypes):
     """``(dtype, problem index, direction, label)`` of every implementation that accepts one
     of the warm-up problems, grouped by ``(label, dtype)``: a group's kernels share helpers,
-    so one process compiles them together."""
+    so one process compiles them together. The ``gemm`` entries of one dtype form one
+    group: most of them call the shared GEMM micro-kernel (``ukernel._gemm``), which two
+    processes would otherwise both compile."""
     from numbaconv.planner import candidates
     from numbaconv.strategies import label
 
@@ -52,7 +59,9 @@ def _tasks(dtypes):
                 problem, _ = parse(*args, **attrs)
                 for s in candidates(direction):
                     if s.accepts(problem) is None:
-                        groups.setdefault((label(s), dt), []).append((dt, i, direction, label(s)))
+                        name = label(s)
+                        key = ("gemm" if name.startswith("gemm[") else name, dt)
+                        groups.setdefault(key, []).append((dt, i, direction, name))
     return list(groups.values())
 
 
@@ -113,11 +122,14 @@ def warmup(dtypes=("float32",), verbose=False, processes=None, strategies=None):
         if unknown:
             raise ValueError(f"strategies: unknown {unknown}; expected names from "
                              f"{list(STRATEGY_NAMES)}")
-        groups = [g for g in groups
-                  if g[0][3] in wanted or g[0][3].split("[")[0] in wanted]
-    # the families whose kernels take longest to compile first, so that the pool ends even
+        groups = [[t for t in g if t[3] in wanted or t[3].split("[")[0] in wanted]
+                  for g in groups]
+        groups = [g for g in groups if g]
+    # the groups whose kernels take longest to compile first (the merged gemm group, then
+    # the heavy families), so that the pool ends even
     heavy = ("depthwise", "grouped", "rows", "implicit", "winograd", "split", "claimed")
-    groups.sort(key=lambda g: not any(h in g[0][3] for h in heavy))
+    groups.sort(key=lambda g: (len({t[3] for t in g}) == 1,
+                               not any(h in t[3] for t in g for h in heavy)))
     n = _processes(len(groups)) if processes is None else max(1, int(processes))
 
     def report(results):
