@@ -39,9 +39,11 @@ def _run(case, dtype, seed=0):
     dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
     x0, dy0 = x.copy(), dy.copy()
     attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
-    plan = nc.plan("convolution_backprop_filters", x, k, dy, **attrs)
+    # stems (<= 4 input channels) plan gemm[stem] (tests/test_stem.py): forced here
+    force = "gemm[rows]" if ic <= 4 and oc >= 8 and np.prod(k) > 1 else None
+    plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=force, **attrs)
     assert (plan.strategy, plan.variant) == ("gemm", "rows"), plan
-    got = nc.convolution_backprop_filters(x, k, dy, **attrs)
+    got = nc.convolution_backprop_filters(x, k, dy, strategy=force, **attrs)
     assert got.dtype == np.dtype(dtype) and got.shape == w.shape
     assert np.array_equal(x, x0) and np.array_equal(dy, dy0)  # inputs untouched
     return normalized_error(got, conv_bwd_filter_ref, x, dy, k, **geom)
@@ -78,12 +80,13 @@ def test_rows_variant_choice():
         w = np.zeros((*k, ic // groups, oc), np.float32)
         return nc.plan(op, dy, w, (30,), **attrs)
 
-    assert plan(3, 64).variant == "rows"
+    assert plan(8, 64).variant == "rows"
+    assert plan(3, 64).variant == "stem"  # a stem: tests/test_stem.py
     assert plan(32, 32, k=(2,)).variant == "rows"
     wide = plan(32, 64, k=(3,))          # 96 weights per tap row
     assert wide.variant != "rows" and "weights per tap row" in str(wide)
-    assert plan(3, rowgemm.MAX_OUTPUT_CHANNELS + 1).variant != "rows"
-    dil = plan(3, 64, dl=(2,))
+    assert plan(8, rowgemm.MAX_OUTPUT_CHANNELS + 1).variant != "rows"
+    dil = plan(8, 64, dl=(2,))
     assert dil.variant != "rows" and "dilation 2 along w" in str(dil)
     assert plan(16, 64, k=(3,), groups=2).variant != "rows"
     assert plan(3, 64, op="convolution_backprop_data").variant != "rows"
@@ -94,7 +97,7 @@ def test_rows_variant_choice():
 def test_rows_variant_declines_the_blas_engine(monkeypatch):
     from numbaconv import config
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
-    x, dy = np.zeros((2, 30, 3), np.float32), np.zeros((2, 24, 64), np.float32)
+    x, dy = np.zeros((2, 30, 8), np.float32), np.zeros((2, 24, 64), np.float32)
     plan = nc.plan("convolution_backprop_filters", x, (7,), dy, strides=1, pads_begin=0,
                    pads_end=0)
     assert plan.variant != "rows" and "GEMM_ENGINE" in str(plan)

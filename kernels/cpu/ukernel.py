@@ -54,12 +54,15 @@ def panel(itemsize):
     return NV * lanes(itemsize)
 
 
-def _micro(nv):
-    """The micro-kernel with ``nv`` vectors across: ``C[:MR, :nv*VL] (+)= A[:MR, :kc] @
+def _micro(nv, mr=MR, row_table=False):
+    """The micro-kernel with ``nv`` vectors across: ``C[:mr, :nv*VL] (+)= A[:mr, :kc] @
     B[:kc, :nv*VL]``: ``beta`` 0 stores the tile, 1 adds it to C, 2 streams it
     (non-temporal stores: every row of the tile must start on a vector boundary). Row ``i``
-    of the C tile starts at element ``crows[i]`` after ``c`` (``crows``: the address of MR
-    int64). The float type comes from the ``work`` array's dtype."""
+    of the C tile starts at element ``crows[i]`` after ``c`` (``crows``: the address of mr
+    int64). With ``row_table``, row ``i`` of A starts at element ``rsa[i]`` after ``a``
+    (``rsa``: the address of mr int64) instead of ``i * rsa``: any rows of an input, as the
+    taps of a convolution (:func:`_stem_bwd_w`). The float type comes from the ``work``
+    array's dtype."""
 
     @intrinsic
     def micro(typingctx, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
@@ -85,8 +88,13 @@ def _micro(nv):
             splat = ir.Constant(ir.VectorType(ir.IntType(32), vl), None)
             # accumulators as allocas: mem2reg turns them into registers
             acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
-                   for _ in range(MR)]
-            arow = [builder.mul(rsa, ir.Constant(i64, i)) for i in range(MR)]
+                   for _ in range(mr)]
+            if row_table:
+                ptab = builder.inttoptr(rsa, i64.as_pointer())
+                arow = [builder.load(builder.gep(ptab, [ir.Constant(i64, i)]))
+                        for i in range(mr)]
+            else:
+                arow = [builder.mul(rsa, ir.Constant(i64, i)) for i in range(mr)]
             with cgutils.for_range(builder, kc) as loop:
                 k = loop.index
                 bk = builder.mul(k, ldb)
@@ -94,7 +102,7 @@ def _micro(nv):
                 bv = [builder.load(builder.bitcast(
                     builder.gep(pb, [builder.add(bk, ir.Constant(i64, v * vl))]), vp), align=1)
                     for v in range(nv)]
-                for i in range(MR):
+                for i in range(mr):
                     s = builder.load(builder.gep(pa, [builder.add(arow[i], ak)]))
                     s = builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0))
                     s = builder.shuffle_vector(s, undef, splat)
@@ -105,7 +113,7 @@ def _micro(nv):
             stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
             plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
             nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-            for i in range(MR):
+            for i in range(mr):
                 # row i of the tile starts crows[i] elements after c
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64.as_pointer()),
                                                 [ir.Constant(i64, i)]))
@@ -639,6 +647,173 @@ def gemm_split_m_kernel(fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
         if i1 > i0:
             _gemm(fns, a + i0 * rsa * it, rsa, csa, b, rsb, csb, c.ctypes.data + i0 * N * it,
                   N, _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j], False)
+
+
+#: Rows of the stem kernel's register tile for ``nv`` vectors across (``rows * nv``
+#: accumulators, ``nv`` loaded vectors and a broadcast within the register file, 32 with
+#: AVX-512 and 16 otherwise): with one or two vectors of output channels the plain 6-row
+#: tile keeps too few multiply-adds in flight to cover their latency. 14 and 9 rows also
+#: cover a 3x3 RGB patch's 27 rows in 28 and 27.
+STEM_MR = {1: 14, 2: 9, 3: 8, 4: 6} if VECTOR_BYTES == 64 else {1: 12, 2: 6, 3: 4, 4: 3}
+#: Rows of slack after a row table: the last tile of a row reads up to this many entries.
+STEM_SLACK = max(STEM_MR.values())
+_STEM_ROWS = tuple(STEM_MR[n] for n in (1, 2, 3, 4))
+_stem1, _stem2, _stem3, _stem4 = (_micro(n, STEM_MR[n], True) for n in (1, 2, 3, 4))
+
+
+def stem_index(M):
+    """int64 scratch entries :func:`_stem_bwd_w` needs for ``M`` patch rows."""
+    return 2 * (M + STEM_SLACK)
+
+
+def stem_work(ow, kp):
+    """Scratch elements :func:`_stem_bwd_w` needs per thread (``kp``: output channels
+    rounded up to whole vectors)."""
+    return (ow + 1) * kp
+
+
+def gemm_stem_bwd_w(px, py, parts, geo, work, idx):
+    """See :func:`gemm_stem_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
+    gemm_stem_bwd_w_kernel(_stem_bwd_w.table(work.dtype.name), px, py, parts, geo, work,
+                           idx)
+
+
+@kernel
+def gemm_stem_bwd_w_kernel(fns, px, py, parts, geo, work, idx):
+    """``parts[j] += dW`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
+    the shares in parallel, each with its own scratch ``work[j]`` and ``idx[j]``: see
+    :func:`_stem_bwd_w`."""
+    nch = parts.shape[0]
+    rows = geo[0] * geo[10] * geo[11]
+    for j in prange(nch):
+        _stem_bwd_w(fns, px, py, parts[j], geo, rows * j // nch, rows * (j + 1) // nch,
+                    work[j], idx[j])
+
+
+@separate("void(int64, int64, {T}[:, ::1], int64[::1], int64, int64, {T}[::1], int64[::1])",
+          noalias=True, float32="float32", float64="float64")
+def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
+    """``part[m, k] += dW[m, k]`` over the output rows ``r0 .. r1`` (flat over ``mb, od,
+    oh``) for a weight gradient with few input channels (a stem): ``m`` runs over the
+    patch ``(t_d, t_h, t_w, c)``, ``KD*KH*KW*C`` rows, and ``part`` has one more, a sink
+    for the padding rows of a last tile; its rows are ``kp`` (a whole number of vectors
+    >= K) long, and only its first ``K`` columns are the result. ``x [mb, id, ih, iw, C]``
+    and ``dy [mb, od, oh, ow, K]`` come as their addresses ``px`` and ``py`` (only read).
+
+    For one output row, every patch row whose tap row lies inside the input is a row of
+    A at a fixed element offset from the output pixel's input position, and consecutive
+    output pixels are ``sw*C`` elements apart: ``part[rows] += A @ dY_row`` is one GEMM
+    over the row's pixels with a table of A's row offsets (:func:`_micro` with
+    ``row_table``) and of C's. B is ``dy``'s row in place, ``K`` elements a pixel: where
+    ``K`` is not a whole number of vectors, a pixel's last vector runs into the next
+    pixel's channels, which only reach the columns past ``K``; the last row of ``dy``,
+    whose last vector would run past the array, is copied zero-padded into ``work``
+    first. The row's pixels whose taps stay inside the input along w run through the
+    register tiles; the few at its ends, whose taps reach into the padding, are added one
+    by one, vectorised over the output channels. ``work``: :func:`stem_work` elements;
+    ``idx``: :func:`stem_index` entries."""
+    C, K = geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = work.itemsize
+    vl = VECTOR_BYTES // it
+    kp = part.shape[1]
+    M = kd * kh * kw * C
+    total = geo[0] * od * oh * ow * K
+    pc = part.ctypes.data
+    ybuf = work[ow * kp:(ow + 1) * kp]
+    # the output pixels whose taps all lie inside the input along w
+    lo = min(ow, (pw + sw - 1) // sw)
+    hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
+    n_ab = M + STEM_SLACK
+    aoff = idx[:n_ab]
+    crow = idx[n_ab:2 * n_ab]
+    pa_tab = idx.ctypes.data
+    pc_tab = pa_tab + n_ab * 8
+    for r in range(r0, r1):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        rows = 0
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                base = ((n * id_ + i_d) * ih + i_h) * iw * C
+                m0 = (t_d * kh + t_h) * kw * C
+                for t_w in range(kw):
+                    for c in range(C):
+                        aoff[rows] = base + t_w * dw * C + c
+                        crow[rows] = (m0 + t_w * C + c) * kp
+                        rows += 1
+        if rows == 0:
+            continue
+        for i in range(rows, rows + STEM_SLACK):  # a last tile's extra rows: into the sink
+            aoff[i] = aoff[0]
+            crow[i] = M * kp
+        ybase = r * ow * K
+        if hi > lo:
+            if (r * ow + hi - 1) * K + kp > total:  # the last vector would leave dy
+                for o in range(lo, hi):
+                    for k in range(K):
+                        work[o * kp + k] = _load(py, ybase + o * K + k, work)
+                    for k in range(K, kp):
+                        work[o * kp + k] = 0
+                b, ldb = work.ctypes.data + lo * kp * it, kp
+            else:
+                b, ldb = py + (ybase + lo * K) * it, K
+            a = px + (lo * sw - pw) * C * it
+            for j0 in range(0, kp, NV * vl):
+                nv = min(NV, (kp - j0) // vl)
+                mr = _STEM_ROWS[nv - 1]
+                for i0 in range(0, rows, mr):
+                    _stem_call(nv, a, pa_tab + i0 * 8, sw * C, b + j0 * it, ldb,
+                               pc + j0 * it, pc_tab + i0 * 8, hi - lo, 1, work)
+        # the pixels at the ends of the row, one by one
+        for o in range(ow):
+            if lo <= o < hi:
+                continue
+            for k in range(K):
+                ybuf[k] = _load(py, ybase + o * K + k, work)
+            for t_d in range(kd):
+                i_d = o_d * sd - pd + t_d * dd
+                if i_d < 0 or i_d >= id_:
+                    continue
+                for t_h in range(kh):
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_h < 0 or i_h >= ih:
+                        continue
+                    base = ((n * id_ + i_d) * ih + i_h) * iw * C
+                    m0 = (t_d * kh + t_h) * kw * C
+                    for t_w in range(kw):
+                        i_w = o * sw - pw + t_w * dw
+                        if i_w < 0 or i_w >= iw:
+                            continue
+                        for c in range(C):
+                            xv = _load(px, base + i_w * C + c, work)
+                            m = m0 + t_w * C + c
+                            for k in range(K):
+                                part[m, k] += xv * ybuf[k]
+
+
+@helper
+def _stem_call(nv, a, arows, csa, b, ldb, c, crows, kc, beta, work):
+    if nv == 4:
+        _stem4(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+    elif nv == 3:
+        _stem3(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+    elif nv == 2:
+        _stem2(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+    else:
+        _stem1(a, arows, csa, b, ldb, c, crows, kc, beta, work)
 
 
 @intrinsic

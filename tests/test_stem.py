@@ -1,0 +1,131 @@
+"""The stem variant of the GEMM strategy (weight gradients with few input channels, A's rows
+taken from the input through a table of offsets,
+:func:`numbaconv.kernels.cpu.ukernel.gemm_stem_bwd_w`) against the float64 NumPy
+reference: 1-D, 2-D and 3-D, strides, dilation along every axis, pads on either side
+(wider than the kernel too, and rows whose every pixel reaches into the padding), output
+channels that are and are not whole vectors (one to eight of them), float16/32/64, one
+thread; and the planner's choice of it."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import config
+from numbaconv.strategies import stem
+from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
+
+# (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
+CASES = [
+    # an RGB 3x3 stem at stride 2 (27 patch rows; one vector of output channels)
+    (2, 3, 16, (19, 21), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+    # 7x7 at stride 2, asymmetric pads, 17 output channels (a vector and one lane)
+    (2, 3, 17, (11, 13), (7, 7), (2, 2), (1, 1), (3, 2), (2, 3)),
+    # one channel, dilation along h and w, pads wider than the kernel along h
+    (1, 1, 8, (6, 10), (3, 4), (1, 3), (2, 2), (4, 1), (3, 0)),
+    # 3-D, stride and dilation along d, one output pixel per row along w
+    (2, 4, 12, (5, 4, 3), (3, 2, 3), (2, 1, 1), (2, 1, 1), (1, 0, 0), (1, 1, 0)),
+    # 1-D, every output pixel reaches into the padding (no pixel for the register tiles)
+    (1, 2, 9, (4,), (5,), (1,), (1,), (4,), (4,)),
+    # ConvNeXt-like patchify 4x4 at stride 4, 96 output channels (four vectors, then two)
+    (2, 3, 96, (20, 21), (4, 4), (4, 4), (1, 1), (0, 0), (0, 0)),
+    # a (2+1)-D spatial stem: 1x7x7 over a clip, 45 output channels (three vectors)
+    (2, 3, 45, (3, 15, 16), (1, 7, 7), (1, 2, 2), (1, 1, 1), (0, 3, 3), (0, 3, 3)),
+    # 128 output channels (two passes of four vectors), more rows than threads
+    (3, 3, 128, (8, 30), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+]
+IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
+       f"s{'x'.join(map(str, c[5]))}" for c in CASES]
+
+
+def _run(case, dtype, seed=0, strategy=None):
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    x0, dy0 = x.copy(), dy.copy()
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=strategy, **attrs)
+    assert (plan.strategy, plan.variant) == ("gemm", "stem"), plan
+    got = nc.convolution_backprop_filters(x, k, dy, strategy=strategy, **attrs)
+    assert got.dtype == np.dtype(dtype) and got.shape == w.shape
+    assert np.array_equal(x, x0) and np.array_equal(dy, dy0)  # inputs untouched
+    return normalized_error(got, conv_bwd_filter_ref, x, dy, k, **geom)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_stem_variant_matches_reference(case, dtype):
+    assert _run(case, dtype, strategy="gemm[stem]") <= tolerance(dtype)
+
+
+def test_stem_variant_float16():
+    assert _run(CASES[1], "float16", strategy="gemm[stem]") <= tolerance("float16")
+
+
+def test_stem_variant_one_thread():
+    nt = nc.get_num_threads()
+    try:
+        nc.set_num_threads(1)
+        assert _run(CASES[6], "float32", seed=3, strategy="gemm[stem]") <= tolerance("float32")
+    finally:
+        nc.set_num_threads(nt)
+
+
+def test_stem_variant_is_the_default_for_a_stem(monkeypatch):
+    """Above the small-problem limit the planner takes it unforced."""
+    monkeypatch.setattr(config, "SMALL_FLOPS", 0)
+    assert _run(CASES[0], "float32") <= tolerance("float32")
+
+
+def test_stem_variant_ignores_what_lies_past_the_output_channels():
+    """dY's rows are read in place, a whole vector a pixel: the lanes past K belong to the
+    next pixel; huge values there must not reach the result."""
+    mb, ic, oc, isz, k = 2, 3, 13, (9, 12), (3, 3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((mb, *isz, ic)).astype(np.float32)
+    dy = rng.standard_normal((mb, *isz, oc)).astype(np.float32)
+    dy[..., 0] *= 1e30  # channel 0 is what the previous pixel's last vector runs into
+    attrs = dict(strides=1, pads_begin=1, pads_end=1)
+    got = nc.convolution_backprop_filters(x, k, dy, strategy="gemm[stem]", **attrs)
+    want = conv_bwd_filter_ref(x.astype(np.float64), dy.astype(np.float64), k, stride=(1, 1),
+                               dilation=(1, 1), pads_begin=(1, 1), pads_end=(1, 1))
+    assert np.all(np.isfinite(got))
+    rest = np.abs(got[..., 1:] - want[..., 1:]).max() / np.abs(want[..., 1:]).max()
+    assert rest <= tolerance("float32")
+
+
+def test_stem_variant_choice():
+    """Few input channels, 8-128 output channels and more than one tap take the stem
+    variant; more input channels, fewer or more output channels, 1x1, groups and the
+    other directions do not, each with its reason."""
+    def plan(ic, oc, k=(7,), groups=1, op="convolution_backprop_filters"):
+        x = np.zeros((8, 300, ic), np.float32)
+        dy = np.zeros((8, 300 - k[0] + 1, oc), np.float32)
+        attrs = dict(strides=1, pads_begin=0, pads_end=0, groups=groups)
+        if op == "convolution_backprop_filters":
+            return nc.plan(op, x, k, dy, **attrs)
+        w = np.zeros((*k, ic // groups, oc), np.float32)
+        return nc.plan(op, dy, w, (300,), **attrs)
+
+    assert plan(3, 64).variant == "stem"
+    assert plan(1, 8).variant == "stem"
+    assert plan(stem.MAX_INPUT_CHANNELS, stem.MAX_OUTPUT_CHANNELS).variant == "stem"
+    more = plan(stem.MAX_INPUT_CHANNELS + 1, 64)
+    assert more.variant != "stem" and "not a stem" in str(more)
+    few = plan(3, 4)
+    assert few.variant != "stem" and "4 output channels" in str(few)
+    wide = plan(1, stem.MAX_OUTPUT_CHANNELS + 1)
+    assert wide.variant != "stem" and "full-width GEMM" in str(wide)
+    one = plan(3, 64, k=(1,))
+    assert one.variant != "stem" and "1x1" in str(one)
+    assert plan(4, 64, groups=2).variant != "stem"
+    assert plan(3, 64, op="convolution_backprop_data").variant != "stem"
+
+
+def test_stem_variant_declines_the_blas_engine(monkeypatch):
+    monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
+    x, dy = np.zeros((8, 300, 3), np.float32), np.zeros((8, 294, 64), np.float32)
+    plan = nc.plan("convolution_backprop_filters", x, (7,), dy, strides=1, pads_begin=0,
+                   pads_end=0)
+    assert plan.variant != "stem" and "GEMM_ENGINE" in str(plan)
