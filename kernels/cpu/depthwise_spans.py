@@ -30,10 +30,12 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 # are cut into chunks). The IR walks the span in blocks of ``PB`` pixels, and per block each
 # channel vector, then each row tap, then the block's pixels:
 #
-# * backward data: the row tap's ``NT`` filter vectors stay in registers while each pixel
-#   of the block sums its products in a register; the first row tap stores dX, later ones
-#   add to the block, which is in L1. Every dX element is written by the kernel (pixels no
-#   tap reaches get zeros): no zero-fill, no read-modify-write outside L1.
+# * backward data: a full block's pixels each sum their products over every row tap in a
+#   register (each row tap's ``NT`` filter vectors loaded once for the block, each dY
+#   vector once for the taps that read it), and dX is written once per column chunk; a
+#   short block (a span's end) adds each row tap's products to dX, in L1. Every dX element
+#   is written by the kernel (pixels no tap reaches get zeros): no zero-fill, no
+#   read-modify-write outside L1.
 # * backward weights: the ``NT`` accumulators of a row tap stay in registers across the
 #   block and are added to the thread's partial dW once per block. Threads take contiguous
 #   ranges of dY rows with private partials, zeroed and reduced inside the kernel.
@@ -109,7 +111,8 @@ def _dspan(NT):
     p < npix and channel c < C, ``dx[p*sdx + c] (+)= sum_r sum_k
     dy[trd[r] + tdy[k] + p*sdy + c] * w[trw[r] + tw[k] + c]``, added to dX when ``beta``.
     Addresses: ``dyp``, ``wp``, ``dxp`` (floats), ``trd``, ``trw`` (nr int64 each),
-    ``tdy``, ``tw`` (NT int64 each). Per block of pixels and channel vector, the row taps
+    ``tdy``, ``tw`` (NT int64 each). Per full block of pixels and channel vector, the
+    block's sums stay in registers across the row taps; in a shorter block the row taps
     follow one another, each adding its NT products to the block of dX, in L1."""
 
     @intrinsic
@@ -139,17 +142,6 @@ def _dspan(NT):
                 want = builder.sub(ody[0], builder.mul(C, ir.Constant(i64, k)))
                 slide = builder.and_(slide, builder.icmp_signed("==", ody[k], want))
 
-            def slide_block(c, p0, dyc, wv, acc_on, mask, zero):
-                dyload = _block_loader(builder, load, pdy,
-                                       builder.add(dyc[0], builder.mul(p0, sdy)), C, mask, ty)
-                for q in range(PB_D):
-                    p = builder.add(p0, ir.Constant(i64, q))
-                    px = at(builder, pdx, builder.add(builder.mul(p, sdx), c), ty)
-                    a = builder.select(acc_on, load(px, mask), zero)
-                    for k in range(NT):
-                        a = builder.call(fma, [dyload(q - k), wv[k], a])
-                    store(a, px, mask)
-
             def loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero):
                 with cgutils.for_range(builder, cnt) as lp:
                     p = builder.add(p0, lp.index)
@@ -161,10 +153,8 @@ def _dspan(NT):
                         a = builder.call(fma, [v, wv[k], a])
                     store(a, px, mask)
 
-            def emit(c, p0, cnt, mask):
-                zero = ir.Constant(ty, None)
-                full = builder.and_(slide, builder.icmp_signed("==", cnt,
-                                                               ir.Constant(i64, PB_D)))
+            def row_taps(c, mask, body):
+                """``body(r, dyc, wv, acc_on)`` for each row tap ``r``."""
                 with cgutils.for_range(builder, nr) as rl:
                     r = rl.index
                     rdy = builder.load(builder.gep(prd, [r]))
@@ -173,14 +163,39 @@ def _dspan(NT):
                     wv = [load(at(builder, pw, builder.add(ow_[k], rw), ty), mask)
                           for k in range(NT)]
                     dyc = [builder.add(builder.add(ody[k], c), rdy) for k in range(NT)]
-                    if NT > 1:
-                        with builder.if_else(full) as (fast, rest):
-                            with fast:
-                                slide_block(c, p0, dyc, wv, acc_on, mask, zero)
-                            with rest:
-                                loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero)
-                    else:
-                        loop_block(c, p0, cnt, dyc, wv, acc_on, mask, zero)
+                    body(r, dyc, wv, acc_on)
+
+            def emit(c, p0, cnt, mask):
+                zero = ir.Constant(ty, None)
+                full = builder.and_(slide, builder.icmp_signed("==", cnt,
+                                                               ir.Constant(i64, PB_D)))
+                with builder.if_else(full) as (fast, rest):
+                    with fast:
+                        # a full block: its PB_D sums stay in registers across every row
+                        # tap, and dX is read (beta) and written once
+                        px = [at(builder, pdx, builder.add(builder.mul(
+                            builder.add(p0, ir.Constant(i64, q)), sdx), c), ty)
+                            for q in range(PB_D)]
+                        acc = [cgutils.alloca_once(builder, ty) for _ in range(PB_D)]
+                        for q in range(PB_D):
+                            builder.store(builder.select(add0, load(px[q], mask), zero),
+                                          acc[q])
+
+                        def sums(r, dyc, wv, acc_on):
+                            dyload = _block_loader(builder, load, pdy,
+                                                   builder.add(dyc[0], builder.mul(p0, sdy)),
+                                                   C, mask, ty)
+                            for q in range(PB_D):
+                                a = builder.load(acc[q])
+                                for k in range(NT):
+                                    a = builder.call(fma, [dyload(q - k), wv[k], a])
+                                builder.store(a, acc[q])
+                        row_taps(c, mask, sums)
+                        for q in range(PB_D):
+                            store(builder.load(acc[q]), px[q], mask)
+                    with rest:
+                        row_taps(c, mask, lambda r, dyc, wv, acc_on: loop_block(
+                            c, p0, cnt, dyc, wv, acc_on, mask, zero))
 
             _loops(builder, npix, C, vl, PB_D, max(1, CB_BYTES // VECTOR_BYTES), emit)
             return context.get_dummy_value()
