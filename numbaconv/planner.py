@@ -16,7 +16,7 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 * ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
   gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
   direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
-* ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[stem], gemm[rows],
+* ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[patch], gemm[rows],
   gemm[split-k], gemm[identity],
   gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
   direct[depthwise-spans], direct[depthwise], direct
@@ -30,8 +30,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
-* ``gemm[stem]``: one group, <= 4 input channels, 8-128 output channels, more than one tap
-  (Numba engine);
+* ``gemm[patch]``: one group, 8-128 output channels, more than one tap, and either <= 4
+  input channels (a stem) or output rows of >= 19 pixels with short ends (Numba engine);
 * ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
 * ``gemm[implicit]``: one group, whole vectors of input channels (Numba engine);
 * ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;
@@ -69,7 +69,7 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
-          "gemm[stem]", "gemm[rows]", "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
+          "gemm[patch]", "gemm[rows]", "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
           "direct[depthwise]", "direct")
@@ -101,7 +101,7 @@ def _strategies():
         from .strategies.gemm import STRATEGIES as GEMM
         from .strategies.col2im import STRATEGY as COL2IM
         from .strategies.rowgemm import STRATEGY as ROWGEMM
-        from .strategies.stem import STRATEGY as STEM
+        from .strategies.patch import STRATEGY as PATCH
         from .strategies.igemm import STRATEGY as IGEMM
         from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
@@ -109,7 +109,7 @@ def _strategies():
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, STEM, ROWGEMM,
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, PATCH, ROWGEMM,
                           IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 

@@ -124,14 +124,17 @@ CASES = [
        pads=((1, 1, 1), (1, 1, 1)), label="gemm[rows]"),
     _c("rows-bwdw-1d", "bwd_w", 1, 8, 32, 4, (64,), (7,), stride=(2,), pads=((3,), (3,)),
        label="gemm[rows]"),
-    # -- GEMM: stems (few input channels): one and two vectors of output channels, the
-    # last row of dY copied, pixels at both ends of a row, dilation along w --------------
-    _c("stem-bwdw-2d", "bwd_w", 1, 3, 24, 2, (17, 19), (3, 3), stride=(2, 2),
-       pads=((1, 1), (1, 1)), label="gemm[stem]"),
-    _c("stem-bwdw-3d", "bwd_w", 1, 1, 16, 1, (5, 9, 10), (3, 3, 3),
-       pads=((1, 1, 1), (1, 1, 1)), label="gemm[stem]"),
-    _c("stem-bwdw-1d", "bwd_w", 1, 2, 13, 3, (40,), (5,), dilation=(2,), pads=((4,), (3,)),
-       label="gemm[stem]"),
+    # -- GEMM: patch rows through a table: stems (few input channels; one and two vectors
+    # of output channels, the last row of dY copied, pixels at both ends of a row,
+    # dilation along w), and a layer with more channels and long rows ------------------
+    _c("patch-bwdw-2d", "bwd_w", 1, 3, 24, 2, (17, 19), (3, 3), stride=(2, 2),
+       pads=((1, 1), (1, 1)), label="gemm[patch]"),
+    _c("patch-bwdw-3d", "bwd_w", 1, 1, 16, 1, (5, 9, 10), (3, 3, 3),
+       pads=((1, 1, 1), (1, 1, 1)), label="gemm[patch]"),
+    _c("patch-bwdw-1d", "bwd_w", 1, 2, 13, 3, (40,), (5,), dilation=(2,), pads=((4,), (3,)),
+       label="gemm[patch]"),
+    _c("patch-bwdw-wide", "bwd_w", 1, 24, 20, 2, (6, 40), (3, 3), pads=((1, 1), (1, 1)),
+       label="gemm[patch]"),
     _c("implicit-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (12, 12), (3, 3),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
@@ -218,7 +221,7 @@ CASES = [
 #: float16 operands take other kernels on the paths that reduce over threads or widen
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
-         "gemm-bwdd-claimed", "rows-bwdw-2d", "stem-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "gemm-bwdd-claimed", "rows-bwdw-2d", "patch-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")
 CASES += [Case(**{**c.__dict__, "id": c.id + "-f16", "dtype": "float16"})

@@ -39,8 +39,8 @@ def _run(case, dtype, seed=0):
     dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
     x0, dy0 = x.copy(), dy.copy()
     attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
-    # stems (<= 4 input channels) plan gemm[stem] (tests/test_stem.py): forced here
-    force = "gemm[rows]" if ic <= 4 and oc >= 8 and np.prod(k) > 1 else None
+    # forced: stems and long rows plan gemm[patch] (tests/test_patch.py)
+    force = "gemm[rows]"
     plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=force, **attrs)
     assert (plan.strategy, plan.variant) == ("gemm", "rows"), plan
     got = nc.convolution_backprop_filters(x, k, dy, strategy=force, **attrs)
@@ -70,18 +70,19 @@ def test_rows_variant_one_thread():
 
 def test_rows_variant_choice():
     """Few weights per tap row and few output channels take the rows variant; wider
-    problems, dilation along w, groups and the other directions do not."""
+    problems, dilation along w, groups and the other directions do not. (Rows of 16
+    input pixels: longer rows, and stems, take gemm[patch], tests/test_patch.py.)"""
     def plan(ic, oc, k=(7,), dl=(1,), groups=1, op="convolution_backprop_filters"):
-        x = np.zeros((2, 30, ic), np.float32)
-        dy = np.zeros((2, 30 - (k[0] - 1) * dl[0], oc), np.float32)
+        x = np.zeros((2, 16, ic), np.float32)
+        dy = np.zeros((2, 16 - (k[0] - 1) * dl[0], oc), np.float32)
         attrs = dict(strides=1, dilations=dl, pads_begin=0, pads_end=0, groups=groups)
         if op == "convolution_backprop_filters":
             return nc.plan(op, x, k, dy, **attrs)
         w = np.zeros((*k, ic // groups, oc), np.float32)
-        return nc.plan(op, dy, w, (30,), **attrs)
+        return nc.plan(op, dy, w, (16,), **attrs)
 
     assert plan(8, 64).variant == "rows"
-    assert plan(3, 64).variant == "stem"  # a stem: tests/test_stem.py
+    assert plan(3, 64).variant == "patch"  # a stem: tests/test_patch.py
     assert plan(32, 32, k=(2,)).variant == "rows"
     wide = plan(32, 64, k=(3,))          # 96 weights per tap row
     assert wide.variant != "rows" and "weights per tap row" in str(wide)

@@ -61,7 +61,7 @@ def _micro(nv, mr=MR, row_table=False):
     of the C tile starts at element ``crows[i]`` after ``c`` (``crows``: the address of mr
     int64). With ``row_table``, row ``i`` of A starts at element ``rsa[i]`` after ``a``
     (``rsa``: the address of mr int64) instead of ``i * rsa``: any rows of an input, as the
-    taps of a convolution (:func:`_stem_bwd_w`). The float type comes from the ``work``
+    taps of a convolution (:func:`_patch_bwd_w`). The float type comes from the ``work``
     array's dtype."""
 
     @intrinsic
@@ -649,52 +649,52 @@ def gemm_split_m_kernel(fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
                   N, _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j], False)
 
 
-#: Rows of the stem kernel's register tile for ``nv`` vectors across (``rows * nv``
+#: Rows of the patch kernel's register tile for ``nv`` vectors across (``rows * nv``
 #: accumulators, ``nv`` loaded vectors and a broadcast within the register file, 32 with
 #: AVX-512 and 16 otherwise): with one or two vectors of output channels the plain 6-row
 #: tile keeps too few multiply-adds in flight to cover their latency. 14 and 9 rows also
 #: cover a 3x3 RGB patch's 27 rows in 28 and 27.
-STEM_MR = {1: 14, 2: 9, 3: 8, 4: 6} if VECTOR_BYTES == 64 else {1: 12, 2: 6, 3: 4, 4: 3}
+PATCH_MR = {1: 14, 2: 9, 3: 8, 4: 6} if VECTOR_BYTES == 64 else {1: 12, 2: 6, 3: 4, 4: 3}
 #: Rows of slack after a row table: the last tile of a row reads up to this many entries.
-STEM_SLACK = max(STEM_MR.values())
-_STEM_ROWS = tuple(STEM_MR[n] for n in (1, 2, 3, 4))
-_stem1, _stem2, _stem3, _stem4 = (_micro(n, STEM_MR[n], True) for n in (1, 2, 3, 4))
+PATCH_SLACK = max(PATCH_MR.values())
+_PATCH_ROWS = tuple(PATCH_MR[n] for n in (1, 2, 3, 4))
+_patch1, _patch2, _patch3, _patch4 = (_micro(n, PATCH_MR[n], True) for n in (1, 2, 3, 4))
 
 
-def stem_index(M):
-    """int64 scratch entries :func:`_stem_bwd_w` needs for ``M`` patch rows."""
-    return 2 * (M + STEM_SLACK)
+def patch_index(M):
+    """int64 scratch entries :func:`_patch_bwd_w` needs for ``M`` patch rows."""
+    return 2 * (M + PATCH_SLACK)
 
 
-def stem_work(ow, kp):
-    """Scratch elements :func:`_stem_bwd_w` needs per thread (``kp``: output channels
+def patch_work(ow, kp):
+    """Scratch elements :func:`_patch_bwd_w` needs per thread (``kp``: output channels
     rounded up to whole vectors)."""
     return (ow + 1) * kp
 
 
-def gemm_stem_bwd_w(px, py, parts, geo, work, idx):
-    """See :func:`gemm_stem_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_stem_bwd_w_kernel(_stem_bwd_w.table(work.dtype.name), px, py, parts, geo, work,
+def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
+    """See :func:`gemm_patch_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
+    gemm_patch_bwd_w_kernel(_patch_bwd_w.table(work.dtype.name), px, py, parts, geo, work,
                            idx)
 
 
 @kernel
-def gemm_stem_bwd_w_kernel(fns, px, py, parts, geo, work, idx):
+def gemm_patch_bwd_w_kernel(fns, px, py, parts, geo, work, idx):
     """``parts[j] += dW`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     the shares in parallel, each with its own scratch ``work[j]`` and ``idx[j]``: see
-    :func:`_stem_bwd_w`."""
+    :func:`_patch_bwd_w`."""
     nch = parts.shape[0]
     rows = geo[0] * geo[10] * geo[11]
     for j in prange(nch):
-        _stem_bwd_w(fns, px, py, parts[j], geo, rows * j // nch, rows * (j + 1) // nch,
+        _patch_bwd_w(fns, px, py, parts[j], geo, rows * j // nch, rows * (j + 1) // nch,
                     work[j], idx[j])
 
 
 @separate("void(int64, int64, {T}[:, ::1], int64[::1], int64, int64, {T}[::1], int64[::1])",
           noalias=True, float32="float32", float64="float64")
-def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
+def _patch_bwd_w(px, py, part, geo, r0, r1, work, idx):
     """``part[m, k] += dW[m, k]`` over the output rows ``r0 .. r1`` (flat over ``mb, od,
-    oh``) for a weight gradient with few input channels (a stem): ``m`` runs over the
+    oh``) for a weight gradient as one GEMM per output row: ``m`` runs over the
     patch ``(t_d, t_h, t_w, c)``, ``KD*KH*KW*C`` rows, and ``part`` has one more, a sink
     for the padding rows of a last tile; its rows are ``kp`` (a whole number of vectors
     >= K) long, and only its first ``K`` columns are the result. ``x [mb, id, ih, iw, C]``
@@ -710,8 +710,8 @@ def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
     whose last vector would run past the array, is copied zero-padded into ``work``
     first. The row's pixels whose taps stay inside the input along w run through the
     register tiles; the few at its ends, whose taps reach into the padding, are added one
-    by one, vectorised over the output channels. ``work``: :func:`stem_work` elements;
-    ``idx``: :func:`stem_index` entries."""
+    by one, vectorised over the output channels. ``work``: :func:`patch_work` elements;
+    ``idx``: :func:`patch_index` entries."""
     C, K = geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -729,7 +729,7 @@ def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
     # the output pixels whose taps all lie inside the input along w
     lo = min(ow, (pw + sw - 1) // sw)
     hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
-    n_ab = M + STEM_SLACK
+    n_ab = M + PATCH_SLACK
     aoff = idx[:n_ab]
     crow = idx[n_ab:2 * n_ab]
     pa_tab = idx.ctypes.data
@@ -756,7 +756,7 @@ def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
                         rows += 1
         if rows == 0:
             continue
-        for i in range(rows, rows + STEM_SLACK):  # a last tile's extra rows: into the sink
+        for i in range(rows, rows + PATCH_SLACK):  # a last tile's extra rows: into the sink
             aoff[i] = aoff[0]
             crow[i] = M * kp
         ybase = r * ow * K
@@ -773,9 +773,9 @@ def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
             a = px + (lo * sw - pw) * C * it
             for j0 in range(0, kp, NV * vl):
                 nv = min(NV, (kp - j0) // vl)
-                mr = _STEM_ROWS[nv - 1]
+                mr = _PATCH_ROWS[nv - 1]
                 for i0 in range(0, rows, mr):
-                    _stem_call(nv, a, pa_tab + i0 * 8, sw * C, b + j0 * it, ldb,
+                    _patch_call(nv, a, pa_tab + i0 * 8, sw * C, b + j0 * it, ldb,
                                pc + j0 * it, pc_tab + i0 * 8, hi - lo, 1, work)
         # the pixels at the ends of the row, one by one
         for o in range(ow):
@@ -805,15 +805,15 @@ def _stem_bwd_w(px, py, part, geo, r0, r1, work, idx):
 
 
 @helper
-def _stem_call(nv, a, arows, csa, b, ldb, c, crows, kc, beta, work):
+def _patch_call(nv, a, arows, csa, b, ldb, c, crows, kc, beta, work):
     if nv == 4:
-        _stem4(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+        _patch4(a, arows, csa, b, ldb, c, crows, kc, beta, work)
     elif nv == 3:
-        _stem3(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+        _patch3(a, arows, csa, b, ldb, c, crows, kc, beta, work)
     elif nv == 2:
-        _stem2(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+        _patch2(a, arows, csa, b, ldb, c, crows, kc, beta, work)
     else:
-        _stem1(a, arows, csa, b, ldb, c, crows, kc, beta, work)
+        _patch1(a, arows, csa, b, ldb, c, crows, kc, beta, work)
 
 
 @intrinsic

@@ -1,6 +1,6 @@
-"""The stem variant of the GEMM strategy (weight gradients with few input channels, A's rows
-taken from the input through a table of offsets,
-:func:`numbaconv.kernels.cpu.ukernel.gemm_stem_bwd_w`) against the float64 NumPy
+"""The patch variant of the GEMM strategy (weight gradients as one GEMM per output row, A's
+rows taken from the input through a table of offsets,
+:func:`numbaconv.kernels.cpu.ukernel.gemm_patch_bwd_w`) against the float64 NumPy
 reference: 1-D, 2-D and 3-D, strides, dilation along every axis, pads on either side
 (wider than the kernel too, and rows whose every pixel reaches into the padding), output
 channels that are and are not whole vectors (one to eight of them), float16/32/64, one
@@ -10,7 +10,7 @@ import pytest
 
 import numbaconv as nc
 from numbaconv import config
-from numbaconv.strategies import stem
+from numbaconv.strategies import patch
 from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
 
 # (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
@@ -31,6 +31,10 @@ CASES = [
     (2, 3, 45, (3, 15, 16), (1, 7, 7), (1, 2, 2), (1, 1, 1), (0, 3, 3), (0, 3, 3)),
     # 128 output channels (two passes of four vectors), more rows than threads
     (3, 3, 128, (8, 30), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # not a stem: 24 input channels over long rows (216 patch rows), 20 output channels
+    (2, 24, 20, (5, 41), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # WaveNet-like: 2 taps dilated by 16, 32 channels
+    (2, 32, 64, (300,), (2,), (1,), (16,), (0,), (0,)),
 ]
 IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
@@ -46,7 +50,7 @@ def _run(case, dtype, seed=0, strategy=None):
     x0, dy0 = x.copy(), dy.copy()
     attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
     plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=strategy, **attrs)
-    assert (plan.strategy, plan.variant) == ("gemm", "stem"), plan
+    assert (plan.strategy, plan.variant) == ("gemm", "patch"), plan
     got = nc.convolution_backprop_filters(x, k, dy, strategy=strategy, **attrs)
     assert got.dtype == np.dtype(dtype) and got.shape == w.shape
     assert np.array_equal(x, x0) and np.array_equal(dy, dy0)  # inputs untouched
@@ -55,30 +59,30 @@ def _run(case, dtype, seed=0, strategy=None):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_stem_variant_matches_reference(case, dtype):
-    assert _run(case, dtype, strategy="gemm[stem]") <= tolerance(dtype)
+def test_patch_variant_matches_reference(case, dtype):
+    assert _run(case, dtype, strategy="gemm[patch]") <= tolerance(dtype)
 
 
-def test_stem_variant_float16():
-    assert _run(CASES[1], "float16", strategy="gemm[stem]") <= tolerance("float16")
+def test_patch_variant_float16():
+    assert _run(CASES[1], "float16", strategy="gemm[patch]") <= tolerance("float16")
 
 
-def test_stem_variant_one_thread():
+def test_patch_variant_one_thread():
     nt = nc.get_num_threads()
     try:
         nc.set_num_threads(1)
-        assert _run(CASES[6], "float32", seed=3, strategy="gemm[stem]") <= tolerance("float32")
+        assert _run(CASES[6], "float32", seed=3, strategy="gemm[patch]") <= tolerance("float32")
     finally:
         nc.set_num_threads(nt)
 
 
-def test_stem_variant_is_the_default_for_a_stem(monkeypatch):
-    """Above the small-problem limit the planner takes it unforced."""
+def test_patch_variant_is_the_default_for_a_stem(monkeypatch):
+    """Above the small-problem limit the planner takes it unforced for a stem."""
     monkeypatch.setattr(config, "SMALL_FLOPS", 0)
     assert _run(CASES[0], "float32") <= tolerance("float32")
 
 
-def test_stem_variant_ignores_what_lies_past_the_output_channels():
+def test_patch_variant_ignores_what_lies_past_the_output_channels():
     """dY's rows are read in place, a whole vector a pixel: the lanes past K belong to the
     next pixel; huge values there must not reach the result."""
     mb, ic, oc, isz, k = 2, 3, 13, (9, 12), (3, 3)
@@ -87,7 +91,7 @@ def test_stem_variant_ignores_what_lies_past_the_output_channels():
     dy = rng.standard_normal((mb, *isz, oc)).astype(np.float32)
     dy[..., 0] *= 1e30  # channel 0 is what the previous pixel's last vector runs into
     attrs = dict(strides=1, pads_begin=1, pads_end=1)
-    got = nc.convolution_backprop_filters(x, k, dy, strategy="gemm[stem]", **attrs)
+    got = nc.convolution_backprop_filters(x, k, dy, strategy="gemm[patch]", **attrs)
     want = conv_bwd_filter_ref(x.astype(np.float64), dy.astype(np.float64), k, stride=(1, 1),
                                dilation=(1, 1), pads_begin=(1, 1), pads_end=(1, 1))
     assert np.all(np.isfinite(got))
@@ -95,37 +99,42 @@ def test_stem_variant_ignores_what_lies_past_the_output_channels():
     assert rest <= tolerance("float32")
 
 
-def test_stem_variant_choice():
-    """Few input channels, 8-128 output channels and more than one tap take the stem
-    variant; more input channels, fewer or more output channels, 1x1, groups and the
-    other directions do not, each with its reason."""
-    def plan(ic, oc, k=(7,), groups=1, op="convolution_backprop_filters"):
-        x = np.zeros((8, 300, ic), np.float32)
-        dy = np.zeros((8, 300 - k[0] + 1, oc), np.float32)
-        attrs = dict(strides=1, pads_begin=0, pads_end=0, groups=groups)
+def test_patch_variant_choice():
+    """Stems (at most 4 input channels) with 8-128 output channels and more than one tap
+    take the patch variant whatever their rows; more input channels take it over long
+    rows with short ends; fewer or more output channels, 1x1, groups and the other
+    directions do not, each with its reason."""
+    def plan(ic, oc, k=(7,), n=300, dl=(1,), groups=1, op="convolution_backprop_filters"):
+        x = np.zeros((8, n, ic), np.float32)
+        dy = np.zeros((8, n - (k[0] - 1) * dl[0], oc), np.float32)
+        attrs = dict(strides=1, dilations=dl, pads_begin=0, pads_end=0, groups=groups)
         if op == "convolution_backprop_filters":
             return nc.plan(op, x, k, dy, **attrs)
         w = np.zeros((*k, ic // groups, oc), np.float32)
-        return nc.plan(op, dy, w, (300,), **attrs)
+        return nc.plan(op, dy, w, (n,), **attrs)
 
-    assert plan(3, 64).variant == "stem"
-    assert plan(1, 8).variant == "stem"
-    assert plan(stem.MAX_INPUT_CHANNELS, stem.MAX_OUTPUT_CHANNELS).variant == "stem"
-    more = plan(stem.MAX_INPUT_CHANNELS + 1, 64)
-    assert more.variant != "stem" and "not a stem" in str(more)
+    assert plan(3, 64).variant == "patch"
+    assert plan(1, 8).variant == "patch"
+    assert plan(patch.MAX_STEM_CHANNELS, patch.MAX_OUTPUT_CHANNELS).variant == "patch"
+    assert plan(patch.MAX_STEM_CHANNELS, 16, k=(3,), n=8).variant == "patch"  # short rows
+    assert plan(32, 64, k=(3,)).variant == "patch"
+    short = plan(32, 64, k=(3,), n=patch.MIN_ROW_PIXELS + 1)
+    assert short.variant != "patch" and "short GEMMs" in str(short)
+    ends = plan(32, 64, k=(2,), dl=(40,))        # 40 of 260 pixels at the ends
+    assert ends.variant != "patch" and "at its ends" in str(ends)
     few = plan(3, 4)
-    assert few.variant != "stem" and "4 output channels" in str(few)
-    wide = plan(1, stem.MAX_OUTPUT_CHANNELS + 1)
-    assert wide.variant != "stem" and "full-width GEMM" in str(wide)
+    assert few.variant != "patch" and "4 output channels" in str(few)
+    wide = plan(1, patch.MAX_OUTPUT_CHANNELS + 1)
+    assert wide.variant != "patch" and "full-width GEMM" in str(wide)
     one = plan(3, 64, k=(1,))
-    assert one.variant != "stem" and "1x1" in str(one)
-    assert plan(4, 64, groups=2).variant != "stem"
-    assert plan(3, 64, op="convolution_backprop_data").variant != "stem"
+    assert one.variant != "patch" and "1x1" in str(one)
+    assert plan(4, 64, groups=2).variant != "patch"
+    assert plan(3, 64, op="convolution_backprop_data").variant != "patch"
 
 
-def test_stem_variant_declines_the_blas_engine(monkeypatch):
+def test_patch_variant_declines_the_blas_engine(monkeypatch):
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     x, dy = np.zeros((8, 300, 3), np.float32), np.zeros((8, 294, 64), np.float32)
     plan = nc.plan("convolution_backprop_filters", x, (7,), dy, strides=1, pads_begin=0,
                    pads_end=0)
-    assert plan.variant != "stem" and "GEMM_ENGINE" in str(plan)
+    assert plan.variant != "patch" and "GEMM_ENGINE" in str(plan)
