@@ -35,7 +35,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
 * ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
 * ``gemm[implicit]``: one group, whole vectors of input channels (Numba engine);
 * ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;
-* ``gemm[claimed]``: 1x1 at stride 1, W^T within half of L2, the Numba engine;
+* ``gemm[claimed]``: 1x1 at stride 1 (grouped: one GEMM per group), W^T within half of L2,
+  the Numba engine;
 * ``gemm[identity]``: any other 1x1 GEMM on the arrays themselves (no packing);
 * ``gemm[per-tap]``: <= 512 rows per stride phase, several taps;
 * ``gemm[split-dw]``: several workers, a short reduction into a dW at least as large as

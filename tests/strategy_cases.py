@@ -91,6 +91,9 @@ CASES = [
     # -- GEMM: backward data --------------------------------------------------------------
     _c("gemm-bwdd-claimed", "bwd_d", 1, 16, 32, 4, (16, 16), (1, 1), strategy="gemm",
        label="gemm[claimed]", tiles={"claim": ANY}, config=_NUMBA),
+    # grouped 1x1 (ShuffleNet's): one claimed GEMM per group on column slices, auto engine
+    _c("gemm-bwdd-claimed-grouped", "bwd_d", 3, 48, 51, 4, (12, 13), (1, 1),
+       label="gemm[claimed]", tiles={"claim": ANY, "engine": "numba"}),
     _c("gemm-bwdd-identity-s2-numba", "bwd_d", 1, 32, 64, 2, (16, 16), (1, 1),
        stride=(2, 2), strategy="gemm", label="gemm[identity]",
        tiles={"engine": "numba", "claim": None}, config=_NUMBA),
@@ -221,7 +224,7 @@ CASES = [
 #: float16 operands take other kernels on the paths that reduce over threads or widen
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
-         "gemm-bwdd-claimed", "rows-bwdw-2d", "patch-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")
 CASES += [Case(**{**c.__dict__, "id": c.id + "-f16", "dtype": "float16"})

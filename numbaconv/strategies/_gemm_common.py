@@ -98,10 +98,11 @@ def claims(p, machine):
 
 def packed_wt_elems(p):
     """Elements of 1x1 backward data's W^T as ``ukernel.pack_panels`` packs it: K output
-    channels by the input channels padded to whole panels."""
+    channels by the input channels padded to whole panels (one group's, packed one group
+    at a time)."""
     from ..kernels.cpu import ukernel as uk
     nr = uk.panel(itemsize(p))
-    return p.oc * (-(-p.ic // nr) * nr)
+    return p.ocg * (-(-p.icg // nr) * nr)
 
 
 def numba_engine_tiles(p, machine):
@@ -133,8 +134,9 @@ def choose_engine(p, machine):
     if small(p):  # the BLAS engine compiles in a second, the Numba engine in 5-10
         return "blas"
     from ..kernels.cpu.ukernel import VECTOR_BYTES
-    short_1x1 = (p.direction == "bwd_d" and p.g == 1 and math.prod(p.ksz) == 1
-                 and (p.oc <= UK_MAX_SHORT_K or claims(p, machine)))
+    short_1x1 = (p.direction == "bwd_d" and (p.g == 1 or grouped_identity(p))
+                 and math.prod(p.ksz) == 1
+                 and (p.ocg <= UK_MAX_SHORT_K or claims(p, machine)))
     if short_1x1:
         return "numba"
     if VECTOR_BYTES >= 64:
@@ -154,6 +156,13 @@ def identity(p):
     if p.direction == "bwd_d":  # one live phase (q = 0), grid ceil(i/s) rows per axis
         return all(-(-i // s) == o for i, s, o in zip(p.isz, p.stride, p.osz))
     return all(s == 1 for s in p.stride) and p.osz == p.isz
+
+
+def grouped_identity(p):
+    """1x1 at stride 1 without pads over several groups: each group's GEMM operands are
+    column slices of the channels-last arrays themselves (rows ``C`` or ``K`` apart)."""
+    return (p.g > 1 and math.prod(p.ksz) == 1 and not any(p.pad_begin)
+            and all(s == 1 for s in p.stride) and p.osz == p.isz)
 
 
 def blas_threads():

@@ -39,7 +39,8 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize, small, streams
-from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard, identity,
+from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard, grouped_identity,
+                           identity,
                            kernel_taps, numba_engine_tiles, packed_wt_elems, run_tasks,
                            split_m_engine, stride_phases, tap_runs, task_workers)
 from .. import config, memory
@@ -230,7 +231,8 @@ class _Gemm(Strategy):
         return finish()
 
     def _bwd_d_claimed(self, p, ops, ct, nw, chunk, stream):
-        """1x1 backward data at stride 1 (see ``identity``): ``dX = dY @ W^T`` with W^T
+        """1x1 backward data at stride 1 (see ``identity``; with groups, one such GEMM per
+        group on column slices of dY and dX): ``dX = dY @ W^T`` with W^T
         packed once and every thread of one Numba parallel region claiming blocks of
         ``chunk`` rows of dY until none are left, so that a thread that starts late or
         runs slow takes fewer blocks. Measured against the same claims on Python worker
@@ -241,7 +243,7 @@ class _Gemm(Strategy):
         (see :func:`numbaconv.strategies.streams`)."""
         from ..kernels.cpu import ukernel as uk
         dy2 = ops["dy"].reshape(-1, p.oc)
-        bp = uk.pack_panels(ops["w"].reshape(p.ic, p.oc).T)
+        bp = uk.pack_panels(ops["w"].reshape(p.ic, p.oc).T) if p.g == 1 else None
         counter = np.zeros(1, np.int64)
         chunk = max(uk.MR, -(-chunk // uk.MR) * uk.MR)
         work = np.empty((nw, uk.claimed_workspace(p.oc, ct.itemsize)), ct)
@@ -252,8 +254,19 @@ class _Gemm(Strategy):
                                           work, stage)
             return dx
         dx = memory.empty(canonical_shapes(p)[0], ct)
-        uk.gemm_claimed_parallel(dy2.ctypes.data, p.oc, 1, bp, dx.ctypes.data, p.ic,
-                                 dy2.shape[0], p.ic, counter, chunk, work, stream)
+        if p.g == 1:
+            uk.gemm_claimed_parallel(dy2.ctypes.data, p.oc, 1, bp, dx.ctypes.data, p.ic,
+                                     dy2.shape[0], p.ic, counter, chunk, work, stream)
+            return dx
+        # groups: one claimed GEMM per group on column slices of dY and dX, in turn
+        it = ct.itemsize
+        w2 = ops["w"].reshape(p.icg, p.oc)
+        for gi in range(p.g):
+            bg = uk.pack_panels(w2[:, gi * p.ocg:(gi + 1) * p.ocg].T)
+            counter[0] = 0
+            uk.gemm_claimed_parallel(dy2.ctypes.data + gi * p.ocg * it, p.oc, 1, bg,
+                                     dx.ctypes.data + gi * p.icg * it, p.ic, dy2.shape[0],
+                                     p.icg, counter, chunk, work, False)
         return dx
 
     def _bwd_w_split_k(self, p, ops, ct, nw, kc, nc, prefetch=False):
@@ -613,7 +626,7 @@ class GemmClaimed(_Gemm):
         from ..machine import machine
         if p.direction != "bwd_d":
             return R_BWD_D
-        why = gemm_guard(p) or _not_identity(p)
+        why = gemm_guard(p) or (None if grouped_identity(p) else _not_identity(p))
         if why:
             return why
         if any(s != 1 for s in p.stride):
@@ -628,8 +641,9 @@ class GemmClaimed(_Gemm):
         rows = p.mb * math.prod(p.osz)
         chunk = max(1, min(CLAIM_ROWS, rows // (8 * workers))) if workers > 1 else rows
         return {"slab_rows": int(rows), "workers": workers, "claim": int(chunk),
-                # float16's dX is rounded from a float32 stage, never streamed
-                "stream": p.dtype != "float16" and streams(
+                # float16's dX is rounded from a float32 stage, never streamed; a group's
+                # rows of dX need not start on a vector boundary
+                "stream": p.dtype != "float16" and p.g == 1 and streams(
                     rows * p.oc + p.oc * p.ic + p.mb * math.prod(p.isz) * p.ic, p, machine),
                 **engine_tiles}
 
@@ -647,8 +661,9 @@ class GemmClaimed(_Gemm):
 
     def half_operands(self, p, tiles):
         """Each claimed block of dY's rows widened, its dX rows rounded
-        (``ukernel.gemm_claimed_half``)."""
-        return frozenset({"dy"})
+        (``ukernel.gemm_claimed_half``); with groups, float32 operands (the backend
+        converts)."""
+        return frozenset({"dy"}) if p.g == 1 else frozenset()
 
     def run(self, p, tiles, ops):
         return self._bwd_d_claimed(p, ops, np.dtype(p.compute_dtype),
