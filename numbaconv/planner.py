@@ -30,8 +30,9 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
-* ``gemm[patch]``: one group, 8-128 output channels, more than one tap, and either <= 4
-  input channels (a stem) or output rows of >= 19 pixels with short ends (Numba engine);
+* ``gemm[patch]``: one group, 8-128 output channels, either <= 4 input channels (a stem)
+  or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
+  (Numba engine);
 * ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
 * ``gemm[implicit]``: one group, whole vectors of input channels (Numba engine);
 * ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;

@@ -35,6 +35,8 @@ CASES = [
     (2, 24, 20, (5, 41), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
     # WaveNet-like: 2 taps dilated by 16, 32 channels
     (2, 32, 64, (300,), (2,), (1,), (16,), (0,), (0,)),
+    # 1x1 over 16 channels, 40 output channels (three vectors)
+    (2, 16, 40, (6, 30), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
 ]
 IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
@@ -100,10 +102,10 @@ def test_patch_variant_ignores_what_lies_past_the_output_channels():
 
 
 def test_patch_variant_choice():
-    """Stems (at most 4 input channels) with 8-128 output channels and more than one tap
-    take the patch variant whatever their rows; more input channels take it over long
-    rows with short ends; fewer or more output channels, 1x1, groups and the other
-    directions do not, each with its reason."""
+    """Stems (at most 4 input channels) with 8-128 output channels take the patch variant
+    whatever their rows; more input channels take it over long rows with short ends, and
+    1x1 layers up to 32 input channels; fewer or more output channels, wider 1x1 layers,
+    groups and the other directions do not, each with its reason."""
     def plan(ic, oc, k=(7,), n=300, dl=(1,), groups=1, op="convolution_backprop_filters"):
         x = np.zeros((8, n, ic), np.float32)
         dy = np.zeros((8, n - (k[0] - 1) * dl[0], oc), np.float32)
@@ -126,8 +128,9 @@ def test_patch_variant_choice():
     assert few.variant != "patch" and "4 output channels" in str(few)
     wide = plan(1, patch.MAX_OUTPUT_CHANNELS + 1)
     assert wide.variant != "patch" and "full-width GEMM" in str(wide)
-    one = plan(3, 64, k=(1,))
-    assert one.variant != "patch" and "1x1" in str(one)
+    assert plan(patch.MAX_POINTWISE_CHANNELS, 64, k=(1,)).variant == "patch"
+    one = plan(patch.MAX_POINTWISE_CHANNELS + 1, 64, k=(1,))
+    assert one.variant != "patch" and "1x1 over" in str(one)
     assert plan(4, 64, groups=2).variant != "patch"
     assert plan(3, 64, op="convolution_backprop_data").variant != "patch"
 

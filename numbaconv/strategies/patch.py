@@ -16,7 +16,8 @@ are added once, in a fixed order.
 It takes first layers (at most 4 input channels), where im2col slabs or the rows variant
 spent as long copying or in scratch tiles as multiplying (5-50% of the sgemm peak), and
 other layers with up to 128 output channels whose output rows are long enough for the
-GEMMs (at least ``MIN_ROW_PIXELS``) and whose row ends, added one by one, are short.
+GEMMs (at least ``MIN_ROW_PIXELS``) and whose row ends, added one by one, are short; of
+1x1 layers, those with at most ``MAX_POINTWISE_CHANNELS`` input channels.
 """
 import math
 
@@ -35,6 +36,10 @@ MIN_ROW_PIXELS = 19
 #: ... and the most pixels at a row's two ends (``(kw - 1) * dw``, added one by one), as a
 #: share of the row: ``1 / END_SHARE``.
 END_SHARE = 8
+#: Most input channels of a 1x1 layer: with more, gemm[split-k]'s one GEMM over every pixel
+#: (x read as it is) wins; with fewer, its register tiles of x's channels run short
+#: (measured: docs/performance.md, "Weight gradients with few output channels").
+MAX_POINTWISE_CHANNELS = 32
 #: Most output channels: the register tiles cover up to four vectors of them per pass, and
 #: past 128 im2col slabs feed a full-width GEMM (the 1-D encoders of speech models, 1 input
 #: channel against 512 outputs).
@@ -45,7 +50,8 @@ R_GROUPS = "{g} groups (one group only)"
 R_NARROW = "{k} output channels (< %d): too few GEMM columns" % MIN_N
 R_WIDE = "{k} output channels (> %d): im2col slabs and a full-width GEMM win" % (
     MAX_OUTPUT_CHANNELS)
-R_POINTWISE = "1x1: one patch row per input channel (gemm[split-k] reads x as it is)"
+R_POINTWISE = ("1x1 over {c} input channels (> %d): gemm[split-k]'s one GEMM on x as it is "
+               "wins" % MAX_POINTWISE_CHANNELS)
 R_SHORT = ("{c} input channels (> %d, not a stem) and {ow} output pixels per row (< %d): "
            "short GEMMs" % (MAX_STEM_CHANNELS, MIN_ROW_PIXELS))
 R_ENDS = ("{c} input channels (> %d, not a stem) and {e} of the row's {ow} output pixels "
@@ -68,8 +74,8 @@ class Patch(Strategy):
             return R_NARROW.format(k=p.oc)
         if p.oc > MAX_OUTPUT_CHANNELS:
             return R_WIDE.format(k=p.oc)
-        if math.prod(p.ksz) == 1:
-            return R_POINTWISE
+        if math.prod(p.ksz) == 1 and p.ic > MAX_POINTWISE_CHANNELS:
+            return R_POINTWISE.format(c=p.ic)
         if p.ic > MAX_STEM_CHANNELS:
             ow = p.osz[2]
             if ow < MIN_ROW_PIXELS:
