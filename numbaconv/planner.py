@@ -34,7 +34,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);
 * ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
-* ``gemm[implicit]``: one group, whole vectors of input channels (Numba engine);
+* ``gemm[implicit]``: at most 4 groups (one at a time), whole vectors of input channels
+  (Numba engine);
 * ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;
 * ``gemm[claimed]``: 1x1 at stride 1 (grouped: one GEMM per group), W^T within half of L2,
   the Numba engine;

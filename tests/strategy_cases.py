@@ -118,7 +118,7 @@ CASES = [
        tiles={"engine": "numba"},
        config={**_SMALL_SLABS, **_NUMBA}),
     _c("gemm-bwdd-empty-phases", "bwd_d", 2, 32, 32, 2, (51, 51), (2, 2), stride=(3, 3),
-       strategy="gemm", label="gemm[slabs]",
+       strategy="gemm[slabs]", label="gemm[slabs]",
        config=_SMALL_SLABS),
     # -- GEMM variants: rows, implicit, col2im --------------------------------------------
     _c("rows-bwdw-2d", "bwd_w", 1, 8, 8, 2, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
@@ -143,6 +143,9 @@ CASES = [
     _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-panels", "bwd_d", 1, 128, 128, 1, (6, 6), (3, 3),
+       pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+    # two groups (AlexNet's): each group's problem on copies of its channels, stride 2
+    _c("implicit-bwdd-grouped", "bwd_d", 2, 32, 48, 2, (13, 13), (3, 3), stride=(2, 2),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("col2im-images", "bwd_d", 1, 3, 16, 4, (12, 12), (3, 3), pads=((1, 1), (1, 1)),
        label="gemm[col2im]", tiles={"bands": None}),
@@ -225,6 +228,7 @@ CASES = [
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
          "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "implicit-bwdd-grouped",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")
 CASES += [Case(**{**c.__dict__, "id": c.id + "-f16", "dtype": "float16"})

@@ -141,9 +141,9 @@ def test_pack_filter(C, K):
 
 
 def test_implicit_variant_choice():
-    """Dense backward data takes the implicit variant; groups, channel counts that are not
-    whole vectors, short 1x1 reductions, the other directions and the BLAS engine do
-    not."""
+    """Dense backward data takes the implicit variant, and up to MAX_GROUPS groups (each
+    group's problem judged alone); more groups, channel counts that are not whole vectors,
+    short 1x1 reductions, the other directions and the BLAS engine do not."""
     def plan(ic, oc, k=(3,), groups=1, strides=1, op="convolution_backprop_data"):
         x = np.zeros((2, 30, ic), np.float32)
         o = (30 - k[0]) // strides + 1
@@ -158,7 +158,11 @@ def test_implicit_variant_choice():
     assert plan(64, 256, k=(1,)).variant == "implicit"          # a long 1x1 reduction
     short = plan(64, 64, k=(1,))
     assert short.variant != "implicit" and "1x1 at stride 1" in str(short)
-    assert plan(64, 64, groups=2).variant != "implicit"
+    from numbaconv.strategies import igemm as s_igemm
+    assert plan(64, 64, groups=2).variant == "implicit"
+    many = plan(160, 160, groups=s_igemm.MAX_GROUPS + 1)
+    assert many.variant != "implicit" and "groups" in str(many)
+    assert plan(40, 64, groups=2).variant != "implicit"  # 20 channels a group: not whole
     odd = plan(20, 64)
     assert odd.variant != "implicit" and "lane" in str(odd)
     assert plan(64, 64, op="convolution_backprop_filters").variant != "implicit"

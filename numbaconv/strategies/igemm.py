@@ -28,7 +28,11 @@ CHUNK_BYTES = 256 * 1024
 BLOCK_TILES = 16
 
 R_DIRECTION = "the implicit variant is backward data only"
-R_GROUPS = "{g} groups (one group only)"
+#: Most groups: each group runs as a problem of its own on copies of its channels of dY
+#: and dX (AlexNet's two), past which the copies and the per-group calls outweigh it and
+#: direct[grouped] takes over from 8 groups.
+MAX_GROUPS = 4
+R_GROUPS = "{g} groups (> %d)" % MAX_GROUPS
 R_NARROW = "{c} input channels (< %d): too few GEMM columns" % MIN_N
 R_LANES = "{c} input channels: not a whole number of {vl}-lane vectors"
 R_SHORT = ("1x1 at stride 1 without pads over {k} output channels (<= %d): the GEMM "
@@ -57,6 +61,15 @@ def _footprint(p):
            if any(lead for lead, _ in pads) or tuple(e for _, e in pads) != tuple(p.osz)
            else 0)
     return p.mb * (math.prod(p.isz) * p.ic + math.prod(p.osz) * p.oc) + dyp
+
+
+def _group(p):
+    """``p`` itself with one group; else the problem of one of its groups (one group of
+    ``icg`` input and ``ocg`` output channels, the rest equal)."""
+    if p.g == 1:
+        return p
+    import dataclasses
+    return dataclasses.replace(p, g=1, ic=p.icg, oc=p.ocg)
 
 
 def _blocks(pixels, block_tiles, threads):
@@ -88,8 +101,9 @@ class ImplicitGemm(Strategy):
         from ..kernels.cpu import igemm
         if p.direction != "bwd_d":
             return R_DIRECTION
-        if p.g != 1:
+        if p.g > MAX_GROUPS:
             return R_GROUPS.format(g=p.g)
+        p = _group(p)  # with groups: each group's own problem
         if p.ic < MIN_N:
             return R_NARROW.format(c=p.ic)
         vl = igemm.lanes(itemsize(p))
@@ -104,6 +118,7 @@ class ImplicitGemm(Strategy):
     def tiles(self, p, machine):
         from ..kernels.cpu import igemm
         from ..runtime import threads as _threads
+        p = _group(p)
         nr = igemm.panel(itemsize(p))
         chunk = max(1, CHUNK_BYTES // (p.oc * nr * itemsize(p)))
         return {"chunk": int(chunk), "block_tiles": BLOCK_TILES,
@@ -113,6 +128,10 @@ class ImplicitGemm(Strategy):
 
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import igemm
+        if p.g > 1:  # a group's problem, and its copies of dY's and dX's channels
+            q = _group(p)
+            return (self.workspace_bytes(q, tiles) + itemsize(p) * p.mb * (
+                math.prod(p.osz) * q.oc + math.prod(p.isz) * q.ic))
         item = itemsize(p)
         nr = igemm.panel(item)
         phases = stride_phases(p)
@@ -135,12 +154,24 @@ class ImplicitGemm(Strategy):
         in cache: each thread's block of row tiles, or each channel panel's columns of every
         row, as it is finished. The filter is widened by the backend: widening it inside
         the packing's 16 x 16 transposes doubled their time (3 x 512 x 1024: 0.48 -> 1.04
-        ms, against 0.06-0.1 ms for the backend's pass)."""
-        return frozenset({"dy", "result"})
+        ms, against 0.06-0.1 ms for the backend's pass). With groups, float32 operands
+        (the backend converts)."""
+        return frozenset({"dy", "result"}) if p.g == 1 else frozenset()
 
     def run(self, p, tiles, ops):
         from ..kernels.cpu import igemm
         ct = np.dtype(p.compute_dtype)
+        if p.g > 1:
+            # each group as a problem of its own, on contiguous copies of its channels
+            q = _group(p)
+            dy, w = ops["dy"], ops["w"]
+            dx = memory.empty((p.mb, *p.isz, p.ic), ct)
+            for gi in range(p.g):
+                ks = slice(gi * q.oc, (gi + 1) * q.oc)
+                part = self.run(q, tiles, {"dy": np.ascontiguousarray(dy[..., ks]),
+                                           "w": np.ascontiguousarray(w[..., ks])})
+                dx[..., gi * q.ic:(gi + 1) * q.ic] = part
+            return dx
         C, K = p.ic, p.oc
         nr = igemm.panel(ct.itemsize)
         npan = -(-C // nr)
