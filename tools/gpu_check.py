@@ -21,7 +21,9 @@ tests). Operands are PyTorch CUDA tensors passed straight to the public generic 
   their error bound is ``TF32_TOLERANCE``. ``exact`` rows keep both sides in true float32.
 
 Environment: SUITES, LAYERS (comma-separated names), DTYPES, PASSES, PRECISIONS (default
-``exact``), CALLS, TIME=0 (errors only), KT=0 (no kernel time), PLAN=0 (no plans). Example:
+``exact``), CALLS, TIME=0 (errors only), KT=0 (no kernel time), PLAN=0 (no plans),
+LOCK=path (several checks side by side: each compiles on its own, and times its rows only
+while it holds this file's lock, so no two processes' timings overlap on the GPU). Example:
 ``PRECISIONS=exact,tf32 python tools/gpu_check.py``. Exit status 1 if any error is above
 the tolerance.
 """
@@ -72,6 +74,23 @@ def best(fn):
 
 
 KT = os.environ.get("KT", "1") == "1"
+LOCK = os.environ.get("LOCK")
+
+
+class _timing_lock:
+    """The file lock LOCK names (nothing without LOCK): one process times at a time."""
+
+    def __enter__(self):
+        if LOCK:
+            import fcntl
+            self.f = open(LOCK, "a")
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if LOCK:
+            self.f.close()  # releases the lock
+        return False
 PLAN = os.environ.get("PLAN", "1") == "1"
 
 
@@ -191,25 +210,26 @@ def main():
                     if PLAN:
                         print("    plan:", numbaconv.plan(c.op, *c.args, **c.kwargs), flush=True)
                     if TIME:
-                        tf, _ = torch_fn(lay, d, X, W, DY)
-                        out = torch.empty(tuple(got.shape), device=dev,
-                                          dtype=getattr(torch, dt))
-                        kw_out = dict(c.kwargs, out=out)
-                        tn = best(lambda: fn(*c.args, **c.kwargs))
-                        to = best(lambda: fn(*c.args, **kw_out))
-                        tt = best(tf)
-                        hn = host_us(lambda: fn(*c.args, **kw_out))
-                        ht = host_us(tf)
-                        line += (f"  wall nc {tn:8.3f} ms (out= {to:8.3f})  torch {tt:8.3f} ms"
-                                 f"  ratio {tt / tn:6.3f} (out= {tt / to:6.3f})"
-                                 f"  host nc {hn:7.1f} us  torch {ht:7.1f} us")
-                        rows.append((suite, d, tag, tt / tn))
-                        orows.append((suite, d, tag, tt / to))
-                        if KT:
-                            kn = kernel_ms(lambda: fn(*c.args, **c.kwargs))
-                            kt = kernel_ms(tf)
-                            line += f"  kernels nc {kn:8.3f} torch {kt:8.3f} ratio {kt / kn:6.3f}"
-                            krows.append((suite, d, tag, kt / kn))
+                        with _timing_lock():
+                            tf, _ = torch_fn(lay, d, X, W, DY)
+                            out = torch.empty(tuple(got.shape), device=dev,
+                                              dtype=getattr(torch, dt))
+                            kw_out = dict(c.kwargs, out=out)
+                            tn = best(lambda: fn(*c.args, **c.kwargs))
+                            to = best(lambda: fn(*c.args, **kw_out))
+                            tt = best(tf)
+                            hn = host_us(lambda: fn(*c.args, **kw_out))
+                            ht = host_us(tf)
+                            line += (f"  wall nc {tn:8.3f} ms (out= {to:8.3f})  torch {tt:8.3f} ms"
+                                     f"  ratio {tt / tn:6.3f} (out= {tt / to:6.3f})"
+                                     f"  host nc {hn:7.1f} us  torch {ht:7.1f} us")
+                            rows.append((suite, d, tag, tt / tn))
+                            orows.append((suite, d, tag, tt / to))
+                            if KT:
+                                kn = kernel_ms(lambda: fn(*c.args, **c.kwargs))
+                                kt = kernel_ms(tf)
+                                line += f"  kernels nc {kn:8.3f} torch {kt:8.3f} ratio {kt / kn:6.3f}"
+                                krows.append((suite, d, tag, kt / kn))
                     print(line, flush=True)
     _geomeans("wall geomean", rows)
     _geomeans("wall geomean with out=", orows)
