@@ -281,6 +281,105 @@ def test_public_ops_take_device_arrays():
     assert worst < 1e-12, r.stdout
 
 
+_REPLAY_CODE = """
+import numpy as np
+from numba import cuda
+import numbaconv
+from numbaconv.api import _op
+from numbaconv.backends import cuda as backend
+
+sim = backend.simulator()
+
+
+class Foreign:
+    # a device array known only by its __cuda_array_interface__ (as CuPy's and PyTorch's
+    # are), naming a stream handle or none
+    def __init__(self, a, stream=None):
+        self.a, self.stream_handle = a, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        d = dict(self.a.__cuda_array_interface__)
+        d["stream"] = self.stream_handle
+        return d
+
+
+def dev(a, stream=None):
+    d = cuda.to_device(np.ascontiguousarray(a))
+    return d if sim else Foreign(d, stream)
+
+
+def host(r):
+    return (r.a if isinstance(r, Foreign) else r).copy_to_host()
+
+
+rng = np.random.default_rng(2)
+f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
+x, w, dy = f32(2, 6, 6, 8), f32(3, 3, 8, 8), f32(2, 6, 6, 8)
+wd = f32(3, 3, 8, 1)
+cases = [  # (function, host arguments, keywords): canonical, gather + scatter, split, depthwise
+    (numbaconv.conv2d, (x, w, 1, "SAME"), {}),
+    (numbaconv.conv2d_backprop_input, ((2, 6, 6, 8), w, dy, 1, "SAME"), {}),
+    (numbaconv.conv2d_backprop_filter, (x, (3, 3, 8, 8), dy, 1, "SAME"), {}),
+    (numbaconv.conv2d, (f32(2, 4, 5, 5), f32(3, 3, 4, 6), 1, "SAME"), dict(data_format="NCHW")),
+    (numbaconv.depthwise_conv2d_native_backprop_filter, (x, (3, 3, 8, 1), dy, [1, 1, 1, 1],
+                                                         "SAME"), {}),
+    (numbaconv.depthwise_conv2d_native_backprop_input, ((2, 6, 6, 8), wd, dy, [1, 1, 1, 1],
+                                                        "SAME"), {}),
+    (numbaconv.conv2d, (x.astype(np.float16), w.astype(np.float16), 1, "SAME"), {}),
+]
+rounds = 3
+if sim:  # (no replay in the simulator, which runs every thread in Python: the general path)
+    cases, rounds = [cases[0], cases[3], cases[6]], 2
+worst = 0.0
+for fn, args, kw in cases:
+    want = fn(*args, **kw)
+    first = None
+    for rnd in range(rounds):  # new operands (new addresses) each round: memoised calls
+        d = tuple(dev(a) if isinstance(a, np.ndarray) else a for a in args)
+        got = host(fn(*d, **kw))
+        first = got if first is None else first
+        assert np.array_equal(got, first), (fn.__name__, rnd)
+        o = dev(np.zeros(want.shape, want.dtype))
+        assert fn(*d, **kw, out=o) is o, fn.__name__
+        assert np.array_equal(host(o), first), (fn.__name__, rnd, "out=")
+    err = float(np.max(np.abs(first.astype(np.float64) - want)) / np.max(np.abs(want)))
+    worst = max(worst, err / (100 if want.dtype == np.float16 else 1))
+# out= that is an operand: the result of the operand's values before the call
+want = numbaconv.conv2d(x, w, 1, "SAME")
+for rnd in range(rounds):
+    dx_ = dev(x)
+    assert numbaconv.conv2d(dx_, dev(w), 1, "SAME", out=dx_) is dx_
+    worst = max(worst, float(np.max(np.abs(host(dx_) - want)) / np.max(np.abs(want))))
+if not sim:
+    # operands naming a stream: the kernels and the result go on it
+    s = cuda.stream()
+    h = int(s.handle.value)
+    for rnd in range(3):
+        r = numbaconv.conv2d(dev(x, h), dev(w, h), 1, "SAME")
+        assert int(r.stream.handle.value) == h, r.stream
+        s.synchronize()
+        worst = max(worst, float(np.max(np.abs(r.copy_to_host() - want)) / np.max(np.abs(want))))
+    replayed = sum(1 for e in _op._MEMO.values() if e[4] is not None and e[4][1].fast)
+    assert replayed >= len(cases), replayed  # the memoised calls replayed their launches
+print(f"worst {worst:.3g}")
+"""
+
+
+def test_memoised_calls_replay_launches():
+    """Memoised device calls (new operands each time; on a GPU foreign arrays known by
+    their ``__cuda_array_interface__``; with and without ``out=``; canonical layouts,
+    gather and scatter, split-K, depthwise rows, float16) give the bits of the first call
+    and the reference's values; ``out=`` is returned as given; an ``out=`` that is an
+    operand gets the result of the operand's values; operands naming a stream put the
+    kernels and the result on it. On a GPU the memoised calls replay their recorded
+    launches through the driver (checked); in the simulator they take the general path."""
+    r = subprocess.run([sys.executable, "-c", _REPLAY_CODE], capture_output=True, text=True,
+                       env=_env(), cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
+
+
 _STREAM_CODE = """
 import numpy as np
 from numba import cuda

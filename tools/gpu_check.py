@@ -225,6 +225,12 @@ def main():
                                      f"  host nc {hn:7.1f} us  torch {ht:7.1f} us")
                             rows.append((suite, d, tag, tt / tn))
                             orows.append((suite, d, tag, tt / to))
+                            # the memoised calls above replayed the first call's
+                            # launches: the same bits
+                            again = torch.as_tensor(fn(*c.args, **c.kwargs), device=dev)
+                            if not torch.equal(again.to(torch.float64), got):
+                                line += "  REPLAY DIFFERS"
+                                bad += 1
                             if KT:
                                 kn = kernel_ms(lambda: fn(*c.args, **c.kwargs))
                                 kt = kernel_ms(tf)

@@ -156,6 +156,16 @@ def _is_default(handle):
     return handle is None or handle in (0, 1, 2)
 
 
+def _is_numba_stream(stream):
+    """Whether ``stream`` is a stream object numba launches on as it is (a numba stream):
+    one with a ``synchronize`` method that is not a PyTorch or CuPy stream (those carry
+    an integer ``cuda_stream`` or ``ptr``; numba launches on an external stream of their
+    handle)."""
+    return (hasattr(stream, "synchronize") and not isinstance(stream, int)
+            and not isinstance(getattr(stream, "cuda_stream", None), int)
+            and not isinstance(getattr(stream, "ptr", None), int))
+
+
 def stream_handle(stream):
     """The integer handle of ``stream``: a numba stream, an int, or an object with a
     ``cuda_stream`` (PyTorch) or ``ptr`` (CuPy) attribute; 0 for None or numba's default."""
@@ -590,10 +600,18 @@ class _Buf:
     """A pooled flat device array and the shaped views of it taken so far (a reshape of a
     numba device array costs microseconds of Python; a pooled buffer serves many calls)."""
 
-    __slots__ = ("arr", "key", "nbytes", "views")
+    __slots__ = ("arr", "key", "nbytes", "views", "_ptr")
 
     def __init__(self, arr, key):
         self.arr, self.key, self.nbytes, self.views = arr, key, arr.nbytes, {}
+        self._ptr = None
+
+    @property
+    def ptr(self):
+        """The buffer's device address (an int), read once."""
+        if self._ptr is None:
+            self._ptr = device_pointer(self.arr)
+        return self._ptr
 
     def view(self, shape):
         v = self.views.get(shape)
@@ -782,7 +800,7 @@ class _Prepared:
 
     __slots__ = ("plan", "p", "special", "ct", "n", "inputs", "kern", "grid", "block",
                  "extra", "splits", "res_view", "part_view", "reduce", "final", "scatter",
-                 "shape", "dtype")
+                 "shape", "dtype", "into_out", "nbytes", "fast")
 
     def __init__(self, plan, ops, dst):
         from ..kernels.cuda import depthwise, gemm, layout
@@ -790,6 +808,8 @@ class _Prepared:
         p = self.p = plan.problem
         self.plan = plan
         self.shape, self.dtype = tuple(p.result_shape), p.dtype
+        self.into_out, self.fast = False, None
+        self.nbytes = {k: int(a.size) * np.dtype(a.dtype).itemsize for k, a in ops.items()}
         self.special = ("zero" if math.prod(p.result_shape) == 0
                         else "empty" if p.empty else None)
         if self.special:
@@ -854,50 +874,284 @@ class _Prepared:
                                      cdims, sel, div)))
         self.inputs = tuple(self.inputs)
         self.final = _result_is_canonical(p, dst)
+        # out= in the canonical layout and dtype, contiguous: the kernels write into it
+        # (unless it overlaps an operand; then through a scratch result and the scatter)
+        self.into_out = (dst is not None and _layout(p, _result_which(p))[3]
+                         and np.dtype(dst.dtype) == ct and bool(dst.is_c_contiguous()))
         self.scatter = None
         if not self.final:
             cdims, sel, div, _ = _layout(p, _result_which(p))
             self.scatter = (layout.scatter(len(self.shape)), _blocks(n, threads), threads,
                             cdims, sel, div)
 
-    def launch(self, call, ops, dst):
+    def launch(self, call, ops, dst, rec=None):
         """Queue the plan's kernels on ``call``'s stream for device arrays ``ops`` (by
-        name) and ``out`` array ``dst`` (or None); returns the result."""
+        name) and ``out`` array ``dst`` (or None); returns the result. ``rec``: a list
+        that receives, per launch, ``(kernel, grid, block, args, sources)``, where
+        ``sources`` names, per argument, the array it stands for (an operand's name,
+        ``("b", i)`` for the call's i-th pooled buffer, ``"res"``, ``"out"``) or None
+        (a constant): what :func:`_fast_program` needs to replay the launches."""
         st = call.st
         ct = self.ct
-        args = []
+
+        def go(kern, grid, block, args, srcs):
+            kern[grid, block, st](*args)
+            if rec is not None:
+                rec.append((kern, grid, block, args, srcs))
+
+        args, srcs = [], []
         for name, view, gather in self.inputs:
             a = ops[name]
             if gather is None:
                 args.append(a if view is None else a.reshape(view))
+                srcs.append(name)
             else:
                 kern, blocks, threads, m, cdims, sel, div = gather
                 b = call.buf(m, ct)
-                kern[blocks, threads, st](a, b.arr, cdims, sel, div)
+                tag = ("b", len(call.taken) - 1)
+                go(kern, blocks, threads, (a, b.arr, cdims, sel, div),
+                   (name, tag, None, None, None))
                 args.append(b.arr if view is None else b.view(view))
+                srcs.append(tag)
         n = self.n
+        direct = self.into_out and not _overlaps(dst, ops, self.nbytes)
         if self.final:
             r = call.fresh(n, ct)
             rv = r if self.res_view == (n,) else r.reshape(self.res_view)
+            rtag = "res"
+        elif direct:
+            r = dst.reshape(n)
+            rv = r if self.res_view == (n,) else dst.reshape(self.res_view)
+            rtag = "out"
         else:
             b = call.buf(n, ct)
             r, rv = b.arr, b.view(self.res_view)
+            rtag = ("b", len(call.taken) - 1)
+        tail = (None,) * len(self.extra)
         if self.reduce is None:
-            self.kern[self.grid, self.block, st](*args, rv, *self.extra)
+            go(self.kern, self.grid, self.block, (*args, rv, *self.extra),
+               (*srcs, rtag, *tail))
         else:
             part = call.buf(self.splits * n, ct)
-            self.kern[self.grid, self.block, st](*args, part.view(self.part_view), *self.extra)
+            ptag = ("b", len(call.taken) - 1)
+            go(self.kern, self.grid, self.block, (*args, part.view(self.part_view), *self.extra),
+               (*srcs, ptag, *tail))
             kern, blocks, threads, view = self.reduce
-            kern[blocks, threads, st](part.view(view), r)
+            go(kern, blocks, threads, (part.view(view), r), (ptag, rtag))
         if self.final:
             # (numba's reshape drops the array's stream: the result is bound to the launch one)
             res = r.reshape(self.shape)
             return res if isinstance(st, int) and st == 0 else res.bind(st)
+        if direct:
+            return dst
         kern, blocks, threads, cdims, sel, div = self.scatter
+        dtag = "out"
         if dst is None:
-            dst = call.fresh(self.shape, self.dtype)
-        kern[blocks, threads, st](r, dst, cdims, sel, div)
+            dst, dtag = call.fresh(self.shape, self.dtype), "res"
+        go(kern, blocks, threads, (r, dst, cdims, sel, div), (rtag, dtag, None, None, None))
         return dst
+
+
+def device_pointer(a):
+    """The device address (an int) of a numba device array or of an object exposing
+    ``__cuda_array_interface__``."""
+    if getattr(a, "__cuda_ndarray__", False) is True:
+        return int(a.device_ctypes_pointer.value or 0)
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+def _host_data(a):
+    """The NumPy array behind a simulated device array (or a test's stand-in), else None."""
+    for attr in ("_ary", "data"):
+        v = getattr(a, attr, None)
+        if isinstance(v, np.ndarray):
+            return v
+    return None
+
+
+def _overlaps(dst, ops, nbytes):
+    """Whether ``dst`` (None: no) shares device memory with one of the operands ``ops``
+    (their sizes in bytes by name: ``nbytes``)."""
+    if dst is None:
+        return False
+    h = _host_data(dst)
+    if h is not None:  # the simulator's arrays (and test stand-ins) hold NumPy arrays
+        return any(np.may_share_memory(h, a) for a in map(_host_data, ops.values())
+                   if a is not None)
+    lo = device_pointer(dst)
+    hi = lo + int(dst.size) * np.dtype(dst.dtype).itemsize
+    for k, a in ops.items():
+        p = device_pointer(a)
+        if p < hi and lo < p + nbytes[k]:
+            return True
+    return False
+
+
+class _Recording:
+    """What :meth:`_Prepared.launch` did in one call, for :func:`_fast_program`."""
+
+    __slots__ = ("launches", "taken")
+
+    def __init__(self):
+        self.launches, self.taken = [], ()
+
+
+class _FastProgram:
+    """A prepared plan's launches, replayed straight through the driver: per launch the
+    kernel, its launch configuration, its argument list as numba marshals it (sizes,
+    shapes, strides and constants fixed: the memo's key fixes the layouts) and the
+    positions of the device addresses that change from call to call. A call fills in
+    the addresses of its operands, ``out=``, result and pooled buffers and launches; no
+    numba device array is made, no argument is typed again.
+
+    ``steps``: ``(kernel, config, args, slots)``; ``slots``: ``(position, source)``;
+    ``bufs``: ``(elements, dtype)`` of the pooled buffers, in the order the steps name
+    them (``("b", i)``)."""
+
+    __slots__ = ("steps", "bufs", "launch", "to_stream")
+
+    def __init__(self, steps, bufs, launch, to_stream):
+        self.steps, self.bufs, self.launch, self.to_stream = steps, bufs, launch, to_stream
+
+
+def _fast_program(rec):
+    """The :class:`_FastProgram` of the launches ``rec`` recorded (just made, so every
+    kernel is compiled for its arguments), or None where one cannot be made: a kernel
+    whose overload is not found by its argument types, an argument numba would copy, a
+    numba-cuda that marshals arguments otherwise than as checked here."""
+    try:
+        from cuda.core import LaunchConfig, launch
+        from numba.cuda.cudadrv import driver as ndriver
+        from numba.cuda.errors import normalize_kernel_dimensions
+        to_stream = ndriver._to_core_stream
+    except Exception:
+        return None
+    steps = []
+    try:
+        for kern, grid, block, args, srcs in rec.launches:
+            argtypes = tuple(kern.typeof_pyval(a) for a in args)
+            ko = kern.overloads.get(argtypes)
+            if ko is None or getattr(ko, "debug", False) or getattr(ko, "cooperative", False):
+                return None
+            ka, retr, slots = [], [], []
+            for t, v, src in zip(ko.argument_types, args, srcs):
+                n0 = len(ka)
+                ko._prepare_args(t, v, 0, retr, ka)
+                if src is not None:
+                    # an array: meminfo, parent, size, itemsize, data, shape..., strides...
+                    if (type(t).__name__ != "Array" or len(ka) != n0 + 5 + 2 * t.ndim
+                            or type(ka[n0 + 4]) is not int or ka[n0 + 4] != device_pointer(v)):
+                        return None
+                    slots.append((n0 + 4, src))
+            if retr:
+                return None
+            g3, b3 = normalize_kernel_dimensions(grid, block)
+            config = LaunchConfig(grid=g3, block=b3, shmem_size=0)
+            steps.append((ko._codelibrary.get_cufunc().kernel, config, tuple(ka),
+                          tuple(slots)))
+    except Exception:
+        return None
+    bufs = tuple((b.key[1], b.key[2]) for b in rec.taken)
+    return _FastProgram(tuple(steps), bufs, launch, to_stream)
+
+
+#: numba stream objects (external streams) and cuda.core streams by handle, for the fast
+#: path's launches and results.
+_STREAMS, _CORE_STREAMS = {}, {}
+
+
+def _numba_stream(cuda, handle):
+    s = _STREAMS.get(handle)
+    if s is None:
+        if len(_STREAMS) >= 64:
+            _STREAMS.clear()
+        s = _STREAMS[handle] = cuda.external_stream(handle)
+    return s
+
+
+def _pointer_and_stream(a):
+    """``(device address, producer stream handle)`` of a device operand."""
+    if getattr(a, "__cuda_ndarray__", False) is True:
+        s = a.stream
+        return int(a.device_ctypes_pointer.value or 0), (0 if not s else stream_handle(s))
+    cai = a.__cuda_array_interface__
+    return int(cai["data"][0]), cai.get("stream")
+
+
+def run_fast(pr, ops, out, stream):
+    """A memoised call's launches through the prepared :class:`_FastProgram` of ``pr``:
+    ``ops`` the caller's device operands by name (numba device arrays or any object with
+    ``__cuda_array_interface__``, of the layouts ``pr`` was prepared for), ``out`` the
+    caller's ``out=`` (or None), ``stream`` as checked by :func:`check_stream`. Returns
+    the result, or None where the call needs the general path (no program yet, operands
+    from several streams, ``out=`` overlapping an operand)."""
+    prog = pr.fast
+    if not prog:
+        return None
+    addr = {}
+    producer = None
+    for k, a in ops.items():
+        p, h = _pointer_and_stream(a)
+        addr[k] = p
+        if not _is_default(h):
+            if producer is not None and producer != h:
+                return None
+            producer = h
+    if stream is not None:
+        h = stream_handle(stream)
+        if producer is not None and producer != h:
+            return None
+        st = stream if _is_numba_stream(stream) else h
+    else:
+        h = st = producer if producer is not None else 0
+    if _is_default(h):
+        h = st = 0
+    if out is not None:
+        p, oh = _pointer_and_stream(out)
+        if not _is_default(oh) and oh != (h if stream is not None else producer):
+            return None  # (out= from another stream: the general path orders it)
+        if pr.into_out:
+            hi = p + math.prod(pr.shape) * np.dtype(pr.dtype).itemsize
+            for k, q in addr.items():
+                if q < hi and p < q + pr.nbytes[k]:
+                    return None
+        addr["out"] = p
+    cuda = _cuda()
+    if isinstance(st, int) and st:
+        st = _numba_stream(cuda, st)
+    call = _Call(cuda, st)
+    res = None
+    for i, (n, dt) in enumerate(prog.bufs):
+        addr[("b", i)] = call.buf(n, dt).ptr
+    if out is None:
+        res = cuda.device_array(pr.shape, pr.dtype, stream=st)
+        addr["res"] = device_pointer(res)
+    cs = _CORE_STREAMS.get(h)
+    if cs is None:
+        if len(_CORE_STREAMS) >= 64:
+            _CORE_STREAMS.clear()
+        cs = _CORE_STREAMS[h] = prog.to_stream(st)
+    launch = prog.launch
+    try:
+        for kern, config, args, slots in prog.steps:
+            a = list(args)
+            for i, src in slots:
+                a[i] = addr[src]
+            launch(cs, config, kern, *a)
+    except Exception as exc:
+        # a numba-cuda or cuda.core whose launch takes these arguments otherwise: the
+        # general path from now on (it repeats any launch made here: same results)
+        global FAST_FAILURE
+        FAST_FAILURE = f"{type(exc).__name__}: {exc}"
+        pr.fast = False
+        call.done()
+        return None
+    call.done()
+    return out if out is not None else res
+
+
+#: Why a replay through the driver failed (then its plan took the general path), or None.
+FAST_FAILURE = None
 
 
 def _general(call, p, dst):
@@ -961,7 +1215,7 @@ def _launch_stream(cuda, ops, stream):
         if not _is_default(h):
             prod.setdefault(h, s)
     if stream is not None:
-        st = stream if hasattr(stream, "synchronize") else (
+        st = stream if _is_numba_stream(stream) else (
             0 if _is_default(stream_handle(stream))
             else cuda.external_stream(stream_handle(stream)))
     elif len(prod) == 1:
@@ -1008,6 +1262,13 @@ def run_prepared(pr, ops, dst, stream, cuda=None):
     call = _Call(cuda, st)
     if pr.special:
         res = _general(call, pr.p, dst)
+    elif pr.fast is None and not simulator():
+        # the first run records its launches; later memoised calls replay them (run_fast)
+        rec = _Recording()
+        res = pr.launch(call, ops, dst, rec.launches)
+        rec.taken = tuple(call.taken)
+        if not pr.into_out or res is dst:  # (else out= overlapped an operand: not now)
+            pr.fast = _fast_program(rec) or False
     else:
         res = pr.launch(call, ops, dst)
     call.done()
