@@ -132,6 +132,8 @@ class FakeKernel:
         grid, threads, stream = cfg
 
         def launch(*args):
+            # (numba launches on its own streams only: 0 or a numba stream object)
+            assert isinstance(stream, FakeStream) or stream == 0, type(stream)
             self.cuda.launches.append((self.name, grid, threads, backend.stream_handle(stream)))
         return launch
 
@@ -210,6 +212,27 @@ def test_stream_keyword_and_foreign_streams_wait_on_the_device(fake):
     backend.execute(plan, ops)
     assert {h for *_, h in fake.launches} == {0}
     assert sorted(fake.waits) == [(0x6000, 0), (0x8000, 0)]
+
+
+class TorchLikeStream:
+    """A PyTorch (or CuPy) stream: an integer handle and a synchronize method, but not a
+    stream numba can launch on."""
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+    def synchronize(self):
+        raise AssertionError("the host must not wait for a stream")
+
+
+def test_foreign_stream_objects_launch_on_an_external_stream(fake):
+    """A PyTorch stream given as stream= goes to numba as an external stream of its
+    handle, for the kernels, the allocations and the result."""
+    p = _problem(fmt="NCX")
+    plan = planner.make_plan(p, device="cuda")
+    res = backend.execute(plan, _operands(p, fmt="NCX"), stream=TorchLikeStream(0x5100))
+    assert fake.launches and {h for *_, h in fake.launches} == {0x5100}
+    assert backend.stream_handle(res.stream) == 0x5100 and fake.waits == []
 
 
 def test_memory_query_once_per_plan_and_workspaces_pooled(fake):
