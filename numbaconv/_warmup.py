@@ -4,7 +4,7 @@ import time
 
 def _problems(dt):
     """Small problems that, together, every implementation accepts in every direction:
-    ``(x, w, groups, pad, stride)``."""
+    ``(x, w, groups, pad, stride[, dilation])``."""
     import numpy as np
     if dt == "bfloat16":
         import ml_dtypes  # noqa: F401  (registers the dtype name)
@@ -22,7 +22,12 @@ def _problems(dt):
     short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1, 1)
     # few output channels (a head: direct[narrow]'s weight gradient)
     head = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 16, 4), dt), 1, 1, 1)
-    return dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head
+    # dilated (gemm[regions]: over row blocks with a filter in L2, and over channel
+    # panels with a larger one)
+    dilated = (np.ones((1, 13, 13, 64), dt), w3, 1, 4, 1, 4)
+    dilated_wide = (np.ones((1, 13, 13, 128), dt), np.ones((3, 3, 128, 256), dt), 1, 4, 1, 4)
+    return (dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head,
+            dilated, dilated_wide)
 
 
 def _calls(dt):
@@ -30,16 +35,19 @@ def _calls(dt):
     import numpy as np
     from numbaconv.api import onednn
     calls = []
-    for x, w, g, pad, stride in _problems(dt):
+    for x, w, g, pad, stride, *dil in _problems(dt):
+        dil = dil[0] if dil else 1
         k = w.shape[:-2]
-        osz = tuple((n + 2 * pad - kk) // stride + 1 for n, kk in zip(x.shape[1:-1], k))
+        osz = tuple((n + 2 * pad - dil * (kk - 1) - 1) // stride + 1
+                    for n, kk in zip(x.shape[1:-1], k))
         dy = np.ones((x.shape[0], *osz, w.shape[-1]), dt)
         calls.append(({"fwd": (onednn.convolution.parse, (x, w)),
                        "bwd_d": (onednn.convolution_backprop_data.parse,
                                  (dy, w, x.shape[1:-1])),
                        "bwd_w": (onednn.convolution_backprop_filters.parse,
                                  (x, w.shape[:-2], dy))},
-                      dict(strides=stride, pads_begin=pad, pads_end=pad, groups=g)))
+                      dict(strides=stride, pads_begin=pad, pads_end=pad, groups=g,
+                           dilations=dil)))
     return calls
 
 

@@ -13,8 +13,8 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 
 * ``fwd``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
   direct[depthwise-unrolled], direct[depthwise], direct
-* ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[implicit], gemm[claimed], gemm[identity],
-  gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
+* ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[regions],
+  gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
   direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
 * ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[patch], gemm[rows],
   gemm[split-k], gemm[identity],
@@ -34,6 +34,9 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);
 * ``gemm[rows]``: one group, few weights per tap row, <= 64 output channels (Numba engine);
+* ``gemm[regions]``: ``gemm[implicit]``'s problems where a stride phase's taps read only
+  dY's padding for at least 10% of its products (dilated layers, large filters over small
+  images), not float16: region by region, each summing only the taps that reach inside;
 * ``gemm[implicit]``: at most 4 groups (one at a time), whole vectors of input channels
   (Numba engine);
 * ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;
@@ -72,7 +75,8 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
-          "gemm[patch]", "gemm[rows]", "gemm[implicit]", "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
+          "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]", "gemm[split-k]",
+          "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
           "direct[depthwise]", "direct")
@@ -105,7 +109,7 @@ def _strategies():
         from .strategies.col2im import STRATEGY as COL2IM
         from .strategies.rowgemm import STRATEGY as ROWGEMM
         from .strategies.patch import STRATEGY as PATCH
-        from .strategies.igemm import STRATEGY as IGEMM
+        from .strategies.igemm import REGIONS as IGEMM_REGIONS, STRATEGY as IGEMM
         from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
         from .strategies.winograd import STRATEGY as WINOGRAD
@@ -113,7 +117,7 @@ def _strategies():
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
         _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, PATCH, ROWGEMM,
-                          IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
+                          IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

@@ -144,6 +144,13 @@ CASES = [
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-panels", "bwd_d", 1, 128, 128, 1, (6, 6), (3, 3),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+    # -- GEMM: regions of the phase grid, each over the taps that reach inside dY ----------
+    _c("regions-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (13, 13), (3, 3), dilation=(4, 4),
+       pads=((4, 4), (4, 4)), label="gemm[regions]"),
+    _c("regions-bwdd-panels", "bwd_d", 1, 128, 128, 1, (13, 11), (3, 3), dilation=(5, 3),
+       pads=((5, 3), (5, 3)), label="gemm[regions]"),
+    _c("regions-bwdd-3d-s2", "bwd_d", 1, 16, 32, 1, (7, 9, 8), (3, 3, 3), stride=(1, 2, 2),
+       dilation=(2, 2, 3), pads=((2, 2, 3), (2, 2, 3)), label="gemm[regions]"),
     # two groups (AlexNet's): each group's problem on copies of its channels, stride 2
     _c("implicit-bwdd-grouped", "bwd_d", 2, 32, 48, 2, (13, 13), (3, 3), stride=(2, 2),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),

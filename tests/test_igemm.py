@@ -5,6 +5,8 @@ phases with one to four taps, and phases no tap reaches), dilations, pads on eit
 wider than the kernel, row tiles across rows and images with a last partial tile,
 channel panels of partial width, fewer tiles than threads, float16/32/64, one thread; the
 filter packing alone; and the planner's choice of it."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -39,7 +41,7 @@ IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, 
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
 
 
-def _run(case, dtype, seed=0):
+def _run(case, dtype, seed=0, entry="gemm[implicit]"):
     mb, ic, oc, isz, k, st, dl, pb, pe = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
@@ -48,9 +50,9 @@ def _run(case, dtype, seed=0):
     dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
     w0, dy0 = w.copy(), dy.copy()
     attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
-    plan = nc.plan("convolution_backprop_data", dy, w, isz, **attrs)
-    assert (plan.strategy, plan.variant) == ("gemm", "implicit"), plan
-    got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+    plan = nc.plan("convolution_backprop_data", dy, w, isz, strategy=entry, **attrs)
+    assert f"{plan.strategy}[{plan.variant}]" == entry, plan
+    got = nc.convolution_backprop_data(dy, w, isz, strategy=entry, **attrs)
     assert got.dtype == np.dtype(dtype) and got.shape == x.shape
     assert np.array_equal(w, w0) and np.array_equal(dy, dy0)  # inputs untouched
     return normalized_error(got, conv_bwd_data_ref, dy, w, isz, **geom)
@@ -240,3 +242,107 @@ def test_streamed_tiles_match_plain_stores(case, dtype, monkeypatch):
     _op.clear_memo()
     np.testing.assert_array_equal(got[True], got[False])
     assert normalized_error(got[True], conv_bwd_data_ref, dy, w, isz, **geom) <= tolerance(dtype)
+
+
+# Dilated and heavily padded layers, where backward data runs region by region over the
+# taps that reach inside dY (kernels.cpu.igemm.bwd_d_regions*): (mb, ic, oc, input
+# spatial, kernel, stride, dilation, pads_begin, pads_end)
+REGION_CASES = [
+    # DeepLab's ASPP shape in small: dilation 6 over 13x13, 9 regions of 4, 6 and 9 taps
+    (1, 32, 24, (13, 13), (3, 3), (1, 1), (6, 6), (6, 6), (6, 6)),
+    # stride 2 with dilation 3: four phases, each split on its own taps
+    (2, 16, 16, (14, 11), (3, 3), (2, 2), (3, 3), (3, 3), (3, 3)),
+    # 3-D, mixed dilations and strides per axis
+    (1, 16, 24, (6, 9, 10), (3, 3, 3), (1, 2, 1), (2, 3, 4), (2, 3, 4), (2, 2, 4)),
+    # 1-D, dilation 16 over 40 pixels (WaveNet/QuartzNet-like), 3 images
+    (3, 32, 16, (40,), (3,), (1,), (16,), (16,), (16,)),
+    # dilation 8 without pads: pixels 4-7 of each axis that no tap reaches (regions of
+    # zeros)
+    (2, 16, 8, (12, 12), (2, 2), (1, 1), (8, 8), (0, 0), (0, 0)),
+    # 5x5 over 7x7 images: many one-pixel regions with partial tiles
+    (4, 16, 16, (7, 7), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
+]
+REGION_IDS = [f"i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
+              f"d{'x'.join(map(str, c[6]))}s{'x'.join(map(str, c[5]))}" for c in REGION_CASES]
+
+
+def _fresh():
+    from numbaconv.api import _op
+    planner.clear_plan_cache()
+    _op.clear_memo()
+    strategy._TABLES.clear()
+
+
+@pytest.mark.parametrize("by_panels", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", REGION_CASES, ids=REGION_IDS)
+def test_regions_match_reference_and_the_full_sum(case, dtype, by_panels, monkeypatch):
+    """Region by region (every phase that skips at least MIN_SKIPPED of its products)
+    against the reference, in both parallel schemes; and bit for bit the result of
+    summing every tap over the padded dY (skipped products are exact zeros, the chunks of
+    taps and their order are the same)."""
+    from numbaconv.strategies._gemm_common import stride_phases
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    monkeypatch.setattr(strategy, "_by_panels", lambda *a: by_panels)
+    _fresh()
+    assert _run(case, dtype, seed=3, entry="gemm[regions]") <= tolerance(dtype)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
+    assert max(strategy._regions(p, g, t)[1] for _, g, t in stride_phases(p) if t) \
+        >= strategy.MIN_SKIPPED
+    got = {}
+    for entry in ("gemm[regions]", "gemm[implicit]"):
+        monkeypatch.setattr(strategy, "MIN_SKIPPED", 0.0)  # every phase that skips any
+        got[entry] = nc.convolution_backprop_data(dy, w, isz, strategy=entry, **attrs)
+    _fresh()
+    assert np.array_equal(got["gemm[regions]"], got["gemm[implicit]"])
+
+
+@pytest.mark.parametrize("case", REGION_CASES + CASES, ids=REGION_IDS + IDS)
+def test_regions_partition_the_phase_grid(case):
+    """The boxes of every phase cover its grid once, and a box's taps are exactly those
+    whose dY pixel lies inside for each of its pixels (checked pixel by pixel)."""
+    from numbaconv.strategies._gemm_common import stride_phases
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    osz = conv_fwd_ref(np.zeros((1, *isz, 1), np.float32), np.zeros((*k, 1, 1), np.float32),
+                       stride=st, dilation=dl, pads_begin=pb, pads_end=pe).shape[1:-1]
+    p = nc.plan("convolution_backprop_data", np.zeros((mb, *osz, oc), np.float32),
+                np.zeros((*k, ic, oc), np.float32), isz, strides=st, dilations=dl,
+                pads_begin=pb, pads_end=pe).problem
+    for _, grid, taps in stride_phases(p):
+        if not taps:
+            continue
+        regions, skipped = strategy._regions(p, grid, taps)
+        seen = np.zeros(grid, int)
+        for lo, hi, pos in regions:
+            seen[tuple(slice(u, v) for u, v in zip(lo, hi))] += 1
+            for j in itertools.product(*(range(u, v) for u, v in zip(lo, hi))):
+                inside = [i for i, (_, b) in enumerate(taps)
+                          if all(0 <= j[a] + b[a] < p.osz[a] for a in range(3))]
+                assert inside == pos, (j, inside, pos)
+        assert (seen == 1).all()
+        assert skipped < 1.0  # (negative where the regions' partial tiles cost more)
+
+
+def test_regions_entry_choice():
+    """gemm[regions] comes before gemm[implicit]: it takes dilated layers (ASPP-like) and
+    declines a 3x3 layer over a large image (every tap reaches inside nearly everywhere)
+    and float16, with their reasons."""
+    attrs = dict(strides=1, dilations=6, pads_begin=6, pads_end=6)
+    dy = np.zeros((1, 20, 20, 64), np.float32)
+    w = np.zeros((3, 3, 128, 64), np.float32)
+    plan = nc.plan("convolution_backprop_data", dy, w, (20, 20), **attrs)
+    assert (plan.strategy, plan.variant) == ("gemm", "regions"), plan
+    assert plan.tiles["skipped"] >= strategy.MIN_SKIPPED
+    wide = nc.plan("convolution_backprop_data", np.zeros((2, 56, 56, 64), np.float32), w,
+                   (56, 56), strides=1, pads_begin=1, pads_end=1)
+    assert wide.variant != "regions"
+    assert strategy.REGIONS.accepts(wide.problem).startswith("every tap reaches inside dY")
+    half = nc.plan("convolution_backprop_data", dy.astype(np.float16), w.astype(np.float16),
+                   (20, 20), strategy="gemm[implicit]", **attrs).problem
+    assert strategy.REGIONS.accepts(half) == strategy.R_HALF

@@ -259,8 +259,9 @@ def test_warmup_problems_compile_both_tile_sizes(monkeypatch):
     monkeypatch.undo()  # the module's own thresholds, not the small_problems fixture's
     assert W.MIN_TILES_PER_CHANNEL > 0
     sizes = set()
-    for x, w, g, pad, stride in _warmup._problems("float32"):
-        if g != 1 or stride != 1 or x.shape[-1] < W.MIN_CHANNELS or w.shape[0] != 3:
+    for x, w, g, pad, stride, *dil in _warmup._problems("float32"):
+        if (g != 1 or stride != 1 or x.shape[-1] < W.MIN_CHANNELS or w.shape[0] != 3
+                or dil and dil[0] != 1):
             continue
         dy = np.ones((x.shape[0], *x.shape[1:-1], w.shape[-1]), np.float32)
         attrs = dict(strides=1, pads_begin=pad, pads_end=pad)

@@ -28,6 +28,13 @@ filter (``chunk * K * NR``) stays in L2, every tile of the block. The block's ``
 stay in L1/L2 across the chunks (stored with ``beta`` 1 after the first), and the filter
 chunk is read from L2 by every tile.
 
+Regions (the planner entry ``gemm[regions]``): where a tap reads only dY's padding for
+part of a phase's pixels (dilated layers, large filters over small images), the phase
+grid is cut into boxes within which each tap reaches inside for every pixel or for none,
+and :func:`bwd_d_regions_kernel` / :func:`bwd_d_regions_panels_kernel` sum each box's
+own taps only, through a micro-kernel variant that finds each tap's filter rows in a
+table (``_micro(nv, btab=True)``) instead of one after the other.
+
 float16 (computed in float32, docs/contract.md section 5): :func:`pad_dy` widens ``dY`` from its float16 bits
 as it pads it, and :func:`bwd_d_phase_half` / :func:`bwd_d_phase_panels_half` compute
 each thread's block (or panel) in float32 scratch that stays in L2 and round it into a
@@ -61,13 +68,15 @@ def panel(itemsize):
     return NV * lanes(itemsize)
 
 
-def _micro(nv):
+def _micro(nv, btab=False):
     """``C[crows[i] + :nv*VL] (+)= sum_s sum_k A[arows[i] + segs[s] + k] * B[s*kl + k, :]``
     for the ``MR`` rows ``i`` (element offsets from ``a``, ``c``; ``arows``, ``segs`` and
     ``crows``: addresses of int64 arrays), ``nseg`` segments of ``kl`` elements each, ``B``
     packed with rows ``ldb`` elements apart. ``beta`` 0 stores the tile, 1 adds it to C, 2
     streams it (non-temporal stores: every row of the tile on a vector boundary); with no
-    segments it stores zeros (or leaves C as it is)."""
+    segments it stores zeros (or leaves C as it is). ``btab``: ``segs`` holds pairs, each
+    segment's ``A`` offset and the element offset of its first ``B`` row (segments whose
+    filter rows are not one after the other: a region's taps)."""
 
     @intrinsic
     def micro(typingctx, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
@@ -100,9 +109,15 @@ def _micro(nv):
                     for i in range(MR)]
             with cgutils.for_range(builder, nseg) as sloop:
                 s = sloop.index
-                seg = builder.load(builder.gep(psegs, [s]))
+                if btab:
+                    s2 = builder.mul(s, ir.Constant(i64, 2))
+                    seg = builder.load(builder.gep(psegs, [s2]))
+                    b0 = builder.load(builder.gep(psegs, [builder.add(s2,
+                                                                      ir.Constant(i64, 1))]))
+                else:
+                    seg = builder.load(builder.gep(psegs, [s]))
+                    b0 = builder.mul(builder.mul(s, kl), ldb)
                 base = [builder.add(arow[i], seg) for i in range(MR)]
-                b0 = builder.mul(builder.mul(s, kl), ldb)
                 with cgutils.for_range(builder, kl) as loop:
                     k = loop.index
                     bk = builder.add(b0, builder.mul(k, ldb))
@@ -144,6 +159,7 @@ def _micro(nv):
 
 
 _micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
+_micro1t, _micro2t, _micro3t, _micro4t = (_micro(n, True) for n in (1, 2, 3, 4))
 
 
 @helper
@@ -156,6 +172,18 @@ def _call(nv, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
         _micro2(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
     else:
         _micro1(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+
+
+@helper
+def _call_t(nv, a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work):
+    if nv == 4:
+        _micro4t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
+    elif nv == 3:
+        _micro3t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
+    elif nv == 2:
+        _micro2t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
+    else:
+        _micro1t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
 
 
 @intrinsic
@@ -403,6 +431,123 @@ def bwd_d_phase_panels_kernel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chu
                 _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
             _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp,
                    1 if c0 else 0, wflat)
+
+
+@separate("void(int64, int64, int64[:, :, ::1], int64, int64, int64, int64, int64, {T}[::1], "
+          "int64, int64, int64, int64, {T}[::1])", float32="float32", float64="float64")
+def _tiles_span(nv, pa, offs, t0, t1, ppairs, ns, K, bmat, boff, nr, cp, beta, work):
+    """Row tiles ``t0 <= ti < t1`` of ``offs`` against ``ns`` segments given as pairs (A
+    offset, B element offset from element ``boff`` of ``bmat``, which may be negative: a
+    chunk's base) at address ``ppairs``; with no segments: zeros."""
+    po = offs.ctypes.data
+    b = bmat.ctypes.data + boff * bmat.itemsize
+    for ti in range(t0, t1):
+        _call_t(nv, pa, po + ti * 2 * MR * 8, ppairs, ns, K, b, nr, cp,
+                po + (ti * 2 + 1) * MR * 8, beta, work)
+
+
+def bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work):
+    """See :func:`bwd_d_regions_kernel` (its address table for ``dx``'s dtype added)."""
+    bwd_d_regions_kernel(_tiles_span.table(dx.dtype.name), dyp, bp, dx, offs, items, rtab,
+                         pairs, epos, chunk, work)
+
+
+@kernel
+def bwd_d_regions_kernel(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work):
+    """:func:`bwd_d_phase` over regions of the phase grid, each summing only the taps that
+    reach inside ``dY`` for every one of its pixels (dilated and heavily padded layers,
+    whose border pixels read only padding for some taps: those products add zeros).
+
+    ``offs [tiles, 2, MR]``: the A and C row offsets of every row tile, region after
+    region (each region's last tile padded with its first row's A and scratch C rows in
+    ``work``). ``rtab [R, 4]``: per region its tiles ``[t0, t1)`` and its taps
+    ``pairs[e0 : e0 + n]`` (A offset in ``dyp``, element offset of the tap's rows in a
+    panel of ``bp``), at positions ``epos`` among the phase's taps, in increasing order.
+    ``bp [panels, taps, K, NR]``: the phase's packed filter. ``items [I, 3]``: the
+    parallel work, ``(region, t0, t1)`` blocks of row tiles. One micro-kernel call per tile
+    and chunk of ``chunk`` tap positions (the filter chunk stays in L2); a region with no
+    taps stores zeros."""
+    npan, ntaps, K, nr = bp.shape[0], bp.shape[1], bp.shape[2], bp.shape[3]
+    C = dx.shape[4]
+    it = dx.itemsize
+    vl = nr // NV
+    pa, pc = dyp.ctypes.data, dx.ctypes.data
+    pp = pairs.ctypes.data
+    bflat, wflat = bp.reshape(bp.size), work.reshape(work.size)
+    for ii in prange(items.shape[0]):
+        r, t0, t1 = items[ii, 0], items[ii, 1], items[ii, 2]
+        e0, ne = rtab[r, 2], rtab[r, 3]
+        for p in range(npan):
+            nv = (min(nr, C - p * nr) + vl - 1) // vl
+            cp = pc + p * nr * it
+            if ne == 0:
+                _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, bflat, 0, nr, cp, 0,
+                            wflat)
+                continue
+            beta = 0
+            j = e0
+            while j < e0 + ne:
+                c1 = (epos[j] // chunk + 1) * chunk
+                j1 = j + 1
+                while j1 < e0 + ne and epos[j1] < c1:
+                    j1 += 1
+                _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, bflat,
+                            p * ntaps * K * nr, nr, cp, beta, wflat)
+                beta = 1
+                j = j1
+
+
+def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work):
+    """See :func:`bwd_d_regions_panels_kernel` (its address tables for ``dx``'s dtype
+    added)."""
+    name = dx.dtype.name
+    bwd_d_regions_panels_kernel(_tiles_span.table(name), _pack.table(name), dyp, w, taps, dx,
+                                offs, rtab, pairs, epos, chunk, nr, work)
+
+
+@kernel
+def bwd_d_regions_panels_kernel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs,
+                                epos, chunk, nr, work):
+    """:func:`bwd_d_regions_kernel` in parallel over the ``NR``-channel panels, each packing
+    its own filter chunk by chunk as :func:`bwd_d_phase_panels_kernel` does (``pairs``' B
+    offsets are positions times ``K * NR``: a chunk's buffer stands at ``-c0 * K * NR``);
+    every region then sums its taps in the chunk (its first sum stores, later ones add; a
+    region with no taps stores zeros)."""
+    C, K = w.shape[1], w.shape[2]
+    npan = (C + nr - 1) // nr
+    ntaps = taps.shape[0]
+    it = dx.itemsize
+    vl = nr // NV
+    pa, pc = dyp.ctypes.data, dx.ctypes.data
+    pp = pairs.ctypes.data
+    ws = w.reshape(w.size)
+    wflat = work.reshape(work.size)
+    nreg = rtab.shape[0]
+    for p in prange(npan):
+        nv = (min(nr, C - p * nr) + vl - 1) // vl
+        cp = pc + p * nr * it
+        buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
+        tmp = np.empty((TB, TB), dx.dtype)
+        for c0 in range(0, max(ntaps, 1), chunk):
+            ns = min(chunk, ntaps - c0)
+            for t in range(ns):
+                _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+            for r in range(nreg):
+                t0, t1, e0, ne = rtab[r, 0], rtab[r, 1], rtab[r, 2], rtab[r, 3]
+                if ne == 0:
+                    if c0 == 0:
+                        _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, buf, 0, nr, cp,
+                                    0, wflat)
+                    continue
+                j = e0
+                while j < e0 + ne and epos[j] < c0:
+                    j += 1
+                j1 = j
+                while j1 < e0 + ne and epos[j1] < c0 + ns:
+                    j1 += 1
+                if j1 > j:
+                    _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, buf,
+                                -c0 * K * nr, nr, cp, 1 if epos[e0] < c0 else 0, wflat)
 
 
 @helper

@@ -12,6 +12,7 @@ slab, then multiplies in BLAS or the Numba GEMM engine. Here the packing is gone
 quarter of ``dX`` at stride 2) and the filter packed per phase into the micro-kernel's
 panels.
 """
+import itertools
 import math
 
 import numpy as np
@@ -72,6 +73,117 @@ def _group(p):
     return dataclasses.replace(p, g=1, ic=p.icg, oc=p.ocg)
 
 
+#: Backward data runs over regions of each stride phase's grid, each summing only the
+#: taps that reach inside dY (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions_kernel`),
+#: where that skips at least this fraction of the phase's multiply-adds, counted in whole
+#: row tiles (each region's last tile is partial): dilated layers (DeepLab's ASPP at
+#: dilation 18 over 33x33 reads padding in 60% of them), not small images with a 3x3
+#: filter, whose many one-pixel regions leave their tiles mostly empty.
+MIN_SKIPPED = 0.1
+
+
+def _regions(p, grid, taps):
+    """The phase grid split into boxes within which every tap either reaches inside dY for
+    every pixel or for none: ``[(lo, hi, positions)]`` (``lo``/``hi``: per axis, of the
+    phase grid; ``positions``: the indices into ``taps`` of the taps that reach inside),
+    and the fraction of the phase's multiply-adds they skip, counted in whole row tiles
+    of ``MR`` pixels (negative where the regions' partial tiles cost more than that)."""
+    from ..kernels.cpu import igemm
+    MR = igemm.MR
+    cuts = []
+    for a in range(3):
+        c = {0, grid[a]}
+        for _, b in taps:
+            for v in (-b[a], p.osz[a] - b[a]):
+                if 0 < v < grid[a]:
+                    c.add(v)
+        c = sorted(c)
+        cuts.append([(u, v) for u, v in zip(c, c[1:]) if v > u])
+    out, kept = [], 0
+    for box in itertools.product(*cuts):
+        lo = tuple(u for u, _ in box)
+        hi = tuple(v for _, v in box)
+        pos = [i for i, (_, b) in enumerate(taps)
+               if all(0 <= lo[a] + b[a] and hi[a] - 1 + b[a] < p.osz[a] for a in range(3))]
+        out.append((lo, hi, pos))
+        px = p.mb * math.prod(v - u for u, v in zip(lo, hi))
+        kept += -(-px // MR) * len(pos)
+    total = -(-p.mb * math.prod(grid) // MR) * len(taps)
+    return out, (1 - kept / total) if total else 0.0
+
+
+#: The region tables of recent problems, by (problem, phase, block tiles): building them
+#: is Python work (tens of microseconds per region), a layer's calls share them.
+_TABLES = {}
+
+
+def _phase_regions(p, q, grid, taps, pads, segs, width, block_tiles, nr, threads):
+    """``(regions, skipped, tables)`` of phase ``q`` (:func:`_regions`,
+    :func:`_region_tables` with scratch rows at offset 0: the caller adds the scratch's
+    offset from ``dx`` at ``tables[-1]``, the padded rows), made once per problem."""
+    key = (p, q, block_tiles, threads)
+    got = _TABLES.get(key)
+    if got is None:
+        regions, skipped = _regions(p, grid, taps) if taps else ([], 0.0)
+        tables = None
+        if skipped >= MIN_SKIPPED:
+            from ..kernels.cpu import igemm
+            work = sum(-(-p.mb * math.prod(v - u for u, v in zip(lo, hi)) // igemm.MR)
+                       * len(pos) for lo, hi, pos in regions)
+            # items of at most block_tiles full tiles' work, at least 4 per thread
+            share = max(1, min(block_tiles * len(taps), work // (4 * threads)))
+            tables = _region_tables(p, q, pads, regions, segs, 0, width, share, nr)
+        if len(_TABLES) >= 256:
+            _TABLES.clear()
+        got = _TABLES[key] = (regions, skipped, tables)
+    return got
+
+
+def _region_tables(p, q, pads, regions, segs, rel, width, block_tiles, nr):
+    """The kernels' tables for :func:`_regions`' boxes of phase ``q``: ``offs [tiles, 2,
+    MR]`` (A and C row offsets, region after region; a region's last tile padded with its
+    first row's A and C rows ``rel + (r*MR + i) * width`` in scratch), ``rtab [R, 4]``
+    (tiles and entries per region), ``pairs [E, 2]`` (a tap's A offset ``segs[position]``
+    in the padded dY and its rows' element offset ``position * K * nr`` in a packed
+    panel), ``epos [E]`` (the positions), ``items [I, 3]`` (``(region, t0, t1)`` blocks of
+    about ``block_tiles`` tiles times taps of work) and the flat indices in ``offs`` of the
+    padded C rows."""
+    from ..kernels.cpu import igemm
+    MR = igemm.MR
+    (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
+    ID, IH, IW = p.isz
+    K, C = p.oc, p.ic
+    offs, rtab, pairs, epos, items, padded = [], [], [], [], [], []
+    t = 0
+    for r, (lo, hi, pos) in enumerate(regions):
+        n, jd, jh, jw = (v.ravel().astype(np.int64) for v in np.meshgrid(
+            np.arange(p.mb), *(np.arange(u, v) for u, v in zip(lo, hi)), indexing="ij"))
+        a = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * K
+        c = (((n * ID + q[0] + p.stride[0] * jd) * IH + q[1] + p.stride[1] * jh) * IW
+             + q[2] + p.stride[2] * jw) * C
+        nt = -(-len(a) // MR)
+        pad = nt * MR - len(a)
+        if pad:
+            a = np.concatenate([a, np.full(pad, a[0], np.int64)])
+            c = np.concatenate([c, rel + (r * MR + np.arange(MR - pad, MR)) * width])
+            # (flat indices in offs of the padded C rows)
+            padded += [((t + nt - 1) * 2 + 1) * MR + i for i in range(MR - pad, MR)]
+        offs.append(np.stack([a.reshape(nt, MR), c.reshape(nt, MR)], axis=1))
+        rtab.append((t, t + nt, len(pairs), len(pos)))
+        pairs += [(int(segs[i]), i * K * nr) for i in pos]
+        epos += list(pos)
+        # blocks of about equal work (block_tiles tiles of taps), so that the parallel
+        # loop's equal shares of items are equal shares of the work
+        step = max(1, block_tiles // max(1, len(pos)))
+        for t0 in range(t, t + nt, step):
+            items.append((r, t0, min(t + nt, t0 + step)))
+        t += nt
+    return (np.ascontiguousarray(np.concatenate(offs), np.int64),
+            np.array(rtab, np.int64).reshape(-1, 4), np.array(pairs, np.int64).reshape(-1, 2),
+            np.array(epos, np.int64), np.array(items, np.int64).reshape(-1, 3),
+            np.array(padded, np.int64))
+
+
 def _blocks(pixels, block_tiles, threads):
     """Parallel blocks for a phase of ``pixels``: about ``block_tiles`` row tiles each, a
     whole number per thread where there are enough tiles."""
@@ -96,6 +208,8 @@ class ImplicitGemm(Strategy):
     variant = "implicit"
     compile_heavy = True
     directions = ("bwd_d",)
+    #: Whether phases that skip enough products run region by region (gemm[regions]).
+    regions = False
 
     def accepts(self, p):
         from ..kernels.cpu import igemm
@@ -198,6 +312,26 @@ class ImplicitGemm(Strategy):
             idx = np.array([t for t, _ in taps], np.int64)
             segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * K for _, b in taps]
                             + [0], np.int64)
+            tables = None
+            if self.regions and not half_out:
+                tables = _phase_regions(p, q, grid, taps, pads, segs, npan * nr, bt, nr,
+                                        threads)[2]
+            if tables is not None:
+                # only the taps that reach inside dY, region by region
+                offs, rtab, pairs, epos, items, padded = tables
+                work = memory.empty((len(rtab), igemm.MR * npan * nr), ct, offset=0)
+                offs = offs.copy()  # the padded rows' C offsets: into this call's scratch
+                offs.reshape(-1)[padded] += (work.ctypes.data - dx.ctypes.data) // ct.itemsize
+                if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
+                              int(tiles["panels_above"])):
+                    igemm.bwd_d_regions_panels(dyp, w, idx, dx, offs, rtab, pairs, epos, chunk,
+                                               np.int64(nr), work)
+                else:
+                    bp = np.empty((npan, len(taps), K, nr), ct)
+                    igemm.pack_filter(w, idx, bp)
+                    igemm.bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
+                                        work)
+                continue
             pg = np.array([p.mb, *grid, Dp, Hp, Wp, K, Ld, Lh, Lw, *p.isz, C, *q,
                            *p.stride], np.int64)
             if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
@@ -230,4 +364,53 @@ class ImplicitGemm(Strategy):
         return True
 
 
+R_NO_SKIP = ("every tap reaches inside dY for all but {skip:.0%} of the products "
+             "(< {limit:.0%}, counted in whole row tiles)")
+R_HALF = "float16: the region kernels have no float16 path (gemm[implicit] has)"
+
+
+def _skipped(p):
+    """The largest fraction of a stride phase's products that :func:`_regions` skips."""
+    p = _group(p)
+    return max([_regions(p, grid, taps)[1] for _, grid, taps in stride_phases(p) if taps]
+               or [0.0])
+
+
+class ImplicitRegions(ImplicitGemm):
+    """``gemm[implicit]`` whose stride phases run over regions of their grid, each summing
+    only the taps that reach inside dY for all of its pixels
+    (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions_kernel`): dilated layers, whose
+    border pixels read the padding for some taps, and large filters over small images.
+    The same micro-kernel, each tap's filter rows found through a table; a phase that
+    skips less than ``MIN_SKIPPED`` of its products runs as in ``gemm[implicit]``."""
+
+    variant = "regions"
+    regions = True
+
+    def accepts(self, p):
+        why = super().accepts(p)
+        if why is not None:
+            return why
+        if np.dtype(p.dtype) == np.float16:
+            return R_HALF
+        skip = _skipped(p)
+        if skip < MIN_SKIPPED:
+            return R_NO_SKIP.format(skip=max(0.0, skip), limit=MIN_SKIPPED)
+        return None
+
+    def tiles(self, p, machine):
+        t = super().tiles(p, machine)
+        t["skipped"] = round(_skipped(p), 2)
+        return t
+
+    def workspace_bytes(self, p, tiles):
+        from ..kernels.cpu import igemm
+        q = _group(p)
+        nr = igemm.panel(itemsize(p))
+        regions = max(len(_regions(q, grid, taps)[0]) for _, grid, taps in stride_phases(q))
+        return (super().workspace_bytes(p, tiles)
+                + regions * igemm.MR * -(-q.ic // nr) * nr * itemsize(p))
+
+
 STRATEGY = ImplicitGemm()
+REGIONS = ImplicitRegions()
