@@ -14,8 +14,9 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 * ``fwd``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
   direct[depthwise-unrolled], direct[depthwise], direct
 * ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[regions],
-  gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im], direct[depthwise-rows],
-  direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
+  gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im],
+  direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
+  direct[depthwise], direct
 * ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[patch], gemm[rows],
   gemm[split-k], gemm[identity],
   gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
