@@ -1,0 +1,43 @@
+#!/bin/bash
+# One device session's checks in one command (a developer's tool; run it in the
+# repository root on a machine with an NVIDIA GPU and PyTorch with CUDA):
+#   OUT=results bash tools/gpu_session.sh
+# 1. host time per call and its profile (tools/gpu_host_profile.py);
+# 2. the GPU tests (tests/test_cuda.py, tests/test_cuda_tf32.py);
+# 3. tools/gpu_check.py over the suites, one process per suite and pass so that their
+#    kernels compile side by side, timed one at a time under a lock (LOCK=).
+# Each step has its own time limit (PROF_S, TEST_S, CHECK_S seconds); results go to $OUT.
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-gpu_results}
+mkdir -p "$OUT"
+# the source tree as the installed package has it (numbaconv.kernels is kernels/)
+[ -e numbaconv/kernels ] || ln -s ../kernels numbaconv/kernels
+# NumPy 2.5 dropped numpy.row_stack, which the numba 0.68 / numba-cuda 0.30 stack of
+# some images still calls: restore it as numpy.vstack for these runs only (a
+# sitecustomize on PYTHONPATH, which shadows the environment's own, if it has one)
+SHIM=$(mktemp -d)
+echo "import numpy as _n; hasattr(_n, 'row_stack') or setattr(_n, 'row_stack', _n.vstack)" \
+    > "$SHIM/sitecustomize.py"
+export PYTHONPATH=$PWD:$SHIM PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  git log -1 --format=%h 2>/dev/null
+  python3 -c "import numba, torch, numpy; print('numba', numba.__version__, 'torch',
+torch.__version__, 'numpy', numpy.__version__, 'cudnn', torch.backends.cudnn.version())"
+} > "$OUT/env.txt" 2>&1
+timeout "${PROF_S:-60}" python3 tools/gpu_host_profile.py > "$OUT/host.txt" 2>&1
+timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
+    tests/test_cuda_tf32.py > "$OUT/tests.txt" 2>&1
+echo "tests rc $?" >> "$OUT/tests.txt"
+LOCK=$(mktemp)
+for d in fwd bwd_d bwd_w; do
+  LOCK=$LOCK SUITES=resnet50 PASSES=$d timeout "${CHECK_S:-300}" python3 tools/gpu_check.py \
+      > "$OUT/resnet50_$d.txt" 2>&1 &
+done
+LOCK=$LOCK SUITES=mobilenet_v2_dw timeout "${CHECK_S:-300}" python3 tools/gpu_check.py \
+    > "$OUT/mobilenet_v2_dw.txt" 2>&1 &
+LOCK=$LOCK SUITES=resnext3d,conv1d timeout "${CHECK_S:-300}" python3 tools/gpu_check.py \
+    > "$OUT/resnext3d_conv1d.txt" 2>&1 &
+LOCK=$LOCK SUITES=resnet50 PRECISIONS=tf32 timeout "${CHECK_S:-300}" python3 \
+    tools/gpu_check.py > "$OUT/resnet50_tf32.txt" 2>&1 &
+wait
+grep -h "geomean\|^bad" "$OUT"/*.txt
