@@ -955,9 +955,14 @@ class _Prepared:
 def device_pointer(a):
     """The device address (an int) of a numba device array or of an object exposing
     ``__cuda_array_interface__``."""
-    if getattr(a, "__cuda_ndarray__", False) is True:
-        return int(a.device_ctypes_pointer.value or 0)
-    return int(a.__cuda_array_interface__["data"][0])
+    return _pointer_and_stream(a)[0]
+
+
+def _overlap(lo, size, addrs, nbytes):
+    """Whether ``size`` bytes at device address ``lo`` overlap an operand: ``addrs`` and
+    ``nbytes`` their addresses and sizes in bytes, by name."""
+    hi = lo + size
+    return any(p < hi and lo < p + nbytes[k] for k, p in addrs.items())
 
 
 def _host_data(a):
@@ -978,13 +983,8 @@ def _overlaps(dst, ops, nbytes):
     if h is not None:  # the simulator's arrays (and test stand-ins) hold NumPy arrays
         return any(np.may_share_memory(h, a) for a in map(_host_data, ops.values())
                    if a is not None)
-    lo = device_pointer(dst)
-    hi = lo + int(dst.size) * np.dtype(dst.dtype).itemsize
-    for k, a in ops.items():
-        p = device_pointer(a)
-        if p < hi and lo < p + nbytes[k]:
-            return True
-    return False
+    return _overlap(device_pointer(dst), int(dst.size) * np.dtype(dst.dtype).itemsize,
+                    {k: device_pointer(a) for k, a in ops.items()}, nbytes)
 
 
 class _Recording:
@@ -1110,11 +1110,9 @@ def run_fast(pr, ops, out, stream):
         p, oh = _pointer_and_stream(out)
         if not _is_default(oh) and oh != (h if stream is not None else producer):
             return None  # (out= from another stream: the general path orders it)
-        if pr.into_out:
-            hi = p + math.prod(pr.shape) * np.dtype(pr.dtype).itemsize
-            for k, q in addr.items():
-                if q < hi and p < q + pr.nbytes[k]:
-                    return None
+        if pr.into_out and _overlap(p, math.prod(pr.shape) * np.dtype(pr.dtype).itemsize,
+                                    addr, pr.nbytes):
+            return None
         addr["out"] = p
     cuda = _cuda()
     if isinstance(st, int) and st:

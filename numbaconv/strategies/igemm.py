@@ -118,31 +118,31 @@ _TABLES = {}
 
 
 def _phase_regions(p, q, grid, taps, pads, segs, width, block_tiles, nr, threads):
-    """``(regions, skipped, tables)`` of phase ``q`` (:func:`_regions`,
-    :func:`_region_tables` with scratch rows at offset 0: the caller adds the scratch's
-    offset from ``dx`` at ``tables[-1]``, the padded rows), made once per problem."""
+    """The :func:`_region_tables` of phase ``q`` where its regions skip at least
+    ``MIN_SKIPPED`` of its products, else None; made once per problem. The padded rows'
+    C offsets are scratch rows counted from 0: the caller adds the scratch's offset from
+    ``dx`` at the tables' last entry."""
     key = (p, q, block_tiles, threads)
-    got = _TABLES.get(key)
-    if got is None:
+    if key not in _TABLES:
+        from ..kernels.cpu import igemm
         regions, skipped = _regions(p, grid, taps) if taps else ([], 0.0)
         tables = None
         if skipped >= MIN_SKIPPED:
-            from ..kernels.cpu import igemm
-            work = sum(-(-p.mb * math.prod(v - u for u, v in zip(lo, hi)) // igemm.MR)
-                       * len(pos) for lo, hi, pos in regions)
+            total = -(-p.mb * math.prod(grid) // igemm.MR) * len(taps)
+            work = round((1 - skipped) * total)  # the regions' tiles times taps
             # items of at most block_tiles full tiles' work, at least 4 per thread
             share = max(1, min(block_tiles * len(taps), work // (4 * threads)))
-            tables = _region_tables(p, q, pads, regions, segs, 0, width, share, nr)
+            tables = _region_tables(p, q, pads, regions, segs, width, share, nr)
         if len(_TABLES) >= 256:
             _TABLES.clear()
-        got = _TABLES[key] = (regions, skipped, tables)
-    return got
+        _TABLES[key] = tables
+    return _TABLES[key]
 
 
-def _region_tables(p, q, pads, regions, segs, rel, width, block_tiles, nr):
+def _region_tables(p, q, pads, regions, segs, width, block_tiles, nr):
     """The kernels' tables for :func:`_regions`' boxes of phase ``q``: ``offs [tiles, 2,
     MR]`` (A and C row offsets, region after region; a region's last tile padded with its
-    first row's A and C rows ``rel + (r*MR + i) * width`` in scratch), ``rtab [R, 4]``
+    first row's A and C rows ``(r*MR + i) * width`` of the scratch), ``rtab [R, 4]``
     (tiles and entries per region), ``pairs [E, 2]`` (a tap's A offset ``segs[position]``
     in the padded dY and its rows' element offset ``position * K * nr`` in a packed
     panel), ``epos [E]`` (the positions), ``items [I, 3]`` (``(region, t0, t1)`` blocks of
@@ -165,7 +165,7 @@ def _region_tables(p, q, pads, regions, segs, rel, width, block_tiles, nr):
         pad = nt * MR - len(a)
         if pad:
             a = np.concatenate([a, np.full(pad, a[0], np.int64)])
-            c = np.concatenate([c, rel + (r * MR + np.arange(MR - pad, MR)) * width])
+            c = np.concatenate([c, (r * MR + np.arange(MR - pad, MR)) * width])
             # (flat indices in offs of the padded C rows)
             padded += [((t + nt - 1) * 2 + 1) * MR + i for i in range(MR - pad, MR)]
         offs.append(np.stack([a.reshape(nt, MR), c.reshape(nt, MR)], axis=1))
@@ -315,7 +315,7 @@ class ImplicitGemm(Strategy):
             tables = None
             if self.regions and not half_out:
                 tables = _phase_regions(p, q, grid, taps, pads, segs, npan * nr, bt, nr,
-                                        threads)[2]
+                                        threads)
             if tables is not None:
                 # only the taps that reach inside dY, region by region
                 offs, rtab, pairs, epos, items, padded = tables
