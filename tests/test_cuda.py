@@ -70,6 +70,9 @@ def _groups():
                                                        (_GEOMETRIES[1], True))]
     g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
                    for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
+    # depthwise forward and backward data: the patch kernels above, the row kernels here
+    g["direct_rows"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small", rows=True)
+                        for d in ("fwd", "bwd_d") for geo in _DEPTHWISE + _WIDE_DEPTHWISE]
     # depthwise weight gradients on rows wide enough for segments inside the image (the
     # row kernel's loop without bounds tests) and for two column tiles (two partials per
     # split); a column stride and dilation of 2 with multiplier 2
@@ -131,6 +134,7 @@ def _run_case(case):
     # forward/backward data split K only where asked (every layer is "too few blocks")
     config.CUDA_MIN_BLOCKS = 10 ** 6 if case.get("split") else 1
     config.CUDA_SPLIT_MIN_SLICES = 1
+    config.CUDA_DEPTHWISE_PATCH = 0 if case.get("rows") else 1
     mb, g, ic, oc, isz, ksz, st, dl, pb, pe = case["geo"]
     if case.get("empty"):
         mb = 0
@@ -166,6 +170,9 @@ def _run_case(case):
     if variant and backend.tf32_declines(p, tiles) is not None:
         return f"gemm[tf32] declines: {backend.tf32_declines(p, tiles)}"
     plan = types.SimpleNamespace(problem=p, tiles=tiles, variant=variant)
+    if case["kernel"] == "direct" and (tiles.get("variant") == "patch") != (
+            not case.get("rows") and backend.depthwise_patch(p) is not None):
+        return f"expected the {'row' if case.get('rows') else 'patch'} kernel: {tiles}"
     if case.get("split") and direction != "bwd_w" and plan.tiles["splits"] < 2:
         return f"expected a split K, got tiles {plan.tiles}"
     out = None
@@ -360,6 +367,24 @@ if not sim:
         assert int(r.stream.handle.value) == h, r.stream
         s.synchronize()
         worst = max(worst, float(np.max(np.abs(r.copy_to_host() - want)) / np.max(np.abs(want))))
+    # results without out= come from the pool: a dropped result's memory serves the
+    # next call on its stream; a view of a result keeps it
+    import gc
+    xa, wa = cuda.to_device(x), cuda.to_device(w)
+    r = numbaconv.conv2d(xa, wa, 1, "SAME")
+    a0 = backend.device_pointer(r)
+    del r
+    gc.collect()
+    r = numbaconv.conv2d(xa, wa, 1, "SAME")
+    assert backend.device_pointer(r) == a0
+    v = r[1:]
+    del r
+    gc.collect()
+    r2 = numbaconv.conv2d(xa, wa, 1, "SAME")
+    assert backend.device_pointer(r2) != a0
+    cuda.synchronize()
+    for got in (v.copy_to_host(), r2.copy_to_host()[1:]):
+        worst = max(worst, float(np.max(np.abs(got - want[1:])) / np.max(np.abs(want))))
     replayed = sum(1 for e in _op._MEMO.values() if e[4] is not None and e[4][1].fast)
     assert replayed >= len(cases), replayed  # the memoised calls replayed their launches
 print(f"worst {worst:.3g}")
@@ -372,7 +397,8 @@ def test_memoised_calls_replay_launches():
     gather and scatter, split-K, depthwise rows, float16) give the bits of the first call
     and the reference's values; ``out=`` is returned as given; an ``out=`` that is an
     operand gets the result of the operand's values; operands naming a stream put the
-    kernels and the result on it. On a GPU the memoised calls replay their recorded
+    kernels and the result on it; a dropped result's memory serves the next call, a
+    view of a result keeps it. On a GPU the memoised calls replay their recorded
     launches through the driver (checked); in the simulator they take the general path."""
     r = subprocess.run([sys.executable, "-c", _REPLAY_CODE], capture_output=True, text=True,
                        env=_env(), cwd=ROOT, timeout=600)

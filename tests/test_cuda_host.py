@@ -34,8 +34,8 @@ class FakeArray:
 
     __cuda_ndarray__ = True  # (as numba's device arrays: the front ends take it as one)
 
-    def __init__(self, data, stream=0):
-        self.data, self.stream = data, stream
+    def __init__(self, data, stream=0, base=None):
+        self.data, self.stream, self.base = data, stream, base  # base: kept alive (views)
         self.shape, self.dtype, self.size = data.shape, data.dtype, data.size
         self.nbytes, self.ndim, self.strides = data.nbytes, data.ndim, data.strides
 
@@ -48,10 +48,10 @@ class FakeArray:
 
     def reshape(self, *shape):
         # (numba's reshape drops the stream, as this one does)
-        return FakeArray(self.data.reshape(*shape))
+        return FakeArray(self.data.reshape(*shape), base=self)
 
     def bind(self, stream):
-        return FakeArray(self.data, stream)
+        return FakeArray(self.data, stream, base=self)
 
     def is_c_contiguous(self):
         return self.data.flags.c_contiguous
@@ -141,7 +141,7 @@ class FakeKernel:
 @pytest.fixture
 def fake(monkeypatch):
     """Route the backend's numba.cuda and kernel factories through a FakeCuda."""
-    from numbaconv.kernels.cuda import depthwise, gemm, layout
+    from numbaconv.kernels.cuda import depthwise, depthwise_patch, gemm, layout
 
     cuda = FakeCuda()
     monkeypatch.setattr(backend, "_cuda", lambda name="array": cuda)
@@ -150,6 +150,7 @@ def fake(monkeypatch):
                        (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
                                     "fwd_depthwise_rows", "bwd_d_depthwise_rows",
                                     "bwd_w_depthwise_rows")),
+                       (depthwise_patch, ("fwd_depthwise_patch", "bwd_d_depthwise_patch")),
                        (layout, ("gather", "scatter", "fill_zero"))):
         for n in names:
             monkeypatch.setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))
@@ -260,6 +261,71 @@ def test_pool_is_per_stream(fake):
     n = len(fake.allocs)
     backend.execute(plan, _operands(p, FakeStream(0x9000), "NCX"))
     assert len(fake.allocs) == 2 * n  # nothing reused across streams
+
+
+@pytest.fixture
+def pooled(fake, monkeypatch):
+    """Results from the pool, as under numba's own allocator on a GPU: a result's block
+    goes back when the stand-in array (and every view of it) is gone."""
+    import weakref
+
+    def block(b, shape, dtype, st):
+        a = FakeArray(b.arr.data.view(np.uint8).view(dtype).reshape(shape), st)
+        weakref.finalize(a, backend._ResultFree(b, id(b)))
+        return a
+    monkeypatch.setattr(backend, "_results_pooled", lambda cuda: True)
+    monkeypatch.setattr(backend, "_result_block", block)
+    return fake
+
+
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])  # the result as the kernel's, or scattered
+def test_results_come_from_the_pool_once_dropped(pooled, fmt):
+    """Without out=, a result's memory returns to the pool when the caller drops it, and
+    the next call on the same stream takes it (no allocation); a result still held, or a
+    call on another stream, gets new memory."""
+    import gc
+
+    p = _problem(fmt=fmt)
+    plan = planner.make_plan(p, device="cuda")
+    ops = _operands(p, fmt=fmt)
+    r1 = backend.execute(plan, ops)
+    n = len(pooled.allocs)
+    addr = r1.data.__array_interface__["data"][0]
+    del r1
+    gc.collect()
+    r2 = backend.execute(plan, ops)
+    assert len(pooled.allocs) == n  # the dropped result's block, and the scratch, reused
+    assert r2.data.__array_interface__["data"][0] == addr
+    view = r2.reshape(-1)  # a view keeps its result's block out of the pool
+    del r2
+    gc.collect()
+    r3 = backend.execute(plan, ops)
+    assert len(pooled.allocs) == n + 1
+    assert r3.data.__array_interface__["data"][0] != view.data.__array_interface__["data"][0]
+    del view, r3
+    gc.collect()
+    backend.execute(plan, _operands(p, FakeStream(0x9100), fmt))
+    assert len(pooled.allocs) > n + 1  # nothing taken across streams
+
+
+def test_results_pooled_only_under_numbas_allocator(monkeypatch):
+    """Results come from the pool only on a GPU, with numba's own allocator (an External
+    Memory Management plugin allocates them otherwise) and CUDA_POOL_BYTES > 0."""
+    from numba.cuda.cudadrv import driver
+
+    from numbaconv import config
+
+    monkeypatch.setattr(backend, "simulator", lambda: False)
+    monkeypatch.setattr(driver, "_memory_manager", driver.NumbaCUDAMemoryManager)
+    assert backend._results_pooled(None)
+    monkeypatch.setattr(config, "CUDA_POOL_BYTES", 0, raising=False)
+    assert not backend._results_pooled(None)
+    monkeypatch.undo()
+    monkeypatch.setattr(backend, "simulator", lambda: False)
+    monkeypatch.setattr(driver, "_memory_manager", type("Plugin", (), {}))
+    assert not backend._results_pooled(None)
+    monkeypatch.setattr(backend, "simulator", lambda: True)
+    assert not backend._results_pooled(None)
 
 
 def test_split_k_plan_launches_a_reduction(fake, monkeypatch):
@@ -594,7 +660,7 @@ def test_gpu_entry_labels_force_that_entry(fake):
 
 def _install_fake():
     """Route the backend through a FakeCuda outside pytest (the fixture's work, by hand)."""
-    from numbaconv.kernels.cuda import depthwise, gemm, layout
+    from numbaconv.kernels.cuda import depthwise, depthwise_patch, gemm, layout
     cuda = FakeCuda()
     backend._cuda = lambda name="array": cuda
     backend.simulator = lambda: False
@@ -602,6 +668,7 @@ def _install_fake():
                        (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
                                     "fwd_depthwise_rows", "bwd_d_depthwise_rows",
                                     "bwd_w_depthwise_rows")),
+                       (depthwise_patch, ("fwd_depthwise_patch", "bwd_d_depthwise_patch")),
                        (layout, ("gather", "scatter", "fill_zero"))):
         for n in names:
             setattr(mod, n, lambda *a, _n=n, **k: cuda.kernel(_n))

@@ -3,10 +3,12 @@
 # repository root on a machine with an NVIDIA GPU and PyTorch with CUDA):
 #   OUT=results bash tools/gpu_session.sh
 # 1. host time per call and its profile (tools/gpu_host_profile.py);
-# 2. the GPU tests (tests/test_cuda.py, tests/test_cuda_tf32.py);
+# 2. the GPU tests (tests/test_cuda.py, tests/test_cuda_tf32.py), and beside them the
+#    depthwise kernels' shapes (tools/gpu_depthwise_tune.py);
 # 3. tools/gpu_check.py over the suites, one process per suite and pass so that their
 #    kernels compile side by side, timed one at a time under a lock (LOCK=).
-# Each step has its own time limit (PROF_S, TEST_S, CHECK_S seconds); results go to $OUT.
+# Each step has its own time limit (PROF_S, TEST_S, TUNE_S, CHECK_S seconds; TF32=0 leaves
+# out the TF32 suite); results go to $OUT.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-gpu_results}
 mkdir -p "$OUT"
@@ -25,9 +27,13 @@ export PYTHONPATH=$PWD:$SHIM PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 torch.__version__, 'numpy', numpy.__version__, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
 timeout "${PROF_S:-60}" python3 tools/gpu_host_profile.py > "$OUT/host.txt" 2>&1
-timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
+# the GPU tests beside the depthwise shapes' timings (the tests' kernels are tiny)
+( timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_cuda.py \
     tests/test_cuda_tf32.py > "$OUT/tests.txt" 2>&1
-echo "tests rc $?" >> "$OUT/tests.txt"
+  echo "tests rc $?" >> "$OUT/tests.txt" ) &
+ZOO=${ZOO:-mobilenet_v3:bneck4_dw5_s2,efficientnet_b0:mb5_dw5,convnext_t:stage2_dw7,convnext_t:stage4_dw7} \
+    timeout "${TUNE_S:-180}" python3 tools/gpu_depthwise_tune.py > "$OUT/depthwise_tune.txt" 2>&1
+wait
 LOCK=$(mktemp)
 for d in fwd bwd_d bwd_w; do
   LOCK=$LOCK SUITES=resnet50 PASSES=$d timeout "${CHECK_S:-300}" python3 tools/gpu_check.py \
@@ -37,7 +43,9 @@ LOCK=$LOCK SUITES=mobilenet_v2_dw timeout "${CHECK_S:-300}" python3 tools/gpu_ch
     > "$OUT/mobilenet_v2_dw.txt" 2>&1 &
 LOCK=$LOCK SUITES=resnext3d,conv1d timeout "${CHECK_S:-300}" python3 tools/gpu_check.py \
     > "$OUT/resnext3d_conv1d.txt" 2>&1 &
-LOCK=$LOCK SUITES=resnet50 PRECISIONS=tf32 timeout "${CHECK_S:-300}" python3 \
-    tools/gpu_check.py > "$OUT/resnet50_tf32.txt" 2>&1 &
+if [ "${TF32:-1}" = 1 ]; then
+  LOCK=$LOCK SUITES=resnet50 PRECISIONS=tf32 timeout "${CHECK_S:-300}" python3 \
+      tools/gpu_check.py > "$OUT/resnet50_tf32.txt" 2>&1 &
+fi
 wait
 grep -h "geomean\|^bad" "$OUT"/*.txt

@@ -13,9 +13,11 @@ Streams: a call's kernels go on the ``stream`` given to :func:`execute`, else on
 that its operands' ``__cuda_array_interface__`` names where they all share one, else on
 numba's default stream; an operand from another stream is waited for on the device (an
 event), not on the host. Scratch memory (canonical copies, split-K partials, intermediate
-results) comes from a small per-stream pool (``CUDA_POOL_BYTES``); results are allocated
-by numba (and so by any External Memory Management plugin the user installed). Free GPU
-memory is queried once per plan, not per call.
+results) comes from a small per-stream pool (``CUDA_POOL_BYTES``), and so do results under
+numba's own allocator: a result's block returns to the pool when the result and its views
+are gone (numba's cudaMalloc / cudaFree, the latter waiting for the device, stay out of
+the calls); under an External Memory Management plugin the user installed, results come
+from the plugin. Free GPU memory is queried once per plan, not per call.
 
 ``numba.cuda`` is imported only inside functions here, so importing numbaconv needs no GPU,
 driver or toolkit; device arrays without a usable GPU give a RuntimeError that says so.
@@ -55,6 +57,8 @@ DEFAULTS = {
     # device memory kept for reuse by later calls on the same stream: canonical copies,
     # partial results, intermediate results (bytes; 0 turns the pool off)
     "CUDA_POOL_BYTES": 256 << 20,
+    # depthwise forward and backward data: the patch kernels (1) or the row kernels (0)
+    "CUDA_DEPTHWISE_PATCH": 1,
 }
 
 
@@ -366,6 +370,9 @@ def plan_tiles(problem, kernel=None):
             t["splits"] = splits = max(1, splits)
             t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
         return t
+    patch = depthwise_patch(p) if cfg("CUDA_DEPTHWISE_PATCH") else None
+    if patch is not None:
+        return patch
     rows = depthwise_rows(p)
     if rows is not None:
         return rows
@@ -462,6 +469,65 @@ def depthwise_rows(p):
     return {"kernel": "direct", "variant": "rows", "threads": ROWS_CHANNELS * seg,
             "row_width": rw, "segments": seg, "shared_bytes": shared, "splits": 1,
             "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
+
+
+#: Patch kernels (kernels.cuda.depthwise_patch): threads per block along the patches, most
+#: filter taps unrolled, the fewest warps a layer should have (a patch halves, down to one
+#: result, until it has them: two waves of 16 warps on each of 132 SMs).
+PATCH_SEGMENTS, PATCH_MAX_TAPS, PATCH_MIN_WARPS = 8, 49, 4096
+
+
+def patch_config(direction, k, s, n):
+    """``(ph, pw)``: results per thread of a depthwise patch kernel along the last two
+    axes, for filter sizes ``k``, strides ``s`` and result sizes ``n`` of those axes.
+    About 144 multiply-adds per thread for a 3x3 filter at stride 1 (4x4 results from a
+    6x6 window: 4 per load), fewer results for larger filters and strides (the window
+    grows by the stride per result); backward data's patch a multiple of the strides."""
+    taps = k[0] * k[1]
+    if max(s) == 1:
+        ph, pw = (4, 4) if taps <= 9 else (2, 4) if taps <= 25 else (2, 2)
+    else:
+        ph, pw = (2, 4) if taps <= 9 else (2, 2)
+    if direction == "bwd_d":  # whole strides (which taps reach a result: compile-time)
+        ph, pw = max(s[0], ph - ph % s[0]), max(s[1], pw - pw % s[1])
+    ph = min(ph, max(n[0], s[0] if direction == "bwd_d" else 1))
+    pw = min(pw, max(n[1], s[1] if direction == "bwd_d" else 1))
+    return ph, pw
+
+
+def depthwise_patch(p):
+    """Launch configuration of the depthwise patch kernels for ``p``, or None where they do
+    not apply: forward with ``icg == 1`` (any multiplier), backward data with
+    ``icg == ocg == 1``, at most :data:`PATCH_MAX_TAPS` taps per depth tap. Keys as
+    :func:`plan_tiles`, with ``variant`` ``"patch"``, ``patch_h``/``patch_w`` (results per
+    thread) and ``segments`` (patches per channel lane and block)."""
+    if p.direction == "bwd_w" or p.icg != 1 or (p.direction == "bwd_d" and p.ocg != 1):
+        return None
+    _, kh, kw = p.ksz
+    if kh * kw > PATCH_MAX_TAPS:
+        return None
+    n = p.osz if p.direction == "fwd" else p.isz
+    ch = p.oc if p.direction == "fwd" else p.ic
+    s = p.stride[1:]
+    ph, pw = patch_config(p.direction, (kh, kw), s, n[1:])
+    ctiles = _cdiv(ch, ROWS_CHANNELS)
+
+    def patches(ph, pw):
+        return p.mb * n[0] * _cdiv(n[1], ph) * _cdiv(n[2], pw)
+    # fewer results per thread while the layer has too few warps (small images, batches)
+    while patches(ph, pw) * ctiles < PATCH_MIN_WARPS and ph * pw > 1:
+        step_h, step_w = (s[0], s[1]) if p.direction == "bwd_d" else (1, 1)
+        if pw >= ph and pw > step_w:
+            pw = max(step_w, pw // 2 - (pw // 2) % step_w)
+        elif ph > step_h:
+            ph = max(step_h, ph // 2 - (ph // 2) % step_h)
+        else:
+            break
+    seg = PATCH_SEGMENTS
+    npt = patches(ph, pw)
+    return {"kernel": "direct", "variant": "patch", "threads": ROWS_CHANNELS * seg,
+            "patch_h": ph, "patch_w": pw, "segments": seg, "shared_bytes": 0, "splits": 1,
+            "grid": (max(1, _cdiv(npt, seg)), max(1, ctiles))}
 
 
 def depthwise_args(name, dtype, geo):
@@ -634,21 +700,23 @@ class _Call:
             else ("sim", id(st))
 
     def fresh(self, shape, dtype):
-        """A new array (the caller keeps it: results), through numba's allocator and any
-        External Memory Management plugin the user installed."""
+        """A new array that the caller keeps (a result). Under numba's own allocator its
+        memory is a pooled block (:func:`_result_block`) that goes back to the pool when
+        the result and every view of it are gone; under an External Memory Management
+        plugin the user installed (RMM, say), and in the simulator, it comes from
+        numba's allocator and so from that plugin."""
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes and _results_pooled(self.cuda):
+            b = _take((self.key, nbytes, "|u1"), self.cuda, self.st)
+            return _result_block(b, shape, dtype, self.st)
         return self.cuda.device_array(shape, dtype, stream=self.st)
 
     def buf(self, n, dtype):
         """A flat scratch buffer (:class:`_Buf`) of ``n`` elements of ``dtype`` (a NumPy
         dtype string such as ``"<f4"``), from the pool where one is free."""
-        global _POOLED
-        key = (self.key, n, dtype)
-        free = _POOL.get(key)
-        if free:
-            b = free.pop()
-            _POOLED -= b.nbytes
-        else:
-            b = _Buf(self.cuda.device_array(n, np.dtype(dtype), stream=self.st), key)
+        b = _take((self.key, n, dtype), self.cuda, self.st)
         self.taken.append(b)
         return b
 
@@ -657,20 +725,40 @@ class _Call:
         return self.buf(n, np.dtype(dtype).str).arr
 
     def done(self):
-        global _POOLED
-        limit = cfg("CUDA_POOL_BYTES")
         for b in self.taken:
-            if _POOLED + b.nbytes > limit:
-                continue
-            _POOL.setdefault(b.key, []).append(b)
-            _POOLED += b.nbytes
+            _give_back(b)
         self.taken = []
+
+
+def _take(key, cuda, st):
+    """A free pooled :class:`_Buf` of ``key`` (stream key, elements, dtype string), else a
+    new one allocated on stream ``st``."""
+    global _POOLED
+    free = _POOL.get(key)
+    if free:
+        b = free.pop()
+        _POOLED -= b.nbytes
+        return b
+    return _Buf(cuda.device_array(key[1], np.dtype(key[2]), stream=st), key)
+
+
+def _give_back(b):
+    """Return :class:`_Buf` ``b`` to the pool (kept while the pool holds at most
+    ``CUDA_POOL_BYTES``, else left to numba to free). Also a result block's finalizer,
+    which may run whenever the garbage collector does: only list and dict operations."""
+    global _POOLED
+    if _POOLED + b.nbytes > cfg("CUDA_POOL_BYTES"):
+        return
+    _POOL.setdefault(b.key, []).append(b)
+    _POOLED += b.nbytes
 
 
 #: Free pooled device buffers (:class:`_Buf`) by (stream handle, elements, dtype), and
 #: their bytes.
 _POOL = {}
 _POOLED = 0
+#: Result blocks' memory pointers while a result (or a view of it) lives, by address.
+_LIVE = {}
 
 
 def clear_pool():
@@ -678,6 +766,55 @@ def clear_pool():
     global _POOLED
     _POOL.clear()
     _POOLED = 0
+
+
+def _results_pooled(cuda):
+    """Whether results come from the pool: numba's own allocator on a real GPU (with an
+    External Memory Management plugin the plugin allocates them) and a pool at all."""
+    if simulator() or cfg("CUDA_POOL_BYTES") <= 0:
+        return False
+    try:
+        from numba.cuda.cudadrv import driver
+    except ImportError:
+        return False
+    mm = getattr(driver, "_memory_manager", None)
+    return mm is getattr(driver, "NumbaCUDAMemoryManager", False)
+
+
+def _result_block(b, shape, dtype, st):
+    """A C-contiguous device array of ``shape`` and ``dtype`` on the memory of pooled
+    :class:`_Buf` ``b``, bound to stream ``st``; ``b`` goes back to the pool (keyed by
+    that stream, whose later launches run after every use of it made on that stream)
+    when the array and all its views are gone, as numba frees its own allocations
+    (its reference-counted pointer, with :func:`_give_back` as the finalizer).
+
+    A result read on another stream must be waited for on that stream before it is
+    dropped (as with PyTorch's caching allocator without ``record_stream``)."""
+    from numba.cuda.cudadrv import devicearray, driver
+
+    ptr = b.ptr
+    mem = driver.AutoFreePointer(b.arr.gpu_data.context, b.arr.gpu_data.device_pointer,
+                                 b.nbytes, finalizer=_ResultFree(b, ptr))
+    _LIVE[ptr] = mem
+    strides, step = [], dtype.itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, stream=st,
+                                     gpu_data=mem.own())
+
+
+class _ResultFree:
+    """The finalizer of a result block's pointer (no reference to the pointer itself)."""
+
+    __slots__ = ("b", "ptr")
+
+    def __init__(self, b, ptr):
+        self.b, self.ptr = b, ptr
+
+    def __call__(self):
+        _LIVE.pop(self.ptr, None)
+        _give_back(self.b)
 
 
 def _result_which(p):
@@ -803,7 +940,7 @@ class _Prepared:
                  "shape", "dtype", "into_out", "nbytes", "fast")
 
     def __init__(self, plan, ops, dst):
-        from ..kernels.cuda import depthwise, gemm, layout
+        from ..kernels.cuda import depthwise, depthwise_patch, gemm, layout
 
         p = self.p = plan.problem
         self.plan = plan
@@ -825,7 +962,7 @@ class _Prepared:
         splits = self.splits = t["splits"]
         self.grid, self.block = tuple(t["grid"]), t["threads"]
         self.extra = ()
-        flat = t["kernel"] == "gemm" or t.get("variant") == "rows"
+        flat = t["kernel"] == "gemm" or t.get("variant") in ("rows", "patch")
         cp = p.compute_dtype
         if t["kernel"] == "gemm":
             tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
@@ -835,6 +972,12 @@ class _Prepared:
                              *(("tf32",) if plan.variant == "tf32" else ()))
             names = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
             self.res_view, self.part_view = (n,), (splits * n,)
+        elif t.get("variant") == "patch":
+            self.kern = (depthwise_patch.fwd_depthwise_patch if p.direction == "fwd"
+                         else depthwise_patch.bwd_d_depthwise_patch)(
+                             cp, geo, t["patch_h"], t["patch_w"], t["segments"])
+            names = ("x" if p.direction == "fwd" else "dy", "w")
+            self.res_view, self.part_view, splits = (n,), None, 1
         elif t.get("variant") == "rows" and p.direction == "bwd_w":
             self.kern = depthwise.bwd_w_depthwise_rows(cp, geo, t["row_width"], t["segments"],
                                                        splits)
@@ -1122,7 +1265,7 @@ def run_fast(pr, ops, out, stream):
     for i, (n, dt) in enumerate(prog.bufs):
         addr[("b", i)] = call.buf(n, dt).ptr
     if out is None:
-        res = cuda.device_array(pr.shape, pr.dtype, stream=st)
+        res = call.fresh(pr.shape, pr.dtype)
         addr["res"] = device_pointer(res)
     cs = _CORE_STREAMS.get(h)
     if cs is None:
