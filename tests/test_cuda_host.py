@@ -269,7 +269,8 @@ def pooled(fake, monkeypatch):
     goes back when the stand-in array (and every view of it) is gone."""
     import weakref
 
-    def block(b, shape, dtype, st):
+    def block(b, form, st):
+        shape, dtype = form[0], form[1]
         a = FakeArray(b.arr.data.view(np.uint8).view(dtype).reshape(shape), st)
         weakref.finalize(a, backend._ResultFree(b, id(b)))
         return a
@@ -306,6 +307,42 @@ def test_results_come_from_the_pool_once_dropped(pooled, fmt):
     gc.collect()
     backend.execute(plan, _operands(p, FakeStream(0x9100), fmt))
     assert len(pooled.allocs) > n + 1  # nothing taken across streams
+
+
+def test_result_block_is_a_numba_array_that_returns_its_block():
+    """The result made on a pooled block (numba's own classes, no GPU needed to make one):
+    shape, C strides, dtype and the block's address; the block goes back to the pool
+    once the result and the arrays sharing its memory are gone, not before."""
+    import ctypes
+    import gc
+
+    driver = pytest.importorskip("numba.cuda.cudadrv.driver")
+
+    class Flat:  # a pooled block's flat device array: its memory as numba holds it
+        __cuda_ndarray__ = True
+
+        def __init__(self, ptr, n):
+            self.gpu_data = driver.MemoryPointer(None, ctypes.c_void_p(ptr), n)
+            self.nbytes = n
+
+    ptr = 1 << 40
+    b = backend._Buf.__new__(backend._Buf)
+    b.arr, b.key, b.nbytes, b.views, b._ptr = Flat(ptr, 256), (0, 256, "|u1"), 256, {}, ptr
+    backend.clear_pool()
+    try:
+        r = backend._result_block(b, backend._form((2, 4, 8), "float32"), 0)
+        assert (r.shape, r.strides, r.dtype) == ((2, 4, 8), (128, 32, 4), np.float32)
+        assert backend.device_pointer(r) == ptr
+        v = r.reshape(64)
+        del r
+        gc.collect()
+        assert backend._POOL == {} and ptr in backend._LIVE  # v still holds the block
+        assert backend.device_pointer(v) == ptr
+        del v
+        gc.collect()
+        assert backend._POOL == {(0, 256, "|u1"): [b]} and ptr not in backend._LIVE
+    finally:
+        backend.clear_pool()
 
 
 def test_results_pooled_only_under_numbas_allocator(monkeypatch):

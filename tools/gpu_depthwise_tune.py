@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import numbaconv
 from numbaconv import config, suites
@@ -27,12 +26,15 @@ from numbaconv.kernels.cuda import depthwise_patch as dp
 from numbaconv.reference import TOLERANCE
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check import kernel_ms  # noqa: E402
+from gpu_check import _timing_lock, kernel_ms, torch_fn  # noqa: E402
 
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cudnn.benchmark = True
 SHAPES = [tuple(map(int, s.split("x"))) for s in os.environ.get(
-    "SHAPES", "4x4x8,2x4x8,2x2x8,1x4x8,4x4x4,2x8x4,1x2x8").split(",")]
+    "SHAPES", "4x4x8,2x4x8,2x2x8,1x4x8,4x4x4,2x8x4,4x8x4,2x8x8").split(",")]
+#: ``i/n``: this process times every n-th layer from the i-th (several processes compile
+#: side by side; with ``LOCK=path`` they time one at a time, as tools/gpu_check.py)
+PART = tuple(map(int, os.environ.get("PART", "0/1").split("/")))
 
 
 def main():
@@ -41,6 +43,7 @@ def main():
     lays = list(suites.layers("mobilenet_v2_dw"))
     zoo = [n for n in os.environ.get("ZOO", "").split(",") if n]
     lays += [lay for lay in suites.layers("zoo") if lay.name in zoo]
+    lays = lays[PART[0]::PART[1]]
     totals = {}
     for lay in lays:
         x, w, dy = suites.tensors(lay, "float32")
@@ -56,12 +59,17 @@ def main():
             row = {}
             for flag in (1, 0):
                 config.CUDA_DEPTHWISE_PATCH = flag
-                got = fn(*cdev.args, **cdev.kwargs, out=out)
+                call = lambda: fn(*cdev.args, **cdev.kwargs, out=out)  # noqa: E731
+                call()
                 torch.cuda.synchronize()
                 err = float(np.max(np.abs(out.cpu().numpy() - want)) / np.max(np.abs(want)))
-                t = kernel_ms(lambda: fn(*cdev.args, **cdev.kwargs, out=out), calls=10)
+                with _timing_lock():
+                    t = kernel_ms(call, calls=10)
                 tiles = numbaconv.plan(c.op, *cdev.args, **cdev.kwargs).tiles
-                row["planner-" + tiles.get("variant", "?")] = (t, err)
+                name = tiles.get("variant", "?")
+                if name == "patch":
+                    name += f"({tiles['patch_h']}x{tiles['patch_w']}x{tiles['segments']})"
+                row["planner-" + name] = (t, err)
             config.CUDA_DEPTHWISE_PATCH = 1
             # the patch shapes, launched directly on the canonical operands
             src = (X if d == "fwd" else DY).reshape(-1)
@@ -85,16 +93,11 @@ def main():
                 torch.cuda.synchronize()
                 err = float(np.max(np.abs(res.cpu().numpy().reshape(want.shape) - want))
                             / np.max(np.abs(want)))
-                row[f"{ph}x{pw}x{nseg}"] = (kernel_ms(launch, calls=10), err)
-            xt, dyt = X.movedim(-1, 1), DY.movedim(-1, 1)
-            wt = W.permute(3, 2, 0, 1)
-            st, pad, dil, g = list(lay.stride), list(lay.pad_begin), list(lay.dilation), lay.g
-            if d == "fwd":
-                tf = lambda: F.conv2d(xt, wt, None, st, pad, dil, g)  # noqa: E731
-            else:
-                tf = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-                    dyt, xt, wt, None, st, pad, dil, False, [0, 0], g, [True, False, False])[0]
-            tt = kernel_ms(tf, calls=10)
+                with _timing_lock():
+                    row[f"{ph}x{pw}x{nseg}"] = (kernel_ms(launch, calls=10), err)
+            tf, _ = torch_fn(lay, d, X, W, DY)
+            with _timing_lock():
+                tt = kernel_ms(tf, calls=10)
             bad = [k for k, (_, e) in row.items() if not e <= TOLERANCE["float32"]]
             best = min(row, key=lambda k: row[k][0])
             print(f"{lay.name:28s} {d:5s} torch {tt * 1e3:7.1f} us | " + "  ".join(
@@ -102,7 +105,7 @@ def main():
                 + f" | best {best} ratio {tt / row[best][0]:.2f}"
                 + (f"  BAD {bad}" if bad else ""), flush=True)
             for k, (t, _) in row.items():
-                totals.setdefault((d, k), []).append(math.log(tt / t))
+                totals.setdefault((d, k.partition("(")[0]), []).append(math.log(tt / t))
     for (d, k), v in sorted(totals.items()):
         print(f"geomean torch/numbaconv {d:5s} {k:16s} {math.exp(sum(v) / len(v)):.3f} "
               f"({len(v)} layers)")

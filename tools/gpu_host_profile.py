@@ -1,5 +1,5 @@
 """Host time of repeated public calls on a real GPU, with and without ``out=``, and a
-cProfile breakdown of the calls with ``out=`` (a developer's tool: needs PyTorch with CUDA).
+cProfile breakdown of the calls with and without ``out=`` (a developer's tool: needs PyTorch with CUDA).
 
 For three ResNet-50 layers (``LAYERS=name:pass,...`` to choose others): the best of 5
 rounds of 200 calls, without waiting for the GPU, and whether the memoised calls replay
@@ -54,13 +54,15 @@ def main():
         print(f"{name} {d}: host {with_out:.1f} us per call with out=, {without:.1f} us "
               f"without; replaying {replay}; replay failure {backend.FAST_FAILURE}",
               flush=True)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(500):
-            fn(*c.args, **kw)
-        prof.disable()
-        torch.cuda.synchronize()
-        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(15)
+        for label, kwargs in (("with out=", kw), ("without out=", c.kwargs)):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(500):
+                fn(*c.args, **kwargs)
+            prof.disable()
+            torch.cuda.synchronize()
+            print(f"{name} {d} {label}:")
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(15)
     return 0
 
 

@@ -471,28 +471,34 @@ def depthwise_rows(p):
             "grid": (max(1, outer * _cdiv(last, seg * rw)), max(1, _cdiv(ch, ROWS_CHANNELS)))}
 
 
-#: Patch kernels (kernels.cuda.depthwise_patch): threads per block along the patches, most
-#: filter taps unrolled, the fewest warps a layer should have (a patch halves, down to one
-#: result, until it has them: two waves of 16 warps on each of 132 SMs).
-PATCH_SEGMENTS, PATCH_MAX_TAPS, PATCH_MIN_WARPS = 8, 49, 4096
+#: Patch kernels (kernels.cuda.depthwise_patch): most filter taps unrolled, the fewest warps
+#: a layer should have (a patch halves, down to one result, until it has them: two waves
+#: of 16 warps on each of 132 SMs).
+PATCH_MAX_TAPS, PATCH_MIN_WARPS = 49, 4096
 
 
 def patch_config(direction, k, s, n):
-    """``(ph, pw)``: results per thread of a depthwise patch kernel along the last two
-    axes, for filter sizes ``k``, strides ``s`` and result sizes ``n`` of those axes.
-    About 144 multiply-adds per thread for a 3x3 filter at stride 1 (4x4 results from a
-    6x6 window: 4 per load), fewer results for larger filters and strides (the window
-    grows by the stride per result); backward data's patch a multiple of the strides."""
+    """``(ph, pw, nseg)``: results per thread of a depthwise patch kernel along the last
+    two axes, for filter sizes ``k``, strides ``s`` and result sizes ``n`` of those axes,
+    and patches per channel lane and block. At stride 1 a 3x3 filter takes 4x4 results
+    (a 6x6 window: 4 multiply-adds per load) and 8 patches per block; at stride 2, 2x8
+    forward results and 4 patches (the window grows by the stride per result; a wide
+    patch keeps the warp's loads along the rows), 4x8 backward-data results (a result
+    takes one tap in four). The fastest of eight shapes on an H100 on the MobileNet-V2
+    layers measured (docs/gpu.md), or as fast. Larger filters take fewer results;
+    backward data's patch is a multiple of the strides."""
     taps = k[0] * k[1]
     if max(s) == 1:
-        ph, pw = (4, 4) if taps <= 9 else (2, 4) if taps <= 25 else (2, 2)
-    else:
-        ph, pw = (2, 4) if taps <= 9 else (2, 2)
+        ph, pw, nseg = (4, 4, 8) if taps <= 9 else (2, 4, 8) if taps <= 25 else (2, 2, 8)
+    elif direction == "fwd":
+        ph, pw, nseg = (2, 8, 4) if taps <= 9 else (2, 2, 8)
+    else:  # (a result takes about one tap in s[0]*s[1]: twice the results)
+        ph, pw, nseg = (4, 8, 4) if taps <= 9 else (2, 4, 8)
     if direction == "bwd_d":  # whole strides (which taps reach a result: compile-time)
         ph, pw = max(s[0], ph - ph % s[0]), max(s[1], pw - pw % s[1])
     ph = min(ph, max(n[0], s[0] if direction == "bwd_d" else 1))
     pw = min(pw, max(n[1], s[1] if direction == "bwd_d" else 1))
-    return ph, pw
+    return ph, pw, nseg
 
 
 def depthwise_patch(p):
@@ -509,7 +515,7 @@ def depthwise_patch(p):
     n = p.osz if p.direction == "fwd" else p.isz
     ch = p.oc if p.direction == "fwd" else p.ic
     s = p.stride[1:]
-    ph, pw = patch_config(p.direction, (kh, kw), s, n[1:])
+    ph, pw, seg = patch_config(p.direction, (kh, kw), s, n[1:])
     ctiles = _cdiv(ch, ROWS_CHANNELS)
 
     def patches(ph, pw):
@@ -523,7 +529,6 @@ def depthwise_patch(p):
             ph = max(step_h, ph // 2 - (ph // 2) % step_h)
         else:
             break
-    seg = PATCH_SEGMENTS
     npt = patches(ph, pw)
     return {"kernel": "direct", "variant": "patch", "threads": ROWS_CHANNELS * seg,
             "patch_h": ph, "patch_w": pw, "segments": seg, "shared_bytes": 0, "splits": 1,
@@ -532,7 +537,13 @@ def depthwise_patch(p):
 
 def depthwise_args(name, dtype, geo):
     """Factory arguments of depthwise kernel ``name`` of :mod:`numbaconv.kernels.cuda.depthwise`
-    for the 22-int geometry ``geo`` (the row kernels' ``rw`` as :func:`depthwise_rows` picks)."""
+    (or of :mod:`numbaconv.kernels.cuda.depthwise_patch`) for the 22-int geometry ``geo``
+    (the row kernels' ``rw`` as :func:`depthwise_rows` picks, the patch kernels' patch as
+    :func:`patch_config`)."""
+    if name in ("fwd_depthwise_patch", "bwd_d_depthwise_patch"):
+        d = name.partition("_depthwise")[0]
+        n = (geo[11], geo[12]) if d == "fwd" else (geo[5], geo[6])
+        return (dtype, geo, *patch_config(d, (geo[8], geo[9]), (geo[14], geo[15]), n))
     if name == "fwd_depthwise_rows":
         return (dtype, geo, *row_config("fwd", geo[12], geo[15]))
     if name == "bwd_d_depthwise_rows":
@@ -705,13 +716,15 @@ class _Call:
         the result and every view of it are gone; under an External Memory Management
         plugin the user installed (RMM, say), and in the simulator, it comes from
         numba's allocator and so from that plugin."""
-        dtype = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes and _results_pooled(self.cuda):
-            b = _take((self.key, nbytes, "|u1"), self.cuda, self.st)
-            return _result_block(b, shape, dtype, self.st)
-        return self.cuda.device_array(shape, dtype, stream=self.st)
+        if type(shape) is list:
+            shape = tuple(shape)
+        form = _FORMS.get((shape, dtype))
+        if form is None:
+            form = _form(shape, dtype)
+        if form[2] and _results_pooled(self.cuda):
+            b = _take((self.key, form[2], "|u1"), self.cuda, self.st)
+            return _result_block(b, form, self.st)
+        return self.cuda.device_array(form[0], form[1], stream=self.st)
 
     def buf(self, n, dtype):
         """A flat scratch buffer (:class:`_Buf`) of ``n`` elements of ``dtype`` (a NumPy
@@ -768,21 +781,54 @@ def clear_pool():
     _POOLED = 0
 
 
+def _form(shape, dtype):
+    """``(shape, dtype, bytes, C strides)`` of a result, kept per ``(shape, dtype)``."""
+    key = (shape, dtype)
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(int(v) for v in shape)
+    strides, step = [], dtype.itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    form = (shape, dtype, math.prod(shape) * dtype.itemsize, tuple(reversed(strides)))
+    if len(_FORMS) >= 1024:
+        _FORMS.clear()
+    _FORMS[key] = form
+    return form
+
+
+_FORMS = {}
+#: numba-cuda's driver and device-array modules, once imported (:func:`_numba_driver`)
+_NUMBA = []
+
+
+def _numba_driver():
+    """``(numba.cuda.cudadrv.driver, numba.cuda.cudadrv.devicearray)``, or None."""
+    if not _NUMBA:
+        try:
+            from numba.cuda.cudadrv import devicearray, driver
+        except ImportError:
+            _NUMBA.append(None)
+        else:
+            _NUMBA.append((driver, devicearray))
+    return _NUMBA[0]
+
+
 def _results_pooled(cuda):
     """Whether results come from the pool: numba's own allocator on a real GPU (with an
     External Memory Management plugin the plugin allocates them) and a pool at all."""
-    if simulator() or cfg("CUDA_POOL_BYTES") <= 0:
+    if cfg("CUDA_POOL_BYTES") <= 0 or simulator():
         return False
-    try:
-        from numba.cuda.cudadrv import driver
-    except ImportError:
+    mods = _numba_driver()
+    if mods is None:
         return False
-    mm = getattr(driver, "_memory_manager", None)
-    return mm is getattr(driver, "NumbaCUDAMemoryManager", False)
+    driver = mods[0]
+    return getattr(driver, "_memory_manager", None) is getattr(
+        driver, "NumbaCUDAMemoryManager", False)
 
 
-def _result_block(b, shape, dtype, st):
-    """A C-contiguous device array of ``shape`` and ``dtype`` on the memory of pooled
+def _result_block(b, form, st):
+    """A C-contiguous device array of ``form`` (:func:`_form`) on the memory of pooled
     :class:`_Buf` ``b``, bound to stream ``st``; ``b`` goes back to the pool (keyed by
     that stream, whose later launches run after every use of it made on that stream)
     when the array and all its views are gone, as numba frees its own allocations
@@ -790,17 +836,13 @@ def _result_block(b, shape, dtype, st):
 
     A result read on another stream must be waited for on that stream before it is
     dropped (as with PyTorch's caching allocator without ``record_stream``)."""
-    from numba.cuda.cudadrv import devicearray, driver
-
+    driver, devicearray = _numba_driver()
     ptr = b.ptr
-    mem = driver.AutoFreePointer(b.arr.gpu_data.context, b.arr.gpu_data.device_pointer,
-                                 b.nbytes, finalizer=_ResultFree(b, ptr))
+    gd = b.arr.gpu_data
+    mem = driver.AutoFreePointer(gd.context, gd.device_pointer, b.nbytes,
+                                 finalizer=_ResultFree(b, ptr))
     _LIVE[ptr] = mem
-    strides, step = [], dtype.itemsize
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return devicearray.DeviceNDArray(shape, tuple(reversed(strides)), dtype, stream=st,
+    return devicearray.DeviceNDArray(form[0], form[3], form[1], stream=st,
                                      gpu_data=mem.own())
 
 
