@@ -33,6 +33,13 @@ CASES = {
     "5x2_mixed": (6, (7, 6), (5, 2), (1, 2), (2, 1), (2, 0), (1, 2), 1),
     "1x7_column_chunks": (3, (4, 13), (1, 7), (1, 1), (1, 1), (0, 3), (0, 3), 1),
     "1d": (5, (11,), (3,), (3,), (2,), (2,), (0,), 1),
+    # long kernel rows (the long-row driver: chunks of 8 folded into the row taps, the
+    # taps left over in chunks of 3, 2, 1; border spans and dilated rows unfolded)
+    "1x20_fold": (9, (3, 40), (1, 20), (1, 1), (1, 1), (0, 9), (0, 10), 1),
+    "3x17_fold_rows": (5, (4, 30), (3, 17), (1, 1), (1, 1), (1, 8), (1, 8), 1),
+    "1d_k33_s2_fold": (20, (90,), (33,), (2,), (1,), (16,), (16,), 1),
+    "1d_k40_big_pads": (17, (50,), (40,), (1,), (1,), (30,), (25,), 1),
+    "1d_k21_d2_unfolded": (8, (60,), (21,), (1,), (2,), (20,), (20,), 1),
     "3d": (4, (4, 5, 6), (2, 3, 3), (2, 1, 2), (1, 2, 1), (1, 1, 0), (0, 1, 1), 1),
     "mult2_s2": (6, (7, 6), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1), 2),
     "mult2_3x3": (5, (6, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 2),
@@ -102,6 +109,16 @@ def test_depthwise_backward_matches_reference(name, dtype):
     assert got.dtype == np.dtype(dtype)
     err = normalized_error(got, conv_bwd_filter_ref, x, dy, ks, **ref_attrs)
     assert err <= tolerance(dtype), f"bwd_w {name} {dtype}: {err:.2e}"
+
+
+def test_long_rows_driver_choice():
+    """Backward data takes the long-row driver where a stride phase has at least
+    ``FOLD_TAPS`` column taps and the columns are not dilated."""
+    def geo(kw, sw=1, dw=1):
+        return (1, 8, 1, 1, 1, 1, 100, 1, 1, kw, 1, 1, 100, 1, 1, sw, 1, 1, dw, 0, 0, 0)
+    assert ks.long_rows(geo(ks.FOLD_TAPS)) and ks.long_rows(geo(33, sw=2))
+    assert not ks.long_rows(geo(ks.FOLD_TAPS - 1)) and not ks.long_rows(geo(21, dw=2))
+    assert not ks.long_rows(geo(31, sw=2))
 
 
 def test_channel_blocks_are_crossed():

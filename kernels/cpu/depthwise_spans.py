@@ -9,7 +9,7 @@ from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, separate, specialise
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io, table
 
@@ -297,18 +297,18 @@ def _wspan(NT):
     return span
 
 
-_dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (3, 2, 1))
+_dspan8, _dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (8, 3, 2, 1))
+#: Column taps from which backward data folds its column chunks into the row taps (below).
+FOLD_TAPS = 16
 _wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
 
 
 @helper
-def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, nt, npix, sdx, sdy, C, work):
-    """A backward-data span over ``nr`` row taps and ``nt`` column taps (column chunks of
-    3, 2 and 1): the first chunk stores dX, the others add to it."""
+def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work):
+    """Column taps ``k .. nt - 1`` of a backward-data span over ``nr`` row taps, in chunks
+    of 3, 2 and 1: the first chunk stores dX unless ``beta``, the others add to it."""
     ra, rb = trd.ctypes.data, trw.ctypes.data
     a, b = tdy.ctypes.data, tw.ctypes.data
-    k = 0
-    beta = 0
     while k < nt:
         r = nt - k
         if r >= 3:
@@ -324,6 +324,38 @@ def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, nt, npix, sdx, sdy, C, work):
                     work)
             k += 1
         beta = 1
+
+
+@helper
+def _d_chunks_long(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta,
+                   work):
+    """:func:`_d_chunks` for long kernel rows (``_bwd_d_rows_long``): from ``FOLD_TAPS``
+    column taps on consecutive dY pixels (a phase's interior without column dilation),
+    the row's chunks of 8 become row taps of one span (each row tap's table entry moved by
+    the chunk's first tap), so a full block's sums stay in registers across all of them
+    and dX is written once, not once per chunk of 3; the taps left over, and other spans,
+    as :func:`_d_chunks`. (Dilated taps take the span's per-tap path, where folding only
+    widens each block's reach in dY: measured slower.)"""
+    a, b = tdy.ctypes.data, tw.ctypes.data
+    if k == 0 and nt >= FOLD_TAPS:
+        even = True
+        for j in range(1, nt):
+            if tdy[j] - tdy[j - 1] != -C or tw[j] - tw[j - 1] != tw[1] - tw[0]:
+                even = False
+                break
+        if even:
+            nch = nt // 8
+            frd = np.empty(nr * nch, np.int64)
+            frw = np.empty(nr * nch, np.int64)
+            for r in range(nr):
+                for j in range(nch):
+                    frd[r * nch + j] = trd[r] + tdy[8 * j] - tdy[0]
+                    frw[r * nch + j] = trw[r] + tw[8 * j] - tw[0]
+            _dspan8(dyb, wb, dxp, frd.ctypes.data, frw.ctypes.data, nr * nch, a, b, npix,
+                    sdx, sdy, C, beta, work)
+            k = 8 * nch
+            beta = 1
+    _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work)
 
 
 @helper
@@ -361,8 +393,6 @@ def _store_zero(typingctx, base, index, work):
     return sig, codegen
 
 
-@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64, int64)",
-          float32="float32", float64="float64")
 def _bwd_d_rows(dy, w, dx, geo, r0, r1):
     """Rows ``r0 .. r1 - 1`` of dX (see :func:`bwd_d_depthwise_m1`)."""
     mb, C = geo[0], geo[1]
@@ -436,14 +466,32 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
                         for c in range(C):
                             _store_zero(dxp, p * sw * C + c, dx)
                 else:
-                    _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, nt, j1 - j, sw * C, C, C,
-                              dx)
+                    _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, 0, nt, j1 - j, sw * C, C, C,
+                              0, dx)
                 j = j1
 
 
+_D_ROWS_SIG = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
+               "int64[::1], int64, int64)")
+#: the driver for long kernel rows: its own compiled copy, so that the folded span (a
+#: 64-FMA block per row tap) is compiled only by the problems that use it
+_bwd_d_rows_long = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
+    specialise(_bwd_d_rows, "long", _d_chunks=_d_chunks_long))
+_bwd_d_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows)
+
+
+def long_rows(geo):
+    """Whether backward data of ``geo`` takes the long-row driver: a kernel row of at
+    least ``FOLD_TAPS`` taps in one stride phase, without column dilation."""
+    kw, sw, dw = geo[9], geo[15], geo[18]
+    return dw == 1 and kw // sw >= FOLD_TAPS
+
+
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
-    """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added)."""
-    bwd_d_m1_kernel(_bwd_d_rows.table(dx.dtype.name), dy, w, dx, geo, nchunks)
+    """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the
+    long-row driver's where :func:`long_rows`)."""
+    rows = _bwd_d_rows_long if long_rows(geo) else _bwd_d_rows
+    bwd_d_m1_kernel(rows.table(dx.dtype.name), dy, w, dx, geo, nchunks)
 
 
 @kernel
