@@ -83,6 +83,13 @@ R_NOT_UNROLLED = ("kernel {k}, stride {s}, depth pad {pd}: the nine-term kernels
                   "(backward data also stride 1 and no depth padding)")
 R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
             % UNROLLED_MIN_BYTES)
+#: The span kernels decline a layer where fewer than this fraction of the output columns
+#: read no padding: every span is a border pixel of one tap table, and the general loop
+#: nest runs 1.3-2.1x faster (ConvNeXt's 7x7 filters over 7x7 images, docs/performance.md,
+#: "Depthwise"); at 3 of 7 columns (5x5 over 7x7) the two are even.
+SPANS_MIN_INTERIOR = 0.3
+R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
+             "be border pixels")
 
 
 class DepthwiseDirect(Direct):
@@ -289,6 +296,9 @@ class DepthwiseSpans(DepthwiseDirect):
             return why
         if p.oc != p.ic:
             return R_MULTIPLIER.format(m=p.oc // p.ic)
+        n, ow = interior_columns(p), p.osz[-1]
+        if n < SPANS_MIN_INTERIOR * ow:
+            return R_BORDERS.format(n=n, ow=ow, f=SPANS_MIN_INTERIOR)
         return None
 
     def tiles(self, p, machine):
@@ -296,6 +306,15 @@ class DepthwiseSpans(DepthwiseDirect):
         if p.direction == "bwd_d":  # one contiguous range of dX rows per thread
             t["chunks"] = max(1, min(machine.cores, t["rows"]))
         return t
+
+
+def interior_columns(p):
+    """How many output columns of ``p`` read no padding (every tap inside the input)."""
+    iw, kw, sw, dw, pw, ow = p.isz[-1], p.ksz[-1], p.stride[-1], p.dilation[-1], \
+        p.pad_begin[-1], p.osz[-1]
+    lo = -(-pw // sw)
+    hi = min(ow - 1, (iw - 1 + pw - (kw - 1) * dw) // sw)
+    return max(0, hi - lo + 1)
 
 
 #: Best first (see the module's docstring).
