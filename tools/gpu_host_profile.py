@@ -1,5 +1,5 @@
 """Host time of repeated public calls on a real GPU, with and without ``out=``, and a
-cProfile breakdown of the calls with and without ``out=`` (a developer's tool: needs PyTorch with CUDA).
+cProfile breakdown of both (a developer's tool: needs PyTorch with CUDA).
 
 For three ResNet-50 layers (``LAYERS=name:pass,...`` to choose others): the best of 5
 rounds of 200 calls, without waiting for the GPU, and whether the memoised calls replay
