@@ -40,6 +40,10 @@ CASES = {
     "1d_k33_s2_fold": (20, (90,), (33,), (2,), (1,), (16,), (16,), 1),
     "1d_k24_big_pads": (17, (60,), (24,), (1,), (1,), (20,), (15,), 1),
     "1d_k21_d2_unfolded": (8, (60,), (21,), (1,), (2,), (20,), (20,), 1),
+    # 5- and 7-tap rows: one chunk each (and 39 = 4 chunks of 8 + one of 7)
+    "5x5_one_chunk": (19, (9, 12), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2), 1),
+    "3x7_one_chunk": (9, (6, 13), (3, 7), (1, 1), (1, 1), (1, 3), (1, 3), 1),
+    "1d_k39_fold_and_7": (12, (70,), (39,), (1,), (1,), (19,), (19,), 1),
     "3d": (4, (4, 5, 6), (2, 3, 3), (2, 1, 2), (1, 2, 1), (1, 1, 0), (0, 1, 1), 1),
     "mult2_s2": (6, (7, 6), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1), 2),
     "mult2_3x3": (5, (6, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1), 2),
@@ -111,14 +115,17 @@ def test_depthwise_backward_matches_reference(name, dtype):
     assert err <= tolerance(dtype), f"bwd_w {name} {dtype}: {err:.2e}"
 
 
-def test_long_rows_driver_choice():
-    """Backward data takes the long-row driver where a stride phase has at least
-    ``FOLD_TAPS`` column taps and the columns are not dilated."""
+def test_wide_rows_driver_choice():
+    """Backward data takes the wide-row driver where a stride phase has at least
+    ``FOLD_TAPS`` column taps, or a row of 5 or 7 taps at column stride 1, and the
+    columns are not dilated."""
     def geo(kw, sw=1, dw=1):
         return (1, 8, 1, 1, 1, 1, 100, 1, 1, kw, 1, 1, 100, 1, 1, sw, 1, 1, dw, 0, 0, 0)
-    assert ks.long_rows(geo(ks.FOLD_TAPS)) and ks.long_rows(geo(33, sw=2))
-    assert not ks.long_rows(geo(ks.FOLD_TAPS - 1)) and not ks.long_rows(geo(21, dw=2))
-    assert not ks.long_rows(geo(31, sw=2))
+    assert ks.wide_rows(geo(ks.FOLD_TAPS)) and ks.wide_rows(geo(33, sw=2))
+    assert ks.wide_rows(geo(5)) and ks.wide_rows(geo(7))
+    assert not ks.wide_rows(geo(ks.FOLD_TAPS - 1)) and not ks.wide_rows(geo(21, dw=2))
+    assert not ks.wide_rows(geo(31, sw=2)) and not ks.wide_rows(geo(5, sw=2))
+    assert not ks.wide_rows(geo(3)) and not ks.wide_rows(geo(7, dw=2))
 
 
 def test_channel_blocks_are_crossed():

@@ -297,7 +297,7 @@ def _wspan(NT):
     return span
 
 
-_dspan8, _dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (8, 3, 2, 1))
+_dspan7, _dspan5, _dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (7, 5, 3, 2, 1))
 #: Column taps from which backward data folds its column chunks into the row taps (below).
 FOLD_TAPS = 16
 _wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
@@ -327,15 +327,17 @@ def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, bet
 
 
 @helper
-def _d_chunks_long(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta,
+def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta,
                    work):
-    """:func:`_d_chunks` for long kernel rows (``_bwd_d_rows_long``): from ``FOLD_TAPS``
-    column taps on consecutive dY pixels (a phase's interior without column dilation),
-    the row's chunks of 8 become row taps of one span (each row tap's table entry moved by
-    the chunk's first tap), so a full block's sums stay in registers across all of them
-    and dX is written once, not once per chunk of 3; the taps left over, and other spans,
-    as :func:`_d_chunks`. (Dilated taps take the span's per-tap path, where folding only
-    widens each block's reach in dY: measured slower.)"""
+    """:func:`_d_chunks` for wide kernel rows (``_bwd_d_rows_wide``, see
+    :func:`wide_rows`). From ``FOLD_TAPS`` column taps on consecutive dY pixels (a
+    phase's interior without column dilation) the row's chunks of 7 become row taps of
+    one span (each row tap's table entry moved by the chunk's first tap), so a full
+    block's sums stay in registers across all of them and dX is written once, not once
+    per chunk of 3; a remainder (or a row) of 7 or 5 taps is one chunk of its own; other
+    taps and spans as :func:`_d_chunks`. (Chunks of 7 rather than 8: the same span
+    serves 7-tap rows, one wide span compiled less.) (Dilated taps take the span's per-tap path,
+    where folding only widens each block's reach in dY: measured slower.)"""
     a, b = tdy.ctypes.data, tw.ctypes.data
     if k == 0 and nt >= FOLD_TAPS:
         even = True
@@ -344,17 +346,26 @@ def _d_chunks_long(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C
                 even = False
                 break
         if even:
-            nch = nt // 8
+            nch = nt // 7
             frd = np.empty(nr * nch, np.int64)
             frw = np.empty(nr * nch, np.int64)
             for r in range(nr):
                 for j in range(nch):
-                    frd[r * nch + j] = trd[r] + tdy[8 * j] - tdy[0]
-                    frw[r * nch + j] = trw[r] + tw[8 * j] - tw[0]
-            _dspan8(dyb, wb, dxp, frd.ctypes.data, frw.ctypes.data, nr * nch, a, b, npix,
+                    frd[r * nch + j] = trd[r] + tdy[7 * j] - tdy[0]
+                    frw[r * nch + j] = trw[r] + tw[7 * j] - tw[0]
+            _dspan7(dyb, wb, dxp, frd.ctypes.data, frw.ctypes.data, nr * nch, a, b, npix,
                     sdx, sdy, C, beta, work)
-            k = 8 * nch
+            k = 7 * nch
             beta = 1
+    ra, rb = trd.ctypes.data, trw.ctypes.data
+    if nt - k == 7:
+        _dspan7(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                work)
+        k = nt
+    elif nt - k == 5:
+        _dspan5(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
+                work)
+        k = nt
     _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work)
 
 
@@ -473,24 +484,25 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
 
 _D_ROWS_SIG = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
                "int64[::1], int64, int64)")
-#: the driver for long kernel rows: its own compiled copy, so that the folded span (a
-#: 64-FMA block per row tap) is compiled only by the problems that use it
-_bwd_d_rows_long = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
-    specialise(_bwd_d_rows, "long", _d_chunks=_d_chunks_long))
+#: the driver for wide kernel rows: its own compiled copy, so that its wider spans (up to
+#: a 56-FMA block per row tap) are compiled only by the problems that use them
+_bwd_d_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
+    specialise(_bwd_d_rows, "wide", _d_chunks=_d_chunks_wide))
 _bwd_d_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows)
 
 
-def long_rows(geo):
-    """Whether backward data of ``geo`` takes the long-row driver: a kernel row of at
-    least ``FOLD_TAPS`` taps in one stride phase, without column dilation."""
+def wide_rows(geo):
+    """Whether backward data of ``geo`` takes the wide-row driver (column dilation 1): a
+    kernel row of at least ``FOLD_TAPS`` taps in one stride phase, or of 5 or 7 taps at
+    column stride 1 (one chunk where the spans of 3 wrote dX two or three times)."""
     kw, sw, dw = geo[9], geo[15], geo[18]
-    return dw == 1 and kw // sw >= FOLD_TAPS
+    return dw == 1 and (kw // sw >= FOLD_TAPS or (sw == 1 and kw in (5, 7)))
 
 
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
     """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the
-    long-row driver's where :func:`long_rows`)."""
-    rows = _bwd_d_rows_long if long_rows(geo) else _bwd_d_rows
+    wide-row driver's where :func:`wide_rows`)."""
+    rows = _bwd_d_rows_wide if wide_rows(geo) else _bwd_d_rows
     bwd_d_m1_kernel(rows.table(dx.dtype.name), dy, w, dx, geo, nchunks)
 
 
