@@ -8,8 +8,11 @@ launched directly, and PyTorch's kernels on the same channels-last tensors. Ever
 is checked against numbaconv's CPU result of the same inputs (float32 tolerance). Prints
 one line per layer and pass: milliseconds per kernel and the best shape.
 
-Usage: ``python tools/gpu_depthwise_tune.py`` (env ``ZOO``, ``SHAPES`` as
-``ph x pw x nseg`` triples, ``4x4x8,2x4x8``).
+Usage: ``python tools/gpu_depthwise_tune.py`` (env ``LAYERS``: MobileNet-V2 layers, all by
+default; ``ZOO``: zoo layers to add; ``SHAPES`` as ``ph x pw x nseg`` triples,
+``4x4x8,2x4x8``; ``PART``, ``LOCK``). Each patch kernel compiles in 3-6 s (generated
+code, per geometry): eight shapes on every layer take far longer than a device call, so
+pick layers and shapes, and split them over ``PART`` processes.
 """
 import math
 import os
@@ -41,6 +44,9 @@ def main():
     from numba import cuda
     print("device", cuda.get_current_device().name, flush=True)
     lays = list(suites.layers("mobilenet_v2_dw"))
+    only = [n for n in os.environ.get("LAYERS", "").split(",") if n]
+    if only:
+        lays = [lay for lay in lays if lay.name in only]
     zoo = [n for n in os.environ.get("ZOO", "").split(",") if n]
     lays += [lay for lay in suites.layers("zoo") if lay.name in zoo]
     lays = lays[PART[0]::PART[1]]
