@@ -171,11 +171,15 @@ def _take(size):
     # a block serves a request it is the rounded size of (a 2.4 MB request makes a 4 MiB
     # block: under MIN_FILL of it, the request could never have its own block back), or
     # one that fills MIN_FILL of it
+    # (of equal sizes the most recently returned: a loop of calls reuses the block its
+    # last call wrote, still in the caches, instead of cycling through every idle block
+    # of that size, oldest first: measured 2x slower on sub-millisecond layers)
     own = _block_size(size)
     with _lock:
         _drain()
         best = None
-        for i, b in enumerate(_idle):
+        for i in range(len(_idle) - 1, -1, -1):
+            b = _idle[i]
             if size <= b.size and (size >= MIN_FILL * b.size or b.size == own) and (
                     best is None or b.size < _idle[best].size):
                 best = i

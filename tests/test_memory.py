@@ -49,6 +49,24 @@ def test_block_is_reused_only_when_its_last_view_is_gone():
     del b, c
 
 
+def test_the_most_recently_returned_block_comes_back_first():
+    """Of idle blocks of one size, a request takes the one returned last (still in the
+    caches from the call that wrote it), not the oldest: a loop of calls beside idle
+    blocks left by larger layers reuses one block instead of cycling through them all."""
+    a0, a1, a2 = (memory.empty((1000,), np.float64) for _ in range(3))
+    addr = [a.ctypes.data for a in (a0, a1, a2)]
+    del a2
+    del a0
+    del a1  # returned last
+    gc.collect()
+    b = memory.empty((1000,), np.float64)
+    c = memory.empty((1000,), np.float64)
+    assert (b.ctypes.data, c.ctypes.data) == (addr[1], addr[0])
+    del b  # and again: the block just returned, not the idle one of the same size
+    gc.collect()
+    assert memory.empty((1000,), np.float64).ctypes.data == addr[1]
+
+
 def test_small_arrays_and_a_disabled_pool_use_numpy(monkeypatch):
     assert memory.empty((10,), np.float32).flags.owndata  # under MIN_BYTES
     monkeypatch.setattr(config, "MEMORY_POOL_BYTES", 0)
