@@ -94,9 +94,11 @@ class _timing_lock:
 PLAN = os.environ.get("PLAN", "1") == "1"
 
 
-def host_us(fn, calls=50):
-    """Host time per call (us): the calls return without waiting for the GPU."""
-    fn()
+def host_us(fn, calls=50, warm=1):
+    """Host time per call (us), best of ``ROUNDS`` rounds of ``calls`` calls after ``warm``
+    untimed ones: the calls return without waiting for the GPU."""
+    for _ in range(warm):
+        fn()
     torch.cuda.synchronize()
     best = float("inf")
     for _ in range(ROUNDS):

@@ -11,7 +11,6 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 import torch
 
@@ -20,22 +19,11 @@ from numbaconv import suites
 from numbaconv.api import _op
 from numbaconv.backends import cuda as backend
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import host_us  # noqa: E402
+
 LAYERS = os.environ.get("LAYERS", "res4a_branch2c:fwd,res4a_branch2c:bwd_w,"
                                   "res2a_branch2b:bwd_d")
-
-
-def host_us(fn, calls=200, rounds=5):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-        torch.cuda.synchronize()
-    return best * 1e6
 
 
 def main():
@@ -48,8 +36,8 @@ def main():
         fn = getattr(numbaconv, c.op)
         r = torch.as_tensor(fn(*c.args, **c.kwargs), device="cuda")
         kw = dict(c.kwargs, out=torch.empty_like(r))
-        with_out = host_us(lambda: fn(*c.args, **kw))
-        without = host_us(lambda: fn(*c.args, **c.kwargs))
+        with_out = host_us(lambda: fn(*c.args, **kw), calls=200, warm=20)
+        without = host_us(lambda: fn(*c.args, **c.kwargs), calls=200, warm=20)
         replay = [bool(e[4] and e[4][1].fast) for e in _op._MEMO.values() if e[3]]
         print(f"{name} {d}: host {with_out:.1f} us per call with out=, {without:.1f} us "
               f"without; replaying {replay}; replay failure {backend.FAST_FAILURE}",

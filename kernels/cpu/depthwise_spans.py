@@ -335,9 +335,9 @@ def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C
     one span (each row tap's table entry moved by the chunk's first tap), so a full
     block's sums stay in registers across all of them and dX is written once, not once
     per chunk of 3; a remainder (or a row) of 7 or 5 taps is one chunk of its own; other
-    taps and spans as :func:`_d_chunks`. (Chunks of 7 rather than 8: the same span
-    serves 7-tap rows, one wide span compiled less.) (Dilated taps take the span's per-tap path,
-    where folding only widens each block's reach in dY: measured slower.)"""
+    taps and spans as :func:`_d_chunks`. Chunks of 7 rather than 8: the same span serves
+    7-tap rows, one wide span compiled less. Dilated taps take the span's per-tap path,
+    where folding only widens each block's reach in dY (measured slower)."""
     a, b = tdy.ctypes.data, tw.ctypes.data
     if k == 0 and nt >= FOLD_TAPS:
         even = True
@@ -477,8 +477,8 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
                         for c in range(C):
                             _store_zero(dxp, p * sw * C + c, dx)
                 else:
-                    _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, 0, nt, j1 - j, sw * C, C, C,
-                              0, dx)
+                    _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, 0, nt, j1 - j, sw * C,
+                              C, C, 0, dx)
                 j = j1
 
 

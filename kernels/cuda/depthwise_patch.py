@@ -68,6 +68,39 @@ def bwd_d_window(geo, ph, pw):
     return hi_h - lo_h + 1, hi_w - lo_w + 1
 
 
+def _prologue(e, args, chan, nchan, depth, depths, h0, w0, extra=()):
+    """Emit a patch kernel's header and its thread's coordinates: lane ``cl``, patch
+    ``p``, channel ``chan`` (a return past ``NP`` patches or ``nchan`` channels), the
+    ``extra`` lines, then the image ``n``, ``depth`` (of ``depths``) and the patch's first
+    row ``h0`` and column ``w0`` (patches row-major, ``NPH x NPW`` of ``RH x RW``)."""
+    e(f"def kernel({args}):")
+    e("    cl = cuda.threadIdx.x % CT")
+    e("    p = cuda.blockIdx.x * NSEG + cuda.threadIdx.x // CT")
+    e(f"    {chan} = cuda.blockIdx.y * CT + cl")
+    e(f"    if p >= NP or {chan} >= {nchan}:")
+    e("        return")
+    for line in extra:
+        e(f"    {line}")
+    e("    pw_ = p % NPW")
+    e("    r = p // NPW")
+    e("    ph_ = r % NPH")
+    e("    r = r // NPH")
+    e(f"    {depth} = r % {depths}")
+    e(f"    n = r // {depths}")
+    e(f"    {h0} = ph_ * RH")
+    e(f"    {w0} = pw_ * RW")
+
+
+def _store(e, ph, pw, out, base, rows, cols, pitch):
+    """Emit the stores of a patch's ``ph x pw`` sums ``a*`` into ``out`` from element
+    ``base`` (row ``rows``, column ``cols`` bounds, ``pitch`` elements per row)."""
+    for qh in range(ph):
+        for qw in range(pw):
+            e(f"    if {base[0]} + {qh} < {rows} and {base[1]} + {qw} < {cols}:")
+            e(f"        {out}[uint64({base[2]} + {qh * pitch[0] + qw * pitch[1]})] = "
+              f"a{qh * pw + qw}")
+
+
 def _fwd_source(geo, ph, pw, nseg):
     MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
     XR, XC = fwd_window(geo, ph, pw)
@@ -77,21 +110,7 @@ def _fwd_source(geo, ph, pw, nseg):
                   NP=MB * OD * _cdiv(OH, ph) * _cdiv(OW, pw), KHW=KH * KW)
     L = []
     e = L.append
-    e("def kernel(x, w, y):")
-    e("    cl = cuda.threadIdx.x % CT")
-    e("    p = cuda.blockIdx.x * NSEG + cuda.threadIdx.x // CT")
-    e("    k = cuda.blockIdx.y * CT + cl")
-    e("    if p >= NP or k >= OC:")
-    e("        return")
-    e("    kx = k // OCG")
-    e("    pw_ = p % NPW")
-    e("    r = p // NPW")
-    e("    ph_ = r % NPH")
-    e("    r = r // NPH")
-    e("    o_d = r % OD")
-    e("    n = r // OD")
-    e("    oh0 = ph_ * RH")
-    e("    ow0 = pw_ * RW")
+    _prologue(e, "x, w, y", "k", "OC", "o_d", "OD", "oh0", "ow0", ("kx = k // OCG",))
     e("    ih0 = oh0 * SH - PH")
     e("    iw0 = ow0 * SW - PW")
     for q in range(ph * pw):
@@ -102,7 +121,7 @@ def _fwd_source(geo, ph, pw, nseg):
     e("        if i_d >= 0 and i_d < ID:")
     e("            wb = td * KHW * OC + k")
     for t in range(KH * KW):
-        e(f"            w{t} = w[uint64(wb + {t * OC_(geo)})]")
+        e(f"            w{t} = w[uint64(wb + {t * consts['OC']})]")
     e("            xb = (((n * ID + i_d) * IH + ih0) * IW + iw0) * IC + kx")
     for edge in (False, True):
         e(f"            {'else' if edge else 'if inside'}:")
@@ -129,15 +148,9 @@ def _fwd_source(geo, ph, pw, nseg):
                     for tw in range(KW):  # (one statement each: a chain of FMAs)
                         e(f"{rind}a{qh * pw + qw} += v{qw * SW + tw * DW} * w{th * KW + tw}")
     e("    yb = (((n * OD + o_d) * OH + oh0) * OW + ow0) * OC + k")
-    for qh in range(ph):
-        for qw in range(pw):
-            e(f"    if oh0 + {qh} < OH and ow0 + {qw} < OW:")
-            e(f"        y[uint64(yb + {(qh * OW + qw) * consts['OC']})] = a{qh * pw + qw}")
+    _store(e, ph, pw, "y", ("oh0", "ow0", "yb"), "OH", "OW",
+           (OW * consts["OC"], consts["OC"]))
     return "\n".join(L), consts
-
-
-def OC_(geo):
-    return geo[1] * geo[3]
 
 
 def _bwd_d_source(geo, ph, pw, nseg):
@@ -154,20 +167,7 @@ def _bwd_d_source(geo, ph, pw, nseg):
                   LOH=lo_h, LOW=lo_w, YR=hi_h - lo_h + 1, YC=hi_w - lo_w + 1)
     L = []
     e = L.append
-    e("def kernel(dy, w, dx):")
-    e("    cl = cuda.threadIdx.x % CT")
-    e("    p = cuda.blockIdx.x * NSEG + cuda.threadIdx.x // CT")
-    e("    c = cuda.blockIdx.y * CT + cl")
-    e("    if p >= NP or c >= C:")
-    e("        return")
-    e("    pw_ = p % NPW")
-    e("    r = p // NPW")
-    e("    ph_ = r % NPH")
-    e("    r = r // NPH")
-    e("    i_d = r % ID")
-    e("    n = r // ID")
-    e("    ih0 = ph_ * RH")
-    e("    iw0 = pw_ * RW")
+    _prologue(e, "dy, w, dx", "c", "C", "i_d", "ID", "ih0", "iw0")
     # the dy window: rows oh0 + LOH ..., columns ow0 + LOW ...
     e("    oh0 = ih0 // SH + LOH")
     e("    ow0 = iw0 // SW + LOW")
@@ -213,10 +213,7 @@ def _bwd_d_source(geo, ph, pw, nseg):
                 for term in acc[q]:
                     e(f"{rind}a{q} += {term}")
     e("    xb = (((n * ID + i_d) * IH + ih0) * IW + iw0) * C + c")
-    for qh in range(ph):
-        for qw in range(pw):
-            e(f"    if ih0 + {qh} < IH and iw0 + {qw} < IW:")
-            e(f"        dx[uint64(xb + {(qh * IW + qw) * C})] = a{qh * pw + qw}")
+    _store(e, ph, pw, "dx", ("ih0", "iw0", "xb"), "IH", "IW", (IW * C, C))
     return "\n".join(L), consts
 
 

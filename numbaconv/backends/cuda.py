@@ -26,6 +26,7 @@ Tunables are read from :mod:`numbaconv.config` at call time (tests patch them so
 CUDA simulator, ``NUMBA_ENABLE_CUDASIM=1``, crosses tile edges with tiny tiles); the
 defaults are in :data:`DEFAULTS`.
 """
+import functools
 import math
 
 import numpy as np
@@ -798,20 +799,17 @@ def _form(shape, dtype):
 
 
 _FORMS = {}
-#: numba-cuda's driver and device-array modules, once imported (:func:`_numba_driver`)
-_NUMBA = []
 
 
+@functools.lru_cache(maxsize=None)
 def _numba_driver():
-    """``(numba.cuda.cudadrv.driver, numba.cuda.cudadrv.devicearray)``, or None."""
-    if not _NUMBA:
-        try:
-            from numba.cuda.cudadrv import devicearray, driver
-        except ImportError:
-            _NUMBA.append(None)
-        else:
-            _NUMBA.append((driver, devicearray))
-    return _NUMBA[0]
+    """``(numba.cuda.cudadrv.driver, numba.cuda.cudadrv.devicearray)``, or None (imported
+    once)."""
+    try:
+        from numba.cuda.cudadrv import devicearray, driver
+    except ImportError:
+        return None
+    return driver, devicearray
 
 
 def _results_pooled(cuda):
