@@ -20,8 +20,10 @@ def _problems(dt):
     pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0, 1)  # 1x1
     # a short reduction into a larger dW (the split-dW weight gradient)
     short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1, 1)
-    # few output channels (a head: direct[narrow]'s weight gradient)
+    # few output channels (a head: direct[narrow]'s weight gradient; a growth layer:
+    # gemm[patch-t]'s)
     head = (np.ones((1, 9, 9, 16), dt), np.ones((3, 3, 16, 4), dt), 1, 1, 1)
+    growth = (np.ones((1, 8, 8, 48), dt), np.ones((3, 3, 48, 12), dt), 1, 1, 1)
     # dilated (gemm[regions]: over row blocks with a filter in L2, and over channel
     # panels with a larger one)
     dilated = (np.ones((1, 13, 13, 64), dt), w3, 1, 4, 1, 4)
@@ -30,7 +32,7 @@ def _problems(dt):
     # 5x5 and 7x7 filters)
     long_row = (np.ones((1, 40, 16), dt), np.ones((17, 1, 16), dt), 16, 8, 1)
     return (dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head,
-            dilated, dilated_wide, long_row)
+            dilated, dilated_wide, long_row, growth)
 
 
 def _calls(dt):

@@ -76,7 +76,7 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
-          "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]", "gemm[split-k]",
+          "gemm[patch-t]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]", "gemm[split-k]",
           "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
@@ -110,6 +110,7 @@ def _strategies():
         from .strategies.col2im import STRATEGY as COL2IM
         from .strategies.rowgemm import STRATEGY as ROWGEMM
         from .strategies.patch import STRATEGY as PATCH
+        from .strategies.patcht import STRATEGY as PATCH_T
         from .strategies.igemm import REGIONS as IGEMM_REGIONS, STRATEGY as IGEMM
         from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
@@ -117,7 +118,8 @@ def _strategies():
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, PATCH, ROWGEMM,
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, PATCH_T, PATCH,
+                          ROWGEMM,
                           IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 

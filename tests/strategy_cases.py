@@ -138,6 +138,13 @@ CASES = [
        label="gemm[patch]"),
     _c("patch-bwdw-wide", "bwd_w", 1, 24, 20, 2, (6, 40), (3, 3), pads=((1, 1), (1, 1)),
        label="gemm[patch]"),
+    # -- GEMM: the transposed patch GEMM, vectors across input channels (few outputs; the
+    # second case's 24 channels are copied to whole vectors, its 20 outputs padded) ------
+    _c("patch-t-bwdw-2d", "bwd_w", 1, 48, 12, 4, (8, 8), (3, 3), pads=((1, 1), (1, 1)),
+       label="gemm[patch-t]"),
+    _c("patch-t-bwdw-padded", "bwd_w", 1, 24, 20, 2, (7, 9), (3, 3), stride=(2, 1),
+       pads=((1, 0), (0, 1)), label="gemm[patch-t]", strategy="gemm[patch-t]",
+       consts=(("numbaconv.strategies.patcht", {"MAX_WASTE": 0.5}),)),
     _c("implicit-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (12, 12), (3, 3),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
@@ -234,7 +241,7 @@ CASES = [
 #: float16 operands take other kernels on the paths that reduce over threads or widen
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
-         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "implicit-bwdd-grouped",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")

@@ -83,7 +83,7 @@ def test_rows_variant_choice():
 
     assert plan(8, 64).variant == "rows"
     assert plan(3, 64).variant == "patch"  # a stem: tests/test_patch.py
-    assert plan(32, 32, k=(2,)).variant == "rows"
+    assert plan(32, 64, k=(2,)).variant == "rows"
     wide = plan(32, 64, k=(3,))          # 96 weights per tap row
     assert wide.variant != "rows" and "weights per tap row" in str(wide)
     assert plan(8, rowgemm.MAX_OUTPUT_CHANNELS + 1).variant != "rows"

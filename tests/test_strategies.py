@@ -237,7 +237,7 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
     monkeypatch.setattr(config, "GEMM_ENGINE", engine)
     monkeypatch.setattr(config, "GEMM_SLAB_BYTES", None)
     rng = np.random.default_rng(5)
-    for case in [(1, 40, 24, (9,), (3,), (1,), (1,), (1,), (0,)),
+    for case in [(1, 40, 50, (9,), (3,), (1,), (1,), (1,), (0,)),
                  (2, 40, 48, (4, 5), (3, 3), (1, 2), (1, 1), (1, 0), (0, 1))]:
         g, ic, oc, isz, k, st, dl, pb, pe = case
         x = np.zeros((2, *isz, ic), np.float32)

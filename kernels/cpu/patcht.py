@@ -1,0 +1,194 @@
+"""The transposed patch GEMM of the weight gradient: vectors across input channels.
+
+``dW[t, c, k] = sum over output pixels p of x[p shifted by tap t, c] * dy[p, k]``. For a
+layer with few output channels (DenseNet's growth layers, 12-48 outputs; detection heads;
+GoogLeNet's 5x5 branches) a GEMM whose vectors run across the output channels wastes lanes
+and loads a vector of ``dy`` per handful of multiply-adds. Transposed, ``dW^T[k, (t, c)] =
+sum_p dy[p, k] * x[p + t, c]``: each step broadcasts ``MR`` values of ``dy`` (one pixel, ``MR``
+output channels) and loads ``nv`` vectors of ``x`` (one pixel's input channels at the tap),
+``MR x nv`` fused multiply-adds on a register tile.
+
+The input comes zero-padded along ``w`` (and its channels to whole vectors), so that every
+tap of every pixel of an output row reads inside it; taps along ``d`` and ``h`` that leave the
+input drop the row. The reduction then runs over a list of segments, one per output row
+(its ``ow`` pixels), and a tile's accumulators stay in registers across all the rows of a
+block (sized so that the block's ``dy`` stays in L1), not one short row as in the untransposed
+``gemm[patch]``. Each thread sums a contiguous share of the output rows into its own partial
+``dW^T``; the partials are added once, in a fixed order (bitwise the same results for the
+same inputs, thread count and host).
+
+The micro-kernel is LLVM IR through ``numba.extending.intrinsic`` as in ``ukernel.py`` (self-
+contained here: Numba's cache checks only a function's own file).
+"""
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from numbaconv._jit import helper, kernel, separate
+from numbaconv.kernels.cpu._host import VECTOR_BYTES
+
+#: Rows (output channels, broadcast) and most vectors (input channels) of the register
+#: tile: ``MR*NV`` accumulators, ``NV`` loaded vectors and a broadcast within the register
+#: file (32 with AVX-512, 16 else).
+MR, NV = (12, 2) if VECTOR_BYTES == 64 else (6, 2)
+
+
+def lanes(itemsize):
+    """Vector lanes for an element size."""
+    return VECTOR_BYTES // itemsize
+
+
+def _micro(nv, mr=MR):
+    """``C[i, :nv*VL] += sum_s sum_j A[s, j, i] * B[s, j, :nv*VL]``: a ``mr x nv`` tile of
+    vectors in registers over a reduction given as ``nseg`` segments (``segs``: the
+    address of ``3*nseg`` int64, each segment's element offsets from ``a`` and from ``b``
+    and its number of steps). ``A[s, j, i]`` (broadcast) is at ``a + aoff_s + j*csa + i``,
+    ``B[s, j, v]`` (a vector) at ``b + boff_s + j*ldb + v*VL``, tile row ``i`` at ``c +
+    i*ldc``; all in elements, unaligned. The float type comes from ``work``'s dtype."""
+
+    @intrinsic
+    def micro(typingctx, a, csa, b, ldb, c, ldc, segs, nseg, work):
+        sig = types.void(*([types.intp] * 8), work)
+        dtype = work.dtype
+
+        def codegen(context, builder, signature, args):
+            a, csa, b, ldb, c, ldc, segs, nseg, _ = args
+            f = context.get_value_type(dtype)
+            vl = VECTOR_BYTES // context.get_abi_sizeof(f)
+            vty = ir.VectorType(f, vl)
+            fp, vp = f.as_pointer(), vty.as_pointer()
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
+            fma = cgutils.get_or_insert_function(builder.module,
+                                                 ir.FunctionType(vty, [vty] * 3), name)
+            pa = builder.inttoptr(a, fp)
+            pb = builder.inttoptr(b, fp)
+            pc = builder.inttoptr(c, fp)
+            ps = builder.inttoptr(segs, i64.as_pointer())
+            zero = ir.Constant(vty, None)
+            undef = ir.Constant(vty, ir.Undefined)
+            splat = ir.Constant(ir.VectorType(i32, vl), None)
+            # accumulators as allocas: mem2reg turns them into registers
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                   for _ in range(mr)]
+            with cgutils.for_range(builder, nseg) as sloop:
+                s3 = builder.mul(sloop.index, ir.Constant(i64, 3))
+                ao = builder.load(builder.gep(ps, [s3]))
+                bo = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 1))]))
+                kl = builder.load(builder.gep(ps, [builder.add(s3, ir.Constant(i64, 2))]))
+                sa = builder.gep(pa, [ao])
+                sb = builder.gep(pb, [bo])
+                with cgutils.for_range(builder, kl) as jloop:
+                    j = jloop.index
+                    ja = builder.gep(sa, [builder.mul(j, csa)])
+                    jb = builder.bitcast(builder.gep(sb, [builder.mul(j, ldb)]), vp)
+                    bv = [builder.load(builder.gep(jb, [ir.Constant(i64, v)]), align=1)
+                          for v in range(nv)]
+                    for i in range(mr):
+                        s = builder.load(builder.gep(ja, [ir.Constant(i64, i)]))
+                        s = builder.insert_element(undef, s, ir.Constant(i32, 0))
+                        s = builder.shuffle_vector(s, undef, splat)
+                        for v in range(nv):
+                            builder.store(builder.call(fma, [s, bv[v],
+                                                             builder.load(acc[i][v])]),
+                                          acc[i][v])
+            for i in range(mr):
+                row = builder.gep(pc, [builder.mul(ldc, ir.Constant(i64, i))])
+                for v in range(nv):
+                    p = builder.bitcast(builder.gep(row, [ir.Constant(i64, v * vl)]), vp)
+                    builder.store(builder.fadd(builder.load(acc[i][v]),
+                                               builder.load(p, align=1)), p, align=1)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_tile1, _tile2 = _micro(1), _micro(2)
+
+
+@helper
+def _tile(nv, a, csa, b, ldb, c, ldc, segs, nseg, work):
+    if nv == 2:
+        _tile2(a, csa, b, ldb, c, ldc, segs, nseg, work)
+    else:
+        _tile1(a, csa, b, ldb, c, ldc, segs, nseg, work)
+
+
+def bwd_w(x, dyp, part, geo, rb, segs):
+    """See :func:`bwd_w_kernel` (its address table added)."""
+    bwd_w_kernel(_chunk.table(part.dtype.name), x, dyp, part, geo, rb, segs)
+
+
+@kernel
+def bwd_w_kernel(fns, x, dyp, part, geo, rb, segs):
+    """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
+    the shares in parallel: ``x [mb, id, ih, iw, Cp]`` the input (its channels zero-padded
+    to whole vectors where they are not); ``dyp [mb, od,
+    oh, ow, Kp]`` (``Kp`` a multiple of :data:`MR`, zero past the output channels);
+    ``part [chunks, Kp, taps*Cp]`` zeroed; ``segs [chunks, 3*rb]`` scratch. Output rows go
+    in blocks of ``rb``."""
+    nch = part.shape[0]
+    rows = geo[0] * geo[10] * geo[11]
+    for j in prange(nch):
+        _chunk(fns, x, dyp, part[j], geo, rows * j // nch, rows * (j + 1) // nch, rb,
+               segs[j])
+
+
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, ::1], int64[::1], "
+          "int64, int64, int64, int64[::1])", noalias=True, float32="float32",
+          float64="float64")
+def _chunk(x, dyp, part, geo, r0, r1, rb, segs):
+    """Output rows ``r0 .. r1`` of :func:`bwd_w_kernel` into one partial ``part``."""
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    cp = x.shape[4]
+    kp = dyp.shape[4]
+    it = part.itemsize
+    vl = VECTOR_BYTES // it
+    ldc = part.shape[1]
+    work = np.empty(0, part.dtype)
+    px, py, pc = x.ctypes.data, dyp.ctypes.data, part.ctypes.data
+    sp = segs.ctypes.data
+    for rs in range(r0, r1, rb):
+        re = min(r1, rs + rb)
+        for t_d in range(kd):
+            for t_h in range(kh):
+                for t_w in range(kw):
+                    # the output pixels of a row whose tap t_w lies inside the input
+                    off = t_w * dw - pw
+                    lo = min(ow, max(0, (-off + sw - 1) // sw))
+                    hi = max(lo, min(ow, (iw - 1 - off) // sw + 1))
+                    if hi == lo:
+                        continue
+                    ns = 0
+                    for r in range(rs, re):
+                        n = r // (od * oh)
+                        o_d = (r // oh) % od
+                        o_h = r % oh
+                        i_d = o_d * sd - pd + t_d * dd
+                        i_h = o_h * sh - ph + t_h * dh
+                        if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
+                            continue
+                        segs[3 * ns] = (r * ow + lo) * kp
+                        segs[3 * ns + 1] = (((n * id_ + i_d) * ih + i_h) * iw + lo * sw
+                                            + off) * cp
+                        segs[3 * ns + 2] = hi - lo
+                        ns += 1
+                    if ns == 0:
+                        continue
+                    t = (t_d * kh + t_h) * kw + t_w
+                    c0 = 0
+                    while c0 < cp:
+                        nv = min(NV, (cp - c0) // vl)
+                        for k0 in range(0, kp, MR):
+                            _tile(nv, py + k0 * it, kp, px + c0 * it, sw * cp,
+                                  pc + (k0 * ldc + t * cp + c0) * it, ldc, sp, ns, work)
+                        c0 += nv * vl

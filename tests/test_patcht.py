@@ -1,0 +1,145 @@
+"""The patch-t variant of the GEMM strategy (the weight gradient as the transposed patch
+GEMM, vectors across input channels, :mod:`numbaconv.kernels.cpu.patcht`) against the
+float64 NumPy reference: 1-D, 2-D and 3-D, strides, dilation along every axis, pads on
+either side (wider than the kernel, and rows whose every pixel reaches into the padding
+for some taps), input channels that are and are not whole vectors (the padded copy),
+output channels that are and are not whole register tiles, float16/32/64, one thread,
+bitwise-equal repeated calls; and the planner's choice of it."""
+import numpy as np
+import pytest
+
+import numbaconv as nc
+from numbaconv import config
+from numbaconv.strategies import patcht
+from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
+
+# (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
+CASES = [
+    # DenseNet-BC's growth layer: 3x3 over 8x8, 48 -> 12 (one tile of output channels)
+    (4, 48, 12, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # GoogLeNet's 5x5 branch: 16 -> 32 (output channels padded to three tiles)
+    (2, 16, 32, (9, 11), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
+    # 24 input channels (padded to whole vectors: the copied input), stride 2, asymmetric
+    (2, 24, 24, (11, 13), (3, 3), (2, 2), (1, 1), (1, 0), (0, 1)),
+    # dilation along h and w, pads wider than the kernel's reach along h
+    (1, 32, 20, (6, 10), (3, 4), (1, 3), (2, 2), (4, 1), (3, 0)),
+    # 3-D, stride and dilation along d, pads on one side only
+    (2, 16, 12, (5, 4, 6), (3, 2, 3), (2, 1, 1), (2, 1, 1), (1, 0, 1), (1, 1, 0)),
+    # 1-D, taps whose every output pixel reads the padding
+    (2, 64, 12, (5,), (7,), (1,), (1,), (6,), (6,)),
+    # 1x1 at stride 2 over a detection head's channels, 24 outputs
+    (2, 256, 24, (9, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+    # more output rows than a block (several blocks per thread), 36 outputs
+    (8, 32, 36, (20, 24), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # 1x1 over a speech model's 1024 channels, 29 outputs (three tiles, the last padded)
+    (2, 1024, 29, (40,), (1,), (1,), (1,), (0,), (0,)),
+]
+IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
+       f"s{'x'.join(map(str, c[5]))}" for c in CASES]
+
+
+def _operands(case, dtype, seed):
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    return x, dy, k, geom, attrs
+
+
+def _run(case, dtype, seed=0, strategy="gemm[patch-t]"):
+    x, dy, k, geom, attrs = _operands(case, dtype, seed)
+    x0, dy0 = x.copy(), dy.copy()
+    plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=strategy, **attrs)
+    assert (plan.strategy, plan.variant) == ("gemm", "patch-t"), plan
+    got = nc.convolution_backprop_filters(x, k, dy, strategy=strategy, **attrs)
+    assert got.dtype == np.dtype(dtype) and got.shape == (*k, x.shape[-1], dy.shape[-1])
+    assert np.array_equal(x, x0) and np.array_equal(dy, dy0)  # inputs untouched
+    return normalized_error(got, conv_bwd_filter_ref, x, dy, k, **geom)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_patch_t_matches_reference(case, dtype):
+    assert _run(case, dtype) <= tolerance(dtype)
+
+
+def test_patch_t_float16():
+    assert _run(CASES[2], "float16") <= tolerance("float16")
+
+
+def test_patch_t_one_thread():
+    nt = nc.get_num_threads()
+    try:
+        nc.set_num_threads(1)
+        assert _run(CASES[7], "float32", seed=3) <= tolerance("float32")
+    finally:
+        nc.set_num_threads(nt)
+
+
+def test_patch_t_is_bitwise_reproducible():
+    x, dy, k, _, attrs = _operands(CASES[7], "float32", 5)
+    first = nc.convolution_backprop_filters(x, k, dy, strategy="gemm[patch-t]", **attrs)
+    for _ in range(4):
+        again = nc.convolution_backprop_filters(x, k, dy, strategy="gemm[patch-t]", **attrs)
+        assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+
+
+def test_patch_t_reads_nothing_past_the_channels():
+    """A non-contiguous input (a channel slice) is taken whole: channels outside the slice,
+    huge, must not reach the result."""
+    mb, ic, oc, isz = 2, 32, 12, (7, 9)
+    rng = np.random.default_rng(6)
+    big = rng.standard_normal((mb, *isz, ic + 16)).astype(np.float32)
+    big[..., ic:] = 1e30
+    x = big[..., :ic]
+    dy = rng.standard_normal((mb, *isz, oc)).astype(np.float32)
+    attrs = dict(strides=1, pads_begin=1, pads_end=1)
+    got = nc.convolution_backprop_filters(x, (3, 3), dy, strategy="gemm[patch-t]", **attrs)
+    want = conv_bwd_filter_ref(x.astype(np.float64), dy.astype(np.float64), (3, 3),
+                               stride=(1, 1), dilation=(1, 1), pads_begin=(1, 1),
+                               pads_end=(1, 1))
+    assert np.abs(got - want).max() / np.abs(want).max() <= tolerance("float32")
+
+
+def test_patch_t_choice(monkeypatch):
+    """One group, 16 or more input channels, at most MAX_OUTPUT_CHANNELS outputs and little
+    padding waste: the planner takes it; the rest decline with their reasons."""
+    monkeypatch.setattr(config, "SMALL_FLOPS", 0)
+
+    def plan(ic, oc, k=(3, 3), n=14, groups=1, op="convolution_backprop_filters"):
+        x = np.zeros((8, n, n, ic), np.float32)
+        dy = np.zeros((8, n, n, oc), np.float32)
+        attrs = dict(strides=1, pads_begin=k[0] // 2, pads_end=k[0] // 2, groups=groups)
+        if op == "convolution_backprop_filters":
+            return nc.plan(op, x, k, dy, **attrs)
+        w = np.zeros((*k, ic // groups, oc), np.float32)
+        return nc.plan(op, dy, w, (n, n), **attrs)
+
+    mr = patcht._kernels().MR
+    assert plan(48, 12).variant == "patch-t"
+    assert plan(128, 2 * mr).variant == "patch-t"
+    assert plan(16, 32, k=(5, 5), n=28).variant == "patch-t"    # rows of 28 pixels
+    long = plan(16, 32, k=(5, 5), n=patcht.LONG_ROW_PIXELS)
+    assert long.variant != "patch-t" and "GEMM per row" in str(long)
+    assert plan(256, 21, k=(1, 1)).variant == "patch-t"
+    one = plan(192, patcht.POINTWISE_OUTPUTS, k=(1, 1))
+    assert one.variant != "patch-t" and "1x1 with" in str(one)
+    wide = plan(128, patcht.MAX_OUTPUT_CHANNELS + 1)
+    assert wide.variant != "patch-t" and "efficient" in str(wide)
+    few = plan(8, 12)
+    assert few.variant != "patch-t" and "less than a vector" in str(few)
+    waste = plan(24, 20)   # 24 -> 32 channels, 20 -> 24 outputs
+    assert waste.variant != "patch-t" and "on zeros" in str(waste)
+    assert plan(64, 12, groups=2).variant != "patch-t"
+    assert plan(48, 12, op="convolution_backprop_data").variant != "patch-t"
+
+
+def test_patch_t_declines_the_blas_engine(monkeypatch):
+    monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
+    x, dy = np.zeros((8, 8, 8, 48), np.float32), np.zeros((8, 8, 8, 12), np.float32)
+    plan = nc.plan("convolution_backprop_filters", x, (3, 3), dy, strides=1, pads_begin=1,
+                   pads_end=1)
+    assert plan.variant != "patch-t" and "GEMM_ENGINE" in str(plan)
