@@ -17,9 +17,8 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
   gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im],
   direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
   direct[depthwise], direct
-* ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[patch], gemm[rows],
-  gemm[split-k], gemm[identity],
-  gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
+* ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[patch-t], gemm[patch],
+  gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
   direct[depthwise-spans], direct[depthwise], direct
 
 What each takes, in brief (its ``accepts`` has the guards and the reasons):
@@ -31,6 +30,9 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
+* ``gemm[patch-t]``: one group, >= 16 input channels, <= 48 output channels (1x1: < 32;
+  whole vectors of them only over rows of < 32 pixels), little padding waste (Numba
+  engine);
 * ``gemm[patch]``: one group, 8-128 output channels, either <= 4 input channels (a stem)
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);

@@ -8,14 +8,14 @@ sum_p dy[p, k] * x[p + t, c]``: each step broadcasts ``MR`` values of ``dy`` (on
 output channels) and loads ``nv`` vectors of ``x`` (one pixel's input channels at the tap),
 ``MR x nv`` fused multiply-adds on a register tile.
 
-The input comes zero-padded along ``w`` (and its channels to whole vectors), so that every
-tap of every pixel of an output row reads inside it; taps along ``d`` and ``h`` that leave the
-input drop the row. The reduction then runs over a list of segments, one per output row
-(its ``ow`` pixels), and a tile's accumulators stay in registers across all the rows of a
-block (sized so that the block's ``dy`` stays in L1), not one short row as in the untransposed
-``gemm[patch]``. Each thread sums a contiguous share of the output rows into its own partial
-``dW^T``; the partials are added once, in a fixed order (bitwise the same results for the
-same inputs, thread count and host).
+Per tap, the output pixels of a row whose tap lies inside the input along ``w`` are a
+contiguous range: each output row is one segment of the reduction (taps along ``d`` and
+``h`` that leave the input drop the row), and a tile's accumulators stay in registers
+across all the rows of a block (sized so that the block's ``dy`` stays in L1), not one
+short row as in the untransposed ``gemm[patch]``. ``x`` is read in place (its channels a
+whole number of vectors, else a padded copy). Each thread sums a contiguous share of the
+output rows into its own partial ``dW^T``; the partials are added once, in a fixed order
+(bitwise the same results for the same inputs, thread count and host).
 
 The micro-kernel is LLVM IR through ``numba.extending.intrinsic`` as in ``ukernel.py`` (self-
 contained here: Numba's cache checks only a function's own file).

@@ -3,12 +3,14 @@ vectors across input channels, for layers with few output channels.
 
 ``dW^T[k, (t, c)] = sum over output pixels of dy[pixel, k] * x[pixel shifted by tap t, c]``
 (:mod:`numbaconv.kernels.cpu.patcht`): each step broadcasts ``MR`` (12 with AVX-512) output
-channels' ``dy`` and multiplies one or two vectors of the input's channels at the tap. The
-input is copied once, zero-padded along w and to whole vectors of channels, so that every
-output row is one segment of the reduction for every tap, and a register tile sums over
-all the rows of a block. ``gemm[patch]`` (vectors across the output channels) wastes lanes
-below 16 output channels (12 of 16 for DenseNet-BC's growth layers) and runs one GEMM per
-output row, too short over 7-16 pixel rows; ``gemm[slabs]`` copies im2col slabs first.
+channels' ``dy`` and multiplies one or two vectors of the input's channels at the tap. Per
+tap, each output row's pixels whose tap lies inside the input along w are one segment of
+the reduction, and a register tile sums over all the rows of a block. ``x`` and ``dy`` are
+read in place, unless the input channels need padding to whole vectors or the output
+channels to whole tiles (a copy, zeros past the channels). ``gemm[patch]`` (vectors across
+the output channels) wastes lanes below 16 output channels (12 of 16 for DenseNet-BC's
+growth layers) and runs one GEMM per output row, too short over 7-28 pixel rows;
+``gemm[slabs]`` copies im2col slabs first.
 Each thread sums a contiguous share of the output rows into a private partial; the
 partials are added once, in a fixed order.
 """
