@@ -17,7 +17,7 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
   gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im],
   direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
   direct[depthwise], direct
-* ``bwd_w``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[patch-t], gemm[patch],
+* ``bwd_w``: numpy[depthwise], numpy, winograd, gemm[patch-t], direct[grouped], gemm[patch],
   gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
   direct[depthwise-spans], direct[depthwise], direct
 
@@ -30,9 +30,9 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
-* ``gemm[patch-t]``: one group, >= 16 input channels, <= 48 output channels (1x1: < 32;
-  whole vectors of them only over rows of < 32 pixels), little padding waste (Numba
-  engine);
+* ``gemm[patch-t]``: >= 16 input and <= 48 output channels per group (groups: whole
+  vectors and tile rows of them; one group: 1x1 with < 32 outputs, whole vectors of
+  outputs only over rows of < 32 pixels), little padding waste (Numba engine);
 * ``gemm[patch]``: one group, 8-128 output channels, either <= 4 input channels (a stem)
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);
@@ -77,8 +77,8 @@ from .strategies.direct import DIRECT
 FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
-LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "direct[grouped]",
-          "gemm[patch-t]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]", "gemm[split-k]",
+LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "gemm[patch-t]",
+          "direct[grouped]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]", "gemm[split-k]",
           "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
@@ -120,7 +120,7 @@ def _strategies():
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, GROUPED, PATCH_T, PATCH,
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, PATCH_T, GROUPED, PATCH,
                           ROWGEMM,
                           IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)

@@ -13,7 +13,7 @@ from numbaconv import config
 from numbaconv.strategies import patcht
 from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
 
-# (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
+# (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end[, groups])
 CASES = [
     # DenseNet-BC's growth layer: 3x3 over 8x8, 48 -> 12 (one tile of output channels)
     (4, 48, 12, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
@@ -33,19 +33,26 @@ CASES = [
     (8, 32, 36, (20, 24), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
     # 1x1 over a speech model's 1024 channels, 29 outputs (three tiles, the last padded)
     (2, 1024, 29, (40,), (1,), (1,), (1,), (0,), (0,)),
+    # 16 output channels: the 16-row tile, no padding
+    (2, 32, 16, (6, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # ResNeXt-like: 4 groups of 16 channels at stride 2 (groups read in place)
+    (2, 64, 64, (9, 10), (3, 3), (2, 2), (1, 1), (1, 1), (1, 0), 4),
+    # 3 groups of 32 input and 24 output channels, 3-D
+    (1, 96, 72, (3, 5, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1), 3),
 ]
 IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
 
 
 def _operands(case, dtype, seed):
-    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    mb, ic, oc, isz, k, st, dl, pb, pe, *g = case
+    g = g[0] if g else 1
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    w = rng.standard_normal((*k, ic // g, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe, groups=g)
     dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g)
     return x, dy, k, geom, attrs
 
 
@@ -55,7 +62,8 @@ def _run(case, dtype, seed=0, strategy="gemm[patch-t]"):
     plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=strategy, **attrs)
     assert (plan.strategy, plan.variant) == ("gemm", "patch-t"), plan
     got = nc.convolution_backprop_filters(x, k, dy, strategy=strategy, **attrs)
-    assert got.dtype == np.dtype(dtype) and got.shape == (*k, x.shape[-1], dy.shape[-1])
+    g = attrs["groups"]
+    assert got.dtype == np.dtype(dtype) and got.shape == (*k, x.shape[-1] // g, dy.shape[-1])
     assert np.array_equal(x, x0) and np.array_equal(dy, dy0)  # inputs untouched
     return normalized_error(got, conv_bwd_filter_ref, x, dy, k, **geom)
 
@@ -118,7 +126,7 @@ def test_patch_t_choice(monkeypatch):
         w = np.zeros((*k, ic // groups, oc), np.float32)
         return nc.plan(op, dy, w, (n, n), **attrs)
 
-    mr = patcht._kernels().MR
+    mr = patcht._kernels().TILES[0][0]
     assert plan(48, 12).variant == "patch-t"
     assert plan(128, 2 * mr).variant == "patch-t"
     assert plan(16, 32, k=(5, 5), n=28).variant == "patch-t"    # rows of 28 pixels
@@ -133,7 +141,13 @@ def test_patch_t_choice(monkeypatch):
     assert few.variant != "patch-t" and "less than a vector" in str(few)
     waste = plan(24, 20)   # 24 -> 32 channels, 20 -> 24 outputs
     assert waste.variant != "patch-t" and "on zeros" in str(waste)
-    assert plan(64, 12, groups=2).variant != "patch-t"
+    assert plan(512, 512, groups=32).variant == "patch-t"        # 16 x 16 a group
+    grouped = plan(256, 256, groups=32)                          # 8 x 8 a group
+    assert grouped.variant != "patch-t" and "less than a vector" in str(grouped)
+    odd = plan(96, 60, groups=3)                                 # 32 x 20 a group
+    assert odd.variant != "patch-t" and "read in place" in str(odd)
+    dw = plan(32, 32, groups=32)
+    assert dw.variant != "patch-t" and "depthwise" in str(dw)
     assert plan(48, 12, op="convolution_backprop_data").variant != "patch-t"
 
 

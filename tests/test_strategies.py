@@ -8,7 +8,7 @@ from numbaconv import config
 from numbaconv import reference as R
 from numbaconv.planner import candidates
 from numbaconv import planner
-from numbaconv.strategies import _gemm_common as GC, gemm as G
+from numbaconv.strategies import _gemm_common as GC, gemm as G, patcht
 
 # (groups, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
@@ -132,6 +132,7 @@ def test_gemm_packed_float16_widens_as_it_packs(direction, engine, monkeypatch):
     the widened operands (the slab tasks' partial sums may be added in another order);
     the user's arrays are left alone."""
     monkeypatch.setattr(config, "GEMM_ENGINE", engine)
+    monkeypatch.setattr(patcht, "MAX_OUTPUT_CHANNELS", 0)  # the packed GEMMs, not patch-t
     rng = np.random.default_rng(8)
     ran = 0
     for case in CASES:
@@ -360,6 +361,7 @@ def test_gemm_tap_runs():
 
 def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch):
     monkeypatch.setattr(GC, "SERIAL_MAX_FLOPS", 8_000_000)
+    monkeypatch.setattr(patcht, "MAX_OUTPUT_CHANNELS", 0)  # the packed GEMMs, not patch-t
     x = np.zeros((1, 8, 8, 16), np.float32)
     dy = np.zeros((1, 8, 8, 16), np.float32)
     tiny = nc.plan("convolution_backprop_filters", x, (3, 3), dy, strides=1, pads_begin=1,
@@ -453,12 +455,17 @@ def test_grouped_vector_width(monkeypatch):
 
 
 def test_grouped_takes_strided_weight_gradient_of_wide_groups():
-    """Strided backward weights with 32 channels per group stays on the grouped variant
-    (ResNeXt-3D conv_3d:12, with half-width vectors: 2.9-3.0 ms against GEMM's 4.3-4.5)."""
+    """Strided backward weights with 32 channels per group stays off the packed GEMMs
+    (ResNeXt-3D conv_3d:12: the grouped variant, with half-width vectors, 2.9-3.0 ms
+    against GEMM's 4.3-4.5); gemm[patch-t], which reads such groups in place, goes first
+    (docs/performance.md, "Weight gradients with few output channels")."""
     x = np.zeros((1, 4, 8, 8, 256), np.float32)
     dy = np.zeros((1, 2, 4, 4, 256), np.float32)
     plan = nc.plan("convolution_backprop_filters", x, (3, 3, 3), dy, strides=2,
                    pads_begin=1, pads_end=1, groups=8)
+    assert (plan.strategy, plan.variant) == ("gemm", "patch-t"), plan
+    plan = nc.plan("convolution_backprop_filters", x, (3, 3, 3), dy, strides=2,
+                   pads_begin=1, pads_end=1, groups=8, strategy="direct")
     assert (plan.strategy, plan.variant) == ("direct", "grouped"), plan
 
 

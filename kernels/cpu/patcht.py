@@ -4,9 +4,10 @@
 layer with few output channels (DenseNet's growth layers, 12-48 outputs; detection heads;
 GoogLeNet's 5x5 branches) a GEMM whose vectors run across the output channels wastes lanes
 and loads a vector of ``dy`` per handful of multiply-adds. Transposed, ``dW^T[k, (t, c)] =
-sum_p dy[p, k] * x[p + t, c]``: each step broadcasts ``MR`` values of ``dy`` (one pixel, ``MR``
+sum_p dy[p, k] * x[p + t, c]``: each step broadcasts ``mr`` values of ``dy`` (one pixel, ``mr``
 output channels) and loads ``nv`` vectors of ``x`` (one pixel's input channels at the tap),
-``MR x nv`` fused multiply-adds on a register tile.
+``mr x nv`` fused multiply-adds on a register tile. Grouped layers whose groups hold whole
+vectors of input channels (ResNeXt's 16 and 32) run group by group on the arrays in place.
 
 Per tap, the output pixels of a row whose tap lies inside the input along ``w`` are a
 contiguous range: each output row is one segment of the reduction (taps along ``d`` and
@@ -29,10 +30,12 @@ from numba.extending import intrinsic
 from numbaconv._jit import helper, kernel, separate
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 
-#: Rows (output channels, broadcast) and most vectors (input channels) of the register
-#: tile: ``MR*NV`` accumulators, ``NV`` loaded vectors and a broadcast within the register
-#: file (32 with AVX-512, 16 else).
-MR, NV = (12, 2) if VECTOR_BYTES == 64 else (6, 2)
+#: The register tiles, ``(rows, most vectors)``: rows of output channels (broadcast) x
+#: vectors of input channels; ``rows*vectors`` accumulators, the loaded vectors and a
+#: broadcast within the register file (32 with AVX-512, 16 else). The first takes output
+#: channels in twelves (DenseNet-BC's 12, SSD's 24), the second in sixteens (16, 32, 48:
+#: no padded rows where 12 does not divide them; one vector of input channels a step).
+TILES = ((12, 2), (16, 1)) if VECTOR_BYTES == 64 else ((6, 2), (8, 1))
 
 
 def lanes(itemsize):
@@ -40,7 +43,7 @@ def lanes(itemsize):
     return VECTOR_BYTES // itemsize
 
 
-def _micro(nv, mr=MR):
+def _micro(nv, mr):
     """``C[i, :nv*VL] += sum_s sum_j A[s, j, i] * B[s, j, :nv*VL]``: a ``mr x nv`` tile of
     vectors in registers over a reduction given as ``nseg`` segments (``segs``: the
     address of ``3*nseg`` int64, each segment's element offsets from ``a`` and from ``b``
@@ -107,41 +110,47 @@ def _micro(nv, mr=MR):
     return micro
 
 
-_tile1, _tile2 = _micro(1), _micro(2)
+_t12_1, _t12_2 = _micro(1, TILES[0][0]), _micro(2, TILES[0][0])
+_t16_1 = _micro(1, TILES[1][0])
 
 
 @helper
-def _tile(nv, a, csa, b, ldb, c, ldc, segs, nseg, work):
-    if nv == 2:
-        _tile2(a, csa, b, ldb, c, ldc, segs, nseg, work)
+def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work):
+    """The register tile ``TILES[shape]`` with ``nv`` vectors (:func:`_micro`)."""
+    if shape == 1:
+        _t16_1(a, csa, b, ldb, c, ldc, segs, nseg, work)
+    elif nv == 2:
+        _t12_2(a, csa, b, ldb, c, ldc, segs, nseg, work)
     else:
-        _tile1(a, csa, b, ldb, c, ldc, segs, nseg, work)
+        _t12_1(a, csa, b, ldb, c, ldc, segs, nseg, work)
 
 
-def bwd_w(x, dyp, part, geo, rb, segs):
+def bwd_w(x, dy, part, geo, rb, shape, segs):
     """See :func:`bwd_w_kernel` (its address table added)."""
-    bwd_w_kernel(_chunk.table(part.dtype.name), x, dyp, part, geo, rb, segs)
+    bwd_w_kernel(_chunk.table(part.dtype.name), x, dy, part, geo, rb, shape, segs)
 
 
 @kernel
-def bwd_w_kernel(fns, x, dyp, part, geo, rb, segs):
+def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
-    the shares in parallel: ``x [mb, id, ih, iw, Cp]`` the input (its channels zero-padded
-    to whole vectors where they are not); ``dyp [mb, od,
-    oh, ow, Kp]`` (``Kp`` a multiple of :data:`MR`, zero past the output channels);
-    ``part [chunks, Kp, taps*Cp]`` zeroed; ``segs [chunks, 3*rb]`` scratch. Output rows go
-    in blocks of ``rb``."""
+    the shares in parallel. ``x [mb, id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``:
+    per group ``Cp`` input channels (a whole number of vectors) and ``Kp`` output channels
+    (a whole number of the tile's rows), read in place (a copy with zeros past the
+    channels where a single group's are not); ``part [chunks, g, Kp, taps*Cp]`` zeroed,
+    its rows ``(group, output channel)`` and columns ``(tap, input channel)``; ``shape``
+    the register tile (an index into :data:`TILES`); ``segs [chunks, 3*rb]`` scratch.
+    Output rows go in blocks of ``rb``."""
     nch = part.shape[0]
     rows = geo[0] * geo[10] * geo[11]
     for j in prange(nch):
-        _chunk(fns, x, dyp, part[j], geo, rows * j // nch, rows * (j + 1) // nch, rb,
+        _chunk(fns, x, dy, part[j], geo, rows * j // nch, rows * (j + 1) // nch, rb, shape,
                segs[j])
 
 
-@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, ::1], int64[::1], "
-          "int64, int64, int64, int64[::1])", noalias=True, float32="float32",
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
+          "int64, int64, int64, int64, int64[::1])", noalias=True, float32="float32",
           float64="float64")
-def _chunk(x, dyp, part, geo, r0, r1, rb, segs):
+def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
     """Output rows ``r0 .. r1`` of :func:`bwd_w_kernel` into one partial ``part``."""
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -149,13 +158,17 @@ def _chunk(x, dyp, part, geo, r0, r1, rb, segs):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    cp = x.shape[4]
-    kp = dyp.shape[4]
+    g = part.shape[0]
+    kp = part.shape[1]
+    ldc = part.shape[2]
+    cp = ldc // (kd * kh * kw)
+    xs, ys = x.shape[4], dy.shape[4]  # pixel pitches: g*Cp and g*Kp
+    mr = TILES[shape][0]
+    most = TILES[shape][1]
     it = part.itemsize
     vl = VECTOR_BYTES // it
-    ldc = part.shape[1]
     work = np.empty(0, part.dtype)
-    px, py, pc = x.ctypes.data, dyp.ctypes.data, part.ctypes.data
+    px, py, pc = x.ctypes.data, dy.ctypes.data, part.ctypes.data
     sp = segs.ctypes.data
     for rs in range(r0, r1, rb):
         re = min(r1, rs + rb)
@@ -177,18 +190,21 @@ def _chunk(x, dyp, part, geo, r0, r1, rb, segs):
                         i_h = o_h * sh - ph + t_h * dh
                         if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
                             continue
-                        segs[3 * ns] = (r * ow + lo) * kp
+                        segs[3 * ns] = (r * ow + lo) * ys
                         segs[3 * ns + 1] = (((n * id_ + i_d) * ih + i_h) * iw + lo * sw
-                                            + off) * cp
+                                            + off) * xs
                         segs[3 * ns + 2] = hi - lo
                         ns += 1
                     if ns == 0:
                         continue
                     t = (t_d * kh + t_h) * kw + t_w
-                    c0 = 0
-                    while c0 < cp:
-                        nv = min(NV, (cp - c0) // vl)
-                        for k0 in range(0, kp, MR):
-                            _tile(nv, py + k0 * it, kp, px + c0 * it, sw * cp,
-                                  pc + (k0 * ldc + t * cp + c0) * it, ldc, sp, ns, work)
-                        c0 += nv * vl
+                    for gi in range(g):
+                        c0 = 0
+                        while c0 < cp:
+                            nv = min(most, (cp - c0) // vl)
+                            for k0 in range(0, kp, mr):
+                                _tile(shape, nv, py + (gi * kp + k0) * it, ys,
+                                      px + (gi * cp + c0) * it, sw * xs,
+                                      pc + ((gi * kp + k0) * ldc + t * cp + c0) * it, ldc,
+                                      sp, ns, work)
+                            c0 += nv * vl

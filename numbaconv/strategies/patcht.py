@@ -21,9 +21,10 @@ import numpy as np
 from . import Strategy, canonical_shapes, geo, itemsize
 from .. import config, memory
 
-#: Most output channels: beyond them the untransposed GEMMs have vectors enough.
+#: Most output channels (of a group): beyond them the untransposed GEMMs have vectors
+#: enough.
 MAX_OUTPUT_CHANNELS = 48
-#: Least input channels: one whole vector of them (float32, AVX-512) per step.
+#: Least input channels (of a group): one whole vector of them (float32, AVX-512) a step.
 MIN_INPUT_CHANNELS = 16
 #: Most lanes wasted by rounding the input channels to whole vectors and the output
 #: channels to whole register tiles (multiply-adds on zeros), as a share of the work.
@@ -39,7 +40,9 @@ LONG_ROW_PIXELS = 32
 BLOCK_BYTES = 16 * 1024
 
 R_DIRECTION = "the patch-t variant is backward weights only"
-R_GROUPS = "{g} groups (one group only)"
+R_DEPTHWISE = "depthwise (groups == channels): one channel per group"
+R_GROUP_VECTORS = ("{g} groups of {c} input and {k} output channels: not whole vectors and "
+                   "tile rows (a group's channels are read in place)")
 R_WIDE = ("{k} output channels (> %d): the GEMMs with vectors across them are efficient"
           % MAX_OUTPUT_CHANNELS)
 R_FEW_C = "{c} input channels (< %d): less than a vector of them" % MIN_INPUT_CHANNELS
@@ -57,11 +60,22 @@ def _kernels():
     return patcht
 
 
+def tile_shape(p):
+    """``(index into TILES, Kp)``: the register tile that pads the output channels of a
+    group least (the first of equals), and those channels rounded to its rows."""
+    best = None
+    for i, (mr, _) in enumerate(_kernels().TILES):
+        kp = -(-p.ocg // mr) * mr
+        if best is None or kp < best[1]:
+            best = (i, kp)
+    return best
+
+
 def padded(p):
-    """``(Cp, Kp)``: input channels in whole vectors, output channels in whole tiles."""
-    k = _kernels()
-    vl = k.lanes(itemsize(p))
-    return -(-p.ic // vl) * vl, -(-p.oc // k.MR) * k.MR
+    """``(Cp, Kp)``: a group's input channels in whole vectors, its output channels in
+    whole tile rows."""
+    vl = _kernels().lanes(itemsize(p))
+    return -(-p.icg // vl) * vl, tile_shape(p)[1]
 
 
 class PatchT(Strategy):
@@ -73,21 +87,24 @@ class PatchT(Strategy):
     def accepts(self, p):
         if p.direction != "bwd_w":
             return R_DIRECTION
-        if p.g != 1:
-            return R_GROUPS.format(g=p.g)
-        if p.oc > MAX_OUTPUT_CHANNELS:
-            return R_WIDE.format(k=p.oc)
-        if p.ic < MIN_INPUT_CHANNELS:
-            return R_FEW_C.format(c=p.ic)
-        if math.prod(p.ksz) == 1 and p.oc >= POINTWISE_OUTPUTS:
-            return R_POINTWISE.format(k=p.oc)
-        vl = _kernels().lanes(itemsize(p))
-        if p.oc % vl == 0 and p.osz[2] >= LONG_ROW_PIXELS:
-            return R_LONG_ROWS.format(k=p.oc, ow=p.osz[2])
+        if p.g > 1 and p.g == p.ic:
+            return R_DEPTHWISE
+        if p.ocg > MAX_OUTPUT_CHANNELS:
+            return R_WIDE.format(k=p.ocg)
+        if p.icg < MIN_INPUT_CHANNELS:
+            return R_FEW_C.format(c=p.icg)
         cp, kp = padded(p)
-        waste = 1 - p.ic * p.oc / (cp * kp)
+        if p.g > 1 and (cp, kp) != (p.icg, p.ocg):
+            return R_GROUP_VECTORS.format(g=p.g, c=p.icg, k=p.ocg)
+        if p.g == 1:
+            if math.prod(p.ksz) == 1 and p.oc >= POINTWISE_OUTPUTS:
+                return R_POINTWISE.format(k=p.oc)
+            vl = _kernels().lanes(itemsize(p))
+            if p.oc % vl == 0 and p.osz[2] >= LONG_ROW_PIXELS:
+                return R_LONG_ROWS.format(k=p.oc, ow=p.osz[2])
+        waste = 1 - p.icg * p.ocg / (cp * kp)
         if waste > MAX_WASTE:
-            return R_WASTE.format(c=p.ic, k=p.oc, cp=cp, kp=kp, w=waste)
+            return R_WASTE.format(c=p.icg, k=p.ocg, cp=cp, kp=kp, w=waste)
         if config.GEMM_ENGINE == "blas":
             return R_BLAS
         return None
@@ -95,13 +112,13 @@ class PatchT(Strategy):
     def tiles(self, p, machine):
         rows = p.mb * p.osz[0] * p.osz[1]
         _, kp = padded(p)
-        per_row = p.osz[2] * kp * itemsize(p)
+        per_row = p.osz[2] * p.g * kp * itemsize(p)
         return {"chunks": max(1, min(machine.cores, rows)),
-                "block_rows": max(1, BLOCK_BYTES // per_row)}
+                "block_rows": max(1, BLOCK_BYTES // per_row), "tile": tile_shape(p)[0]}
 
     def workspace_bytes(self, p, tiles):
         cp, kp = padded(p)
-        n = tiles["chunks"] * kp * math.prod(p.ksz) * cp
+        n = tiles["chunks"] * p.g * kp * math.prod(p.ksz) * cp
         if cp != p.ic:
             n += p.mb * math.prod(p.isz) * cp
         if kp != p.oc:
@@ -113,14 +130,14 @@ class PatchT(Strategy):
         ct = np.dtype(p.compute_dtype)
         cp, kp = padded(p)
         x, dy = ops["x"], ops["dy"]  # canonical: [mb, d, h, w, C]
-        if cp == p.ic:
+        if cp == p.icg:
             x = np.ascontiguousarray(x, ct)
         else:  # channels to whole vectors
             xp = memory.empty((*x.shape[:4], cp), ct)
             xp[..., p.ic:] = 0
             xp[..., :p.ic] = x
             x = xp
-        if kp == p.oc:
+        if kp == p.ocg:
             dy = np.ascontiguousarray(dy, ct)
         else:  # output channels to whole register tiles
             dyp = memory.empty((*dy.shape[:4], kp), ct)
@@ -130,13 +147,14 @@ class PatchT(Strategy):
         taps = math.prod(p.ksz)
         chunks = int(tiles["chunks"])
         rb = int(tiles["block_rows"])
-        part = np.zeros((chunks, kp, taps * cp), ct)
+        part = np.zeros((chunks, p.g, kp, taps * cp), ct)
         segs = np.empty((chunks, 3 * rb), np.int64)
-        k.bwd_w(x, dy, part, geo(p), np.int64(rb), segs)
+        k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs)
         acc = part[0]
         for j in range(1, chunks):  # in a fixed order: the same bits for the same inputs
             acc += part[j]
-        dw = acc[:p.oc].reshape(p.oc, taps, cp)[:, :, :p.ic].transpose(1, 2, 0)
+        # [g, Kp, taps, Cp] -> [taps, icg, g, ocg]
+        dw = acc[:, :p.ocg].reshape(p.g, p.ocg, taps, cp)[..., :p.icg].transpose(2, 3, 0, 1)
         return np.ascontiguousarray(dw).reshape(canonical_shapes(p)[2])
 
     def numba_parallel(self, p, tiles):
