@@ -22,6 +22,12 @@ LAYERS = {
     # DenseNet growth layer: 3x3 with 32 output channels
     "densenet121:block2_3x3": (8, 1, 128, 32, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1),
                                (1, 1)),
+    # DenseNet-BC growth layer: 48 -> 12 over 8x8 rows (gemm[patch-t]'s transposed GEMM)
+    "densenet_bc100:block3_3x3": (64, 1, 48, 12, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1),
+                                  (1, 1)),
+    # 32 groups of 16 channels (ResNeXt-50)
+    "resnext50:layer3_conv2": (8, 32, 512, 512, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1),
+                               (1, 1)),
     # groups 2 at 13x13 (AlexNet)
     "alexnet:conv4": (8, 2, 384, 384, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
     # factorised 1x7 (Inception-v3)
