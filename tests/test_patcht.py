@@ -74,8 +74,11 @@ def test_patch_t_matches_reference(case, dtype):
     assert _run(case, dtype) <= tolerance(dtype)
 
 
-def test_patch_t_float16():
-    assert _run(CASES[2], "float16") <= tolerance("float16")
+@pytest.mark.parametrize("index", [0, 2, 9])
+def test_patch_t_float16(index):
+    """Read in place as float16 bits and widened as loaded (cases 0 and 9, a grouped one),
+    or padded into float32 copies (case 2)."""
+    assert _run(CASES[index], "float16") <= tolerance("float16")
 
 
 def test_patch_t_one_thread():

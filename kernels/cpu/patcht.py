@@ -49,15 +49,20 @@ def _micro(nv, mr):
     address of ``3*nseg`` int64, each segment's element offsets from ``a`` and from ``b``
     and its number of steps). ``A[s, j, i]`` (broadcast) is at ``a + aoff_s + j*csa + i``,
     ``B[s, j, v]`` (a vector) at ``b + boff_s + j*ldb + v*VL``, tile row ``i`` at ``c +
-    i*ldc``; all in elements, unaligned. The float type comes from ``work``'s dtype."""
+    i*ldc``; all in elements, unaligned. The float type comes from ``work``'s dtype; B's
+    elements are float16 bits where ``bsrc``'s dtype is uint16 (widened as they load:
+    ``vcvtph2ps`` with F16C, one per vector of ``mr`` multiply-adds), else of ``work``'s
+    type (A's always are: a broadcast widened from float16 costs a conversion per
+    multiply-add row, measured 1.3-1.6x slower than widening dY first)."""
 
     @intrinsic
-    def micro(typingctx, a, csa, b, ldb, c, ldc, segs, nseg, work):
-        sig = types.void(*([types.intp] * 8), work)
+    def micro(typingctx, a, csa, b, ldb, c, ldc, segs, nseg, work, bsrc):
+        sig = types.void(*([types.intp] * 8), work, bsrc)
         dtype = work.dtype
+        half = bsrc.dtype == types.uint16
 
         def codegen(context, builder, signature, args):
-            a, csa, b, ldb, c, ldc, segs, nseg, _ = args
+            a, csa, b, ldb, c, ldc, segs, nseg, _, _ = args
             f = context.get_value_type(dtype)
             vl = VECTOR_BYTES // context.get_abi_sizeof(f)
             vty = ir.VectorType(f, vl)
@@ -67,7 +72,7 @@ def _micro(nv, mr):
             fma = cgutils.get_or_insert_function(builder.module,
                                                  ir.FunctionType(vty, [vty] * 3), name)
             pa = builder.inttoptr(a, fp)
-            pb = builder.inttoptr(b, fp)
+            pb = builder.inttoptr(b, ir.IntType(16).as_pointer() if half else fp)
             pc = builder.inttoptr(c, fp)
             ps = builder.inttoptr(segs, i64.as_pointer())
             zero = ir.Constant(vty, None)
@@ -86,9 +91,9 @@ def _micro(nv, mr):
                 with cgutils.for_range(builder, kl) as jloop:
                     j = jloop.index
                     ja = builder.gep(sa, [builder.mul(j, csa)])
-                    jb = builder.bitcast(builder.gep(sb, [builder.mul(j, ldb)]), vp)
-                    bv = [builder.load(builder.gep(jb, [ir.Constant(i64, v)]), align=1)
-                          for v in range(nv)]
+                    jb = builder.gep(sb, [builder.mul(j, ldb)])
+                    bv = [_load(builder, builder.gep(jb, [ir.Constant(i64, v * vl)]), vl,
+                                half) for v in range(nv)]
                     for i in range(mr):
                         s = builder.load(builder.gep(ja, [ir.Constant(i64, i)]))
                         s = builder.insert_element(undef, s, ir.Constant(i32, 0))
@@ -110,24 +115,36 @@ def _micro(nv, mr):
     return micro
 
 
+def _load(builder, p, n, half):
+    """``n`` floats at ``p``, widened from float16 bits when ``half``."""
+    if not half:
+        ty = ir.VectorType(p.type.pointee, n)
+        return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
+    bits = builder.load(builder.bitcast(p, ir.VectorType(ir.IntType(16), n).as_pointer()),
+                        align=1)
+    return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), n)),
+                         ir.VectorType(ir.FloatType(), n))
+
+
 _t12_1, _t12_2 = _micro(1, TILES[0][0]), _micro(2, TILES[0][0])
 _t16_1 = _micro(1, TILES[1][0])
 
 
 @helper
-def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work):
+def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
     """The register tile ``TILES[shape]`` with ``nv`` vectors (:func:`_micro`)."""
     if shape == 1:
-        _t16_1(a, csa, b, ldb, c, ldc, segs, nseg, work)
+        _t16_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
     elif nv == 2:
-        _t12_2(a, csa, b, ldb, c, ldc, segs, nseg, work)
+        _t12_2(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
     else:
-        _t12_1(a, csa, b, ldb, c, ldc, segs, nseg, work)
+        _t12_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
 
 
 def bwd_w(x, dy, part, geo, rb, shape, segs):
     """See :func:`bwd_w_kernel` (its address table added)."""
-    bwd_w_kernel(_chunk.table(part.dtype.name), x, dy, part, geo, rb, shape, segs)
+    name = "float16" if x.dtype == np.uint16 else part.dtype.name
+    bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs)
 
 
 @kernel
@@ -136,7 +153,8 @@ def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs):
     the shares in parallel. ``x [mb, id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``:
     per group ``Cp`` input channels (a whole number of vectors) and ``Kp`` output channels
     (a whole number of the tile's rows), read in place (a copy with zeros past the
-    channels where a single group's are not); ``part [chunks, g, Kp, taps*Cp]`` zeroed,
+    channels where a single group's are not); ``x`` as float16 bits (uint16) for a float32
+    ``part``, widened as it loads; ``part [chunks, g, Kp, taps*Cp]`` zeroed,
     its rows ``(group, output channel)`` and columns ``(tap, input channel)``; ``shape``
     the register tile (an index into :data:`TILES`); ``segs [chunks, 3*rb]`` scratch.
     Output rows go in blocks of ``rb``."""
@@ -147,9 +165,10 @@ def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs):
                segs[j])
 
 
-@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
-          "int64, int64, int64, int64, int64[::1])", noalias=True, float32="float32",
-          float64="float64")
+@separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
+          "int64, int64, int64, int64, int64[::1])", noalias=True,
+          float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
+          float16=dict(S="uint16", T="float32"))
 def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
     """Output rows ``r0 .. r1`` of :func:`bwd_w_kernel` into one partial ``part``."""
     id_, ih, iw = geo[4], geo[5], geo[6]
@@ -165,7 +184,7 @@ def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
     xs, ys = x.shape[4], dy.shape[4]  # pixel pitches: g*Cp and g*Kp
     mr = TILES[shape][0]
     most = TILES[shape][1]
-    it = part.itemsize
+    it, ix = part.itemsize, x.itemsize  # dy's elements are part's
     vl = VECTOR_BYTES // it
     work = np.empty(0, part.dtype)
     px, py, pc = x.ctypes.data, dy.ctypes.data, part.ctypes.data
@@ -204,7 +223,7 @@ def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
                             nv = min(most, (cp - c0) // vl)
                             for k0 in range(0, kp, mr):
                                 _tile(shape, nv, py + (gi * kp + k0) * it, ys,
-                                      px + (gi * cp + c0) * it, sw * xs,
+                                      px + (gi * cp + c0) * ix, sw * xs,
                                       pc + ((gi * kp + k0) * ldc + t * cp + c0) * it, ldc,
-                                      sp, ns, work)
+                                      sp, ns, work, x)
                             c0 += nv * vl

@@ -71,11 +71,17 @@ def tile_shape(p):
     return best
 
 
-def padded(p):
+def padded(p, shape=None):
     """``(Cp, Kp)``: a group's input channels in whole vectors, its output channels in
-    whole tile rows."""
-    vl = _kernels().lanes(itemsize(p))
-    return -(-p.icg // vl) * vl, tile_shape(p)[1]
+    whole rows of the register tile ``shape`` (default :func:`tile_shape`'s)."""
+    k = _kernels()
+    vl = k.lanes(itemsize(p))
+    if shape is None:
+        kp = tile_shape(p)[1]
+    else:
+        mr = k.TILES[shape][0]
+        kp = -(-p.ocg // mr) * mr
+    return -(-p.icg // vl) * vl, kp
 
 
 class PatchT(Strategy):
@@ -117,20 +123,22 @@ class PatchT(Strategy):
                 "block_rows": max(1, BLOCK_BYTES // per_row), "tile": tile_shape(p)[0]}
 
     def workspace_bytes(self, p, tiles):
-        cp, kp = padded(p)
+        cp, kp = padded(p, tiles["tile"])
         n = tiles["chunks"] * p.g * kp * math.prod(p.ksz) * cp
-        if cp != p.ic:
+        if cp != p.icg:  # the padded copies (one group only)
             n += p.mb * math.prod(p.isz) * cp
-        if kp != p.oc:
+        if kp != p.ocg:
             n += p.mb * math.prod(p.osz) * kp
         return n * itemsize(p)
 
     def run(self, p, tiles, ops):
         k = _kernels()
         ct = np.dtype(p.compute_dtype)
-        cp, kp = padded(p)
+        cp, kp = padded(p, tiles["tile"])
         x, dy = ops["x"], ops["dy"]  # canonical: [mb, d, h, w, C]
-        if cp == p.icg:
+        if x.dtype == np.uint16:  # float16 bits (half_operands), widened by the kernel
+            x = np.ascontiguousarray(x)
+        elif cp == p.icg:
             x = np.ascontiguousarray(x, ct)
         else:  # channels to whole vectors
             xp = memory.empty((*x.shape[:4], cp), ct)
@@ -156,6 +164,12 @@ class PatchT(Strategy):
         # [g, Kp, taps, Cp] -> [taps, icg, g, ocg]
         dw = acc[:, :p.ocg].reshape(p.g, p.ocg, taps, cp)[..., :p.icg].transpose(2, 3, 0, 1)
         return np.ascontiguousarray(dw).reshape(canonical_shapes(p)[2])
+
+    def half_operands(self, p, tiles):
+        """x as float16 bits, widened as the kernel loads it, where it is read in place
+        (its channels in whole vectors; else the padded copy is float32). dY is widened
+        first: the kernel broadcasts its values one by one."""
+        return frozenset({"x"}) if padded(p)[0] == p.icg else frozenset()
 
     def numba_parallel(self, p, tiles):
         return True
