@@ -31,8 +31,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
 * ``gemm[patch-t]``: >= 16 input and <= 48 output channels per group (groups: whole
-  vectors and tile rows of them; one group: 1x1 with < 32 outputs, whole vectors of
-  outputs only over rows of < 32 pixels), little padding waste (Numba engine);
+  vectors and tile rows of them; one group: >= 32 outputs in tiles of 12 only over rows
+  of < 32 pixels, not 1x1), little padding waste (Numba engine);
 * ``gemm[patch]``: one group, 8-128 output channels, either <= 4 input channels (a stem)
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);

@@ -133,11 +133,13 @@ def test_patch_t_choice(monkeypatch):
     assert plan(48, 12).variant == "patch-t"
     assert plan(128, 2 * mr).variant == "patch-t"
     assert plan(16, 32, k=(5, 5), n=28).variant == "patch-t"    # rows of 28 pixels
-    long = plan(16, 32, k=(5, 5), n=patcht.LONG_ROW_PIXELS)
-    assert long.variant != "patch-t" and "GEMM per row" in str(long)
+    assert plan(16, 32, k=(5, 5), n=patcht.LONG_ROW_PIXELS).variant == "patch-t"  # 16 rows
+    long = plan(16, 48, k=(5, 5), n=patcht.LONG_ROW_PIXELS)      # tiles of 12
+    assert long.variant != "patch-t" and "rows of" in str(long)
     assert plan(256, 21, k=(1, 1)).variant == "patch-t"
-    one = plan(192, patcht.POINTWISE_OUTPUTS, k=(1, 1))
-    assert one.variant != "patch-t" and "1x1 with" in str(one)
+    assert plan(192, 32, k=(1, 1)).variant == "patch-t"
+    one = plan(192, 40, k=(1, 1))
+    assert one.variant != "patch-t" and "1x1 layer" in str(one)
     wide = plan(128, patcht.MAX_OUTPUT_CHANNELS + 1)
     assert wide.variant != "patch-t" and "efficient" in str(wide)
     few = plan(8, 12)

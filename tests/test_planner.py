@@ -300,8 +300,8 @@ def test_plans_are_cached_per_problem_and_settings(monkeypatch):
     """A repeated call reuses its plan; anything the plan depends on makes a new one."""
     from numbaconv import config, planner
     x = np.zeros((2, 9, 9, 16), np.float32)
-    dy = np.zeros((2, 9, 9, 32), np.float32)
-    args = ("conv2d_backprop_filter", x, [1, 1, 16, 32], dy, 1, "SAME")
+    dy = np.zeros((2, 9, 9, 64), np.float32)
+    args = ("conv2d_backprop_filter", x, [1, 1, 16, 64], dy, 1, "SAME")
     first = nc.plan(*args)
     assert nc.plan(*args) is first
     assert nc.plan(*args, strategy="direct") is not first

@@ -28,7 +28,7 @@ def test_tune_times_once_then_uses_cache(tune_dir, monkeypatch):
     data = json.loads((tune_dir / "tune.json").read_text())
     (entry,) = data["entries"].values()
     assert entry["strategy"] == p1.strategy + (f"[{p1.variant}]" if p1.variant else "")
-    assert set(entry["seconds"]) == {"gemm[rows]", "gemm[slabs]", "direct"}
+    assert set(entry["seconds"]) == {"gemm[patch-t]", "gemm[rows]", "gemm[slabs]", "direct"}
 
     def no_timing(*a, **k):
         raise AssertionError("a cached problem must not be timed again")

@@ -29,11 +29,11 @@ MIN_INPUT_CHANNELS = 16
 #: Most lanes wasted by rounding the input channels to whole vectors and the output
 #: channels to whole register tiles (multiply-adds on zeros), as a share of the work.
 MAX_WASTE = 0.25
-#: 1x1 layers with at least this many output channels: gemm[split-k]'s one GEMM over every
-#: pixel wins (measured: docs/performance.md, "Weight gradients with few output channels").
-POINTWISE_OUTPUTS = 32
-#: Output rows of at least this many pixels, with output channels in whole vectors:
-#: gemm[patch]'s one GEMM per row, vectors across the output channels, is as fast or faster.
+#: One group, at least this many output channels on the 12-row tile (not a multiple of 16),
+#: over 1x1 layers or rows of at least ``LONG_ROW_PIXELS``: gemm[split-k]'s one GEMM over
+#: every pixel and gemm[patch]'s GEMM per row win (measured: docs/performance.md, "Weight
+#: gradients with few output channels"; on the 16-row tile this entry wins there too).
+TWELVES_OUTPUTS = 32
 LONG_ROW_PIXELS = 32
 #: Bytes of ``dy`` per block of output rows: a tile broadcasts from it for every tap and
 #: vector of input channels, so it stays in L1.
@@ -48,10 +48,8 @@ R_WIDE = ("{k} output channels (> %d): the GEMMs with vectors across them are ef
 R_FEW_C = "{c} input channels (< %d): less than a vector of them" % MIN_INPUT_CHANNELS
 R_WASTE = ("{c} input and {k} output channels padded to {cp} x {kp}: {w:.0%} of the "
            "multiply-adds on zeros (> " + f"{MAX_WASTE:.0%})")
-R_POINTWISE = ("1x1 with {k} output channels (>= %d): gemm[split-k]'s one GEMM over every "
-               "pixel wins" % POINTWISE_OUTPUTS)
-R_LONG_ROWS = ("{k} output channels in whole vectors over rows of {ow} pixels (>= %d): "
-               "gemm[patch]'s GEMM per row wins" % LONG_ROW_PIXELS)
+R_TWELVES = ("{k} output channels (>= %d) in tiles of {mr} rows over {what}: gemm[split-k]'s "
+             "and gemm[patch]'s GEMMs win" % TWELVES_OUTPUTS)
 R_BLAS = "GEMM_ENGINE is 'blas' (the patch-t variant runs on the Numba engine)"
 
 
@@ -102,12 +100,13 @@ class PatchT(Strategy):
         cp, kp = padded(p)
         if p.g > 1 and (cp, kp) != (p.icg, p.ocg):
             return R_GROUP_VECTORS.format(g=p.g, c=p.icg, k=p.ocg)
-        if p.g == 1:
-            if math.prod(p.ksz) == 1 and p.oc >= POINTWISE_OUTPUTS:
-                return R_POINTWISE.format(k=p.oc)
-            vl = _kernels().lanes(itemsize(p))
-            if p.oc % vl == 0 and p.osz[2] >= LONG_ROW_PIXELS:
-                return R_LONG_ROWS.format(k=p.oc, ow=p.osz[2])
+        shape = tile_shape(p)[0]
+        if p.g == 1 and shape == 0 and p.oc >= TWELVES_OUTPUTS:
+            if math.prod(p.ksz) == 1:
+                return R_TWELVES.format(k=p.oc, mr=_kernels().TILES[0][0], what="a 1x1 layer")
+            if p.osz[2] >= LONG_ROW_PIXELS:
+                return R_TWELVES.format(k=p.oc, mr=_kernels().TILES[0][0],
+                                        what=f"rows of {p.osz[2]} pixels (>= {LONG_ROW_PIXELS})")
         waste = 1 - p.icg * p.ocg / (cp * kp)
         if waste > MAX_WASTE:
             return R_WASTE.format(c=p.icg, k=p.ocg, cp=cp, kp=kp, w=waste)
