@@ -140,6 +140,8 @@ def test_patch_t_choice(monkeypatch):
     assert plan(192, 32, k=(1, 1)).variant == "patch-t"
     one = plan(192, 40, k=(1, 1))
     assert one.variant != "patch-t" and "1x1 layer" in str(one)
+    assert plan(48, 128, k=(5, 5), n=7).variant == "patch-t"      # a wide filter
+    assert plan(96, 128, k=(5, 5), n=7).variant != "patch-t"
     wide = plan(128, patcht.MAX_OUTPUT_CHANNELS + 1)
     assert wide.variant != "patch-t" and "efficient" in str(wide)
     few = plan(8, 12)

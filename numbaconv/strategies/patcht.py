@@ -24,6 +24,13 @@ from .. import config, memory
 #: Most output channels (of a group): beyond them the untransposed GEMMs have vectors
 #: enough.
 MAX_OUTPUT_CHANNELS = 48
+#: Filters of at least this many taps over at most ``WIDE_FILTER_CHANNELS`` input channels
+#: take up to ``WIDE_FILTER_OUTPUTS`` output channels: im2col slabs 25 times the input
+#: and per-row GEMMs over short rows are slower there (GoogLeNet's and Inception's 5x5
+#: branches, 48 -> 64-128: 1.24-1.30x; docs/performance.md).
+WIDE_FILTER_TAPS = 25
+WIDE_FILTER_CHANNELS = 64
+WIDE_FILTER_OUTPUTS = 128
 #: Least input channels (of a group): one whole vector of them (float32, AVX-512) a step.
 MIN_INPUT_CHANNELS = 16
 #: Most lanes wasted by rounding the input channels to whole vectors and the output
@@ -43,8 +50,9 @@ R_DIRECTION = "the patch-t variant is backward weights only"
 R_DEPTHWISE = "depthwise (groups == channels): one channel per group"
 R_GROUP_VECTORS = ("{g} groups of {c} input and {k} output channels: not whole vectors and "
                    "tile rows (a group's channels are read in place)")
-R_WIDE = ("{k} output channels (> %d): the GEMMs with vectors across them are efficient"
-          % MAX_OUTPUT_CHANNELS)
+R_WIDE = ("{k} output channels (> %d; > %d for filters of %d or more taps over <= %d input "
+          "channels): the GEMMs with vectors across them are efficient"
+          % (MAX_OUTPUT_CHANNELS, WIDE_FILTER_OUTPUTS, WIDE_FILTER_TAPS, WIDE_FILTER_CHANNELS))
 R_FEW_C = "{c} input channels (< %d): less than a vector of them" % MIN_INPUT_CHANNELS
 R_WASTE = ("{c} input and {k} output channels padded to {cp} x {kp}: {w:.0%} of the "
            "multiply-adds on zeros (> " + f"{MAX_WASTE:.0%})")
@@ -93,7 +101,9 @@ class PatchT(Strategy):
             return R_DIRECTION
         if p.g > 1 and p.g == p.ic:
             return R_DEPTHWISE
-        if p.ocg > MAX_OUTPUT_CHANNELS:
+        wide_filter = (math.prod(p.ksz) >= WIDE_FILTER_TAPS
+                       and p.icg <= WIDE_FILTER_CHANNELS)
+        if p.ocg > (WIDE_FILTER_OUTPUTS if wide_filter else MAX_OUTPUT_CHANNELS):
             return R_WIDE.format(k=p.ocg)
         if p.icg < MIN_INPUT_CHANNELS:
             return R_FEW_C.format(c=p.icg)
