@@ -191,33 +191,34 @@ def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
     sp = segs.ctypes.data
     for rs in range(r0, r1, rb):
         re = min(r1, rs + rb)
-        for t_d in range(kd):
-            for t_h in range(kh):
-                for t_w in range(kw):
-                    # the output pixels of a row whose tap t_w lies inside the input
-                    off = t_w * dw - pw
-                    lo = min(ow, max(0, (-off + sw - 1) // sw))
-                    hi = max(lo, min(ow, (iw - 1 - off) // sw + 1))
-                    if hi == lo:
-                        continue
-                    ns = 0
-                    for r in range(rs, re):
-                        n = r // (od * oh)
-                        o_d = (r // oh) % od
-                        o_h = r % oh
-                        i_d = o_d * sd - pd + t_d * dd
-                        i_h = o_h * sh - ph + t_h * dh
-                        if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
+        # group by group, so that a group's block of dy stays in L1 across the taps
+        for gi in range(g):
+            for t_d in range(kd):
+                for t_h in range(kh):
+                    for t_w in range(kw):
+                        # the output pixels of a row whose tap t_w lies inside the input
+                        off = t_w * dw - pw
+                        lo = min(ow, max(0, (-off + sw - 1) // sw))
+                        hi = max(lo, min(ow, (iw - 1 - off) // sw + 1))
+                        if hi == lo:
                             continue
-                        segs[3 * ns] = (r * ow + lo) * ys
-                        segs[3 * ns + 1] = (((n * id_ + i_d) * ih + i_h) * iw + lo * sw
-                                            + off) * xs
-                        segs[3 * ns + 2] = hi - lo
-                        ns += 1
-                    if ns == 0:
-                        continue
-                    t = (t_d * kh + t_h) * kw + t_w
-                    for gi in range(g):
+                        ns = 0
+                        for r in range(rs, re):
+                            n = r // (od * oh)
+                            o_d = (r // oh) % od
+                            o_h = r % oh
+                            i_d = o_d * sd - pd + t_d * dd
+                            i_h = o_h * sh - ph + t_h * dh
+                            if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
+                                continue
+                            segs[3 * ns] = (r * ow + lo) * ys
+                            segs[3 * ns + 1] = (((n * id_ + i_d) * ih + i_h) * iw + lo * sw
+                                                + off) * xs
+                            segs[3 * ns + 2] = hi - lo
+                            ns += 1
+                        if ns == 0:
+                            continue
+                        t = (t_d * kh + t_h) * kw + t_w
                         c0 = 0
                         while c0 < cp:
                             nv = min(most, (cp - c0) // vl)

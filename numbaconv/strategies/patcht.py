@@ -127,7 +127,7 @@ class PatchT(Strategy):
     def tiles(self, p, machine):
         rows = p.mb * p.osz[0] * p.osz[1]
         _, kp = padded(p)
-        per_row = p.osz[2] * p.g * kp * itemsize(p)
+        per_row = p.osz[2] * kp * itemsize(p)  # one group's dy: groups go one by one
         return {"chunks": max(1, min(machine.cores, rows)),
                 "block_rows": max(1, BLOCK_BYTES // per_row), "tile": tile_shape(p)[0]}
 
