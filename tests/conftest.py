@@ -69,3 +69,11 @@ def toolchain():
     if "launch_bounds" not in inspect.signature(cuda.compile_ptx).parameters:
         pytest.skip("numba.cuda is numba's own older CUDA target (no launch bounds, no "
                     "16-byte shared loads): pip install numba-cuda (the cuda12/cuda13 extras)")
+
+
+@pytest.fixture
+def without_patch_t(monkeypatch):
+    """gemm[patch-t] declines everything: for tests of the entries after it, on problems it
+    would take first."""
+    from numbaconv.strategies import patcht
+    monkeypatch.setattr(patcht.PatchT, "accepts", lambda self, p: "off for this test")

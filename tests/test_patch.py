@@ -101,7 +101,7 @@ def test_patch_variant_ignores_what_lies_past_the_output_channels():
     assert rest <= tolerance("float32")
 
 
-def test_patch_variant_choice():
+def test_patch_variant_choice(without_patch_t):
     """Stems (at most 4 input channels) with 8-128 output channels take the patch variant
     whatever their rows; more input channels take it over long rows with short ends, and
     1x1 layers up to 32 input channels; fewer or more output channels, wider 1x1 layers,

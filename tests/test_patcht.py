@@ -140,10 +140,16 @@ def test_patch_t_choice(monkeypatch):
     assert plan(192, 32, k=(1, 1)).variant == "patch-t"
     one = plan(192, 40, k=(1, 1))
     assert one.variant != "patch-t" and "1x1 layer" in str(one)
-    assert plan(48, 128, k=(5, 5), n=7).variant == "patch-t"      # a wide filter
-    assert plan(96, 128, k=(5, 5), n=7).variant != "patch-t"
-    wide = plan(128, patcht.MAX_OUTPUT_CHANNELS + 1)
-    assert wide.variant != "patch-t" and "efficient" in str(wide)
+    # beyond MAX_OUTPUT_CHANNELS: short rows, 1x1 over few channels, 5x5, 3-D volumes
+    n = patcht.LONG_ROW_PIXELS
+    assert plan(192, 256, groups=2, n=n - 1).variant == "patch-t"   # (winograd: 1 group)
+    assert plan(64, 128, k=(1, 1), n=n).variant == "patch-t"
+    assert plan(48, 128, k=(5, 5), n=n).variant == "patch-t"
+    wide = plan(192, 256, groups=2, n=n)
+    assert wide.variant != "patch-t" and "as fast" in str(wide)
+    one = plan(96, 128, k=(1, 1), n=n)
+    assert one.variant != "patch-t" and "as fast" in str(one)
+    assert plan(48, patcht.WIDE_OUTPUT_CHANNELS + 16, n=7).variant != "patch-t"
     few = plan(8, 12)
     assert few.variant != "patch-t" and "less than a vector" in str(few)
     waste = plan(24, 20)   # 24 -> 32 channels, 20 -> 24 outputs
@@ -156,6 +162,23 @@ def test_patch_t_choice(monkeypatch):
     dw = plan(32, 32, groups=32)
     assert dw.variant != "patch-t" and "depthwise" in str(dw)
     assert plan(48, 12, op="convolution_backprop_data").variant != "patch-t"
+
+
+def test_patch_t_takes_3d_volumes_with_many_outputs(monkeypatch):
+    """3-D filters of 27+ taps over enough output positions take up to
+    VOLUME_OUTPUT_CHANNELS outputs; a small volume (a short reduction into a large dW)
+    does not."""
+    def plan(n, oc=256, ic=64):
+        x = np.zeros((1, n, n, n, ic), np.float32)
+        dy = np.zeros((1, n, n, n, oc), np.float32)
+        return nc.plan("convolution_backprop_filters", x, (3, 3, 3), dy, strides=1,
+                       pads_begin=1, pads_end=1)
+
+    assert plan(10).variant == "patch-t"            # 1000 positions
+    assert plan(8).variant != "patch-t"             # 512
+    assert plan(10, patcht.VOLUME_OUTPUT_CHANNELS + 16).variant != "patch-t"
+    assert plan(10, 512, ic=256).variant == "patch-t"   # 3.5M weights
+    assert plan(10, 512, ic=512).variant != "patch-t"   # 7.1M weights
 
 
 def test_patch_t_declines_the_blas_engine(monkeypatch):

@@ -296,7 +296,7 @@ def test_tune_true_with_forced_direct(tmp_path, monkeypatch):
     assert not math.isnan(p.flops)
 
 
-def test_plans_are_cached_per_problem_and_settings(monkeypatch):
+def test_plans_are_cached_per_problem_and_settings(monkeypatch, without_patch_t):
     """A repeated call reuses its plan; anything the plan depends on makes a new one."""
     from numbaconv import config, planner
     x = np.zeros((2, 9, 9, 16), np.float32)

@@ -68,7 +68,7 @@ def test_rows_variant_one_thread():
         nc.set_num_threads(nt)
 
 
-def test_rows_variant_choice():
+def test_rows_variant_choice(without_patch_t):
     """Few weights per tap row and few output channels take the rows variant; wider
     problems, dilation along w, groups and the other directions do not. (Rows of 16
     input pixels: longer rows, and stems, take gemm[patch], tests/test_patch.py.)"""

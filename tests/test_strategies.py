@@ -8,7 +8,7 @@ from numbaconv import config
 from numbaconv import reference as R
 from numbaconv.planner import candidates
 from numbaconv import planner
-from numbaconv.strategies import _gemm_common as GC, gemm as G, patcht
+from numbaconv.strategies import _gemm_common as GC, gemm as G
 
 # (groups, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
@@ -126,13 +126,13 @@ def test_gemm_low_precision(dtype, direction, engine, monkeypatch):
 
 @pytest.mark.parametrize("engine", ["numba", "blas"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd_w"])
-def test_gemm_packed_float16_widens_as_it_packs(direction, engine, monkeypatch):
+def test_gemm_packed_float16_widens_as_it_packs(direction, engine, monkeypatch,
+                                                without_patch_t):
     """Packed forward and backward weights take float16 X (and one group's dY) as bits,
     widened by im2col and slab by slab: within one float16 rounding of float32's result on
     the widened operands (the slab tasks' partial sums may be added in another order);
     the user's arrays are left alone."""
     monkeypatch.setattr(config, "GEMM_ENGINE", engine)
-    monkeypatch.setattr(patcht, "MAX_OUTPUT_CHANNELS", 0)  # the packed GEMMs, not patch-t
     rng = np.random.default_rng(8)
     ran = 0
     for case in CASES:
@@ -257,7 +257,7 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
 
 
 @pytest.mark.parametrize("vector_bytes", [64, 32])
-def test_gemm_engine_auto_choice(vector_bytes, monkeypatch):
+def test_gemm_engine_auto_choice(vector_bytes, monkeypatch, without_patch_t):
     """"auto", as measured per host: on both the Numba engine for 1x1 backward data with a
     short reduction (few output channels) or a packed W^T that fits half of L2; with
     AVX-512 also for tall backward-weights reductions and for every 1x1 stride-1 weight
@@ -359,9 +359,8 @@ def test_gemm_tap_runs():
     assert _runs(boff).tolist() == [[0, 1], [1, 2], [3, 1], [4, 1]]
 
 
-def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch):
+def test_gemm_tiny_problems_stay_on_the_calling_thread(monkeypatch, without_patch_t):
     monkeypatch.setattr(GC, "SERIAL_MAX_FLOPS", 8_000_000)
-    monkeypatch.setattr(patcht, "MAX_OUTPUT_CHANNELS", 0)  # the packed GEMMs, not patch-t
     x = np.zeros((1, 8, 8, 16), np.float32)
     dy = np.zeros((1, 8, 8, 16), np.float32)
     tiny = nc.plan("convolution_backprop_filters", x, (3, 3), dy, strides=1, pads_begin=1,

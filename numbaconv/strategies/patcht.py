@@ -21,16 +21,24 @@ import numpy as np
 from . import Strategy, canonical_shapes, geo, itemsize
 from .. import config, memory
 
-#: Most output channels (of a group): beyond them the untransposed GEMMs have vectors
-#: enough.
+#: Output channels (of a group) it takes on any layer; beyond them, up to
+#: ``WIDE_OUTPUT_CHANNELS`` on output rows shorter than ``LONG_ROW_PIXELS``, on 1x1 layers
+#: and on filters of ``WIDE_FILTER_TAPS`` or more taps (5x5) over at most
+#: ``WIDE_INPUT_CHANNELS`` input channels; and up to ``VOLUME_OUTPUT_CHANNELS`` on 3-D
+#: filters of ``VOLUME_TAPS`` or more taps with ``VOLUME_POSITIONS`` or more output
+#: positions and at most ``VOLUME_WEIGHTS`` weights (each thread's partial dW is zeroed and
+#: added once: C3D's conv4b, 7.1M weights over 784 positions, ran 0.87x). Elsewhere (long rows: gemm[patch]'s GEMM per row; 1x1 over many input
+#: channels: gemm[split-k]; short reductions into a large dW: gemm[split-dw]) the other
+#: GEMMs measured as fast or faster (docs/performance.md, "Weight gradients with few output
+#: channels").
 MAX_OUTPUT_CHANNELS = 48
-#: Filters of at least this many taps over at most ``WIDE_FILTER_CHANNELS`` input channels
-#: take up to ``WIDE_FILTER_OUTPUTS`` output channels: im2col slabs 25 times the input
-#: and per-row GEMMs over short rows are slower there (GoogLeNet's and Inception's 5x5
-#: branches, 48 -> 64-128: 1.24-1.30x; docs/performance.md).
+WIDE_OUTPUT_CHANNELS = 128
+WIDE_INPUT_CHANNELS = 64
 WIDE_FILTER_TAPS = 25
-WIDE_FILTER_CHANNELS = 64
-WIDE_FILTER_OUTPUTS = 128
+VOLUME_OUTPUT_CHANNELS = 512
+VOLUME_TAPS = 27
+VOLUME_POSITIONS = 768
+VOLUME_WEIGHTS = 4 * 1024 * 1024
 #: Least input channels (of a group): one whole vector of them (float32, AVX-512) a step.
 MIN_INPUT_CHANNELS = 16
 #: Most lanes wasted by rounding the input channels to whole vectors and the output
@@ -42,17 +50,17 @@ MAX_WASTE = 0.25
 #: gradients with few output channels"; on the 16-row tile this entry wins there too).
 TWELVES_OUTPUTS = 32
 LONG_ROW_PIXELS = 32
-#: Bytes of ``dy`` per block of output rows: a tile broadcasts from it for every tap and
-#: vector of input channels, so it stays in L1.
+#: Bytes of a register tile's ``dy`` (its rows of output channels) per block of output
+#: rows: the tile broadcasts from it for every tap and vector of input channels, so it
+#: stays in L1 (the block's other output channels wait in L2).
 BLOCK_BYTES = 16 * 1024
 
 R_DIRECTION = "the patch-t variant is backward weights only"
 R_DEPTHWISE = "depthwise (groups == channels): one channel per group"
 R_GROUP_VECTORS = ("{g} groups of {c} input and {k} output channels: not whole vectors and "
                    "tile rows (a group's channels are read in place)")
-R_WIDE = ("{k} output channels (> %d; > %d for filters of %d or more taps over <= %d input "
-          "channels): the GEMMs with vectors across them are efficient"
-          % (MAX_OUTPUT_CHANNELS, WIDE_FILTER_OUTPUTS, WIDE_FILTER_TAPS, WIDE_FILTER_CHANNELS))
+R_WIDE = ("{k} output channels (> {most} {why}): the GEMMs with vectors across them are as "
+          "fast")
 R_FEW_C = "{c} input channels (< %d): less than a vector of them" % MIN_INPUT_CHANNELS
 R_WASTE = ("{c} input and {k} output channels padded to {cp} x {kp}: {w:.0%} of the "
            "multiply-adds on zeros (> " + f"{MAX_WASTE:.0%})")
@@ -64,6 +72,22 @@ R_BLAS = "GEMM_ENGINE is 'blas' (the patch-t variant runs on the Numba engine)"
 def _kernels():
     from ..kernels.cpu import patcht
     return patcht
+
+
+def _most_outputs(p):
+    """``(most output channels of a group it takes for p, why)``: see
+    :data:`MAX_OUTPUT_CHANNELS`."""
+    taps = math.prod(p.ksz)
+    positions = p.mb * math.prod(p.osz)
+    if (p.ksz[0] > 1 and taps >= VOLUME_TAPS and positions >= VOLUME_POSITIONS
+            and taps * p.icg * p.ocg <= VOLUME_WEIGHTS):
+        return VOLUME_OUTPUT_CHANNELS, f"for a 3-D filter over {positions} output positions"
+    if p.osz[2] < LONG_ROW_PIXELS:
+        return WIDE_OUTPUT_CHANNELS, f"over rows of {p.osz[2]} pixels"
+    if p.icg <= WIDE_INPUT_CHANNELS and (taps == 1 or taps >= WIDE_FILTER_TAPS):
+        return WIDE_OUTPUT_CHANNELS, f"for {taps} taps over {p.icg} input channels"
+    return MAX_OUTPUT_CHANNELS, (f"over rows of {p.osz[2]} pixels (>= {LONG_ROW_PIXELS}), "
+                                 f"{taps} taps over {p.icg} input channels")
 
 
 def tile_shape(p):
@@ -101,10 +125,9 @@ class PatchT(Strategy):
             return R_DIRECTION
         if p.g > 1 and p.g == p.ic:
             return R_DEPTHWISE
-        wide_filter = (math.prod(p.ksz) >= WIDE_FILTER_TAPS
-                       and p.icg <= WIDE_FILTER_CHANNELS)
-        if p.ocg > (WIDE_FILTER_OUTPUTS if wide_filter else MAX_OUTPUT_CHANNELS):
-            return R_WIDE.format(k=p.ocg)
+        most, why = _most_outputs(p)
+        if p.ocg > most:
+            return R_WIDE.format(k=p.ocg, most=most, why=why)
         if p.icg < MIN_INPUT_CHANNELS:
             return R_FEW_C.format(c=p.icg)
         cp, kp = padded(p)
@@ -126,10 +149,11 @@ class PatchT(Strategy):
 
     def tiles(self, p, machine):
         rows = p.mb * p.osz[0] * p.osz[1]
-        _, kp = padded(p)
-        per_row = p.osz[2] * kp * itemsize(p)  # one group's dy: groups go one by one
+        shape = tile_shape(p)[0]
+        # a tile's rows of dY (its output channels) over the block
+        per_row = p.osz[2] * _kernels().TILES[shape][0] * itemsize(p)
         return {"chunks": max(1, min(machine.cores, rows)),
-                "block_rows": max(1, BLOCK_BYTES // per_row), "tile": tile_shape(p)[0]}
+                "block_rows": max(1, BLOCK_BYTES // per_row), "tile": shape}
 
     def workspace_bytes(self, p, tiles):
         cp, kp = padded(p, tiles["tile"])
