@@ -22,8 +22,8 @@ from . import Strategy, canonical_shapes, geo, itemsize
 from .. import config, memory
 
 #: Output channels (of a group) it takes on any layer; beyond them, up to
-#: ``WIDE_OUTPUT_CHANNELS`` on output rows shorter than ``LONG_ROW_PIXELS``, on 1x1 layers
-#: and on filters of ``WIDE_FILTER_TAPS`` or more taps (5x5) over at most
+#: ``WIDE_OUTPUT_CHANNELS`` on output rows shorter than ``LONG_ROW_PIXELS`` (not 1x1), on
+#: 1x1 layers and on filters of ``WIDE_FILTER_TAPS`` or more taps (5x5) over at most
 #: ``WIDE_INPUT_CHANNELS`` input channels; and up to ``VOLUME_OUTPUT_CHANNELS`` on 3-D
 #: filters of ``VOLUME_TAPS`` or more taps with ``VOLUME_POSITIONS`` or more output
 #: positions and at most ``VOLUME_WEIGHTS`` weights (each thread's partial dW is zeroed and
@@ -82,7 +82,7 @@ def _most_outputs(p):
     if (p.ksz[0] > 1 and taps >= VOLUME_TAPS and positions >= VOLUME_POSITIONS
             and taps * p.icg * p.ocg <= VOLUME_WEIGHTS):
         return VOLUME_OUTPUT_CHANNELS, f"for a 3-D filter over {positions} output positions"
-    if p.osz[2] < LONG_ROW_PIXELS:
+    if p.osz[2] < LONG_ROW_PIXELS and taps > 1:
         return WIDE_OUTPUT_CHANNELS, f"over rows of {p.osz[2]} pixels"
     if p.icg <= WIDE_INPUT_CHANNELS and (taps == 1 or taps >= WIDE_FILTER_TAPS):
         return WIDE_OUTPUT_CHANNELS, f"for {taps} taps over {p.icg} input channels"
