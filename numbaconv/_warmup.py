@@ -56,12 +56,24 @@ def _calls(dt):
     return calls
 
 
+#: gemm entries whose kernels share nothing with the other gemm entries', by the group name
+#: they take (the entries of one kernel module share its helpers: one group).
+_OWN_MODULES = {"gemm[patch-t]": "patcht", "gemm[implicit]": "igemm", "gemm[regions]": "igemm"}
+
+
+def _group(name):
+    if name in _OWN_MODULES:
+        return _OWN_MODULES[name]
+    return "gemm" if name.startswith("gemm[") else name
+
+
 def _tasks(dtypes):
     """``(dtype, problem index, direction, label)`` of every implementation that accepts one
     of the warm-up problems, grouped by ``(label, dtype)``: a group's kernels share helpers,
     so one process compiles them together. The ``gemm`` entries of one dtype form one
     group: most of them call the shared GEMM micro-kernel (``ukernel._gemm``), which two
-    processes would otherwise both compile."""
+    processes would otherwise both compile; those whose kernel modules are their own
+    (:data:`_OWN_MODULES`) are groups of their own, so that the pool can spread them."""
     from numbaconv.planner import candidates
     from numbaconv.strategies import label
 
@@ -73,7 +85,7 @@ def _tasks(dtypes):
                 for s in candidates(direction):
                     if s.accepts(problem) is None:
                         name = label(s)
-                        key = ("gemm" if name.startswith("gemm[") else name, dt)
+                        key = (_group(name), dt)
                         groups.setdefault(key, []).append((dt, i, direction, name))
     return list(groups.values())
 
