@@ -85,9 +85,9 @@ def _most_outputs(p):
     if p.osz[2] < LONG_ROW_PIXELS and taps > 1:
         return WIDE_OUTPUT_CHANNELS, f"over rows of {p.osz[2]} pixels"
     if p.icg <= WIDE_INPUT_CHANNELS and (taps == 1 or taps >= WIDE_FILTER_TAPS):
-        return WIDE_OUTPUT_CHANNELS, f"for {taps} taps over {p.icg} input channels"
-    return MAX_OUTPUT_CHANNELS, (f"over rows of {p.osz[2]} pixels (>= {LONG_ROW_PIXELS}), "
-                                 f"{taps} taps over {p.icg} input channels")
+        return WIDE_OUTPUT_CHANNELS, f"for {taps} tap(s) over {p.icg} input channels"
+    return MAX_OUTPUT_CHANNELS, (f"for {taps} tap(s) over {p.icg} input channels on rows of "
+                                 f"{p.osz[2]} pixels")
 
 
 def tile_shape(p):
