@@ -18,8 +18,8 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
   direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
   direct[depthwise], direct
 * ``bwd_w``: numpy[depthwise], numpy, winograd, gemm[patch-t], direct[grouped], gemm[patch],
-  gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw], gemm[slabs], direct[narrow], direct[depthwise-rows],
-  direct[depthwise-spans], direct[depthwise], direct
+  gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw], gemm[slabs], direct[narrow],
+  direct[depthwise-rows], direct[depthwise-spans], direct[depthwise], direct
 
 What each takes, in brief (its ``accepts`` has the guards and the reasons):
 
@@ -79,8 +79,8 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "gemm[patch-t]",
-          "direct[grouped]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]", "gemm[split-k]",
-          "gemm[claimed]", "gemm[identity]",
+          "direct[grouped]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]",
+          "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
           "direct[depthwise]", "direct")
@@ -122,8 +122,7 @@ def _strategies():
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
         _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, PATCH_T, GROUPED, PATCH,
-                          ROWGEMM,
-                          IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
+                          ROWGEMM, IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

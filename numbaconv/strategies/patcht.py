@@ -27,8 +27,9 @@ from .. import config, memory
 #: ``WIDE_INPUT_CHANNELS`` input channels; and up to ``VOLUME_OUTPUT_CHANNELS`` on 3-D
 #: filters of ``VOLUME_TAPS`` or more taps with ``VOLUME_POSITIONS`` or more output
 #: positions and at most ``VOLUME_WEIGHTS`` weights (each thread's partial dW is zeroed and
-#: added once: C3D's conv4b, 7.1M weights over 784 positions, ran 0.87x). Elsewhere (long rows: gemm[patch]'s GEMM per row; 1x1 over many input
-#: channels: gemm[split-k]; short reductions into a large dW: gemm[split-dw]) the other
+#: added once: C3D's conv4b, 7.1M weights over 784 positions, ran 0.87x). Elsewhere (long
+#: rows: gemm[patch]'s GEMM per row; 1x1 over many input channels: gemm[split-k]; short
+#: reductions into a large dW: gemm[split-dw]) the other
 #: GEMMs measured as fast or faster (docs/performance.md, "Weight gradients with few output
 #: channels").
 MAX_OUTPUT_CHANNELS = 48
@@ -106,12 +107,8 @@ def padded(p, shape=None):
     whole rows of the register tile ``shape`` (default :func:`tile_shape`'s)."""
     k = _kernels()
     vl = k.lanes(itemsize(p))
-    if shape is None:
-        kp = tile_shape(p)[1]
-    else:
-        mr = k.TILES[shape][0]
-        kp = -(-p.ocg // mr) * mr
-    return -(-p.icg // vl) * vl, kp
+    mr = k.TILES[tile_shape(p)[0] if shape is None else shape][0]
+    return -(-p.icg // vl) * vl, -(-p.ocg // mr) * mr
 
 
 class PatchT(Strategy):
@@ -133,13 +130,13 @@ class PatchT(Strategy):
         cp, kp = padded(p)
         if p.g > 1 and (cp, kp) != (p.icg, p.ocg):
             return R_GROUP_VECTORS.format(g=p.g, c=p.icg, k=p.ocg)
-        shape = tile_shape(p)[0]
-        if p.g == 1 and shape == 0 and p.oc >= TWELVES_OUTPUTS:
+        if p.g == 1 and tile_shape(p)[0] == 0 and p.oc >= TWELVES_OUTPUTS:
+            mr = _kernels().TILES[0][0]
             if math.prod(p.ksz) == 1:
-                return R_TWELVES.format(k=p.oc, mr=_kernels().TILES[0][0], what="a 1x1 layer")
+                return R_TWELVES.format(k=p.oc, mr=mr, what="a 1x1 layer")
             if p.osz[2] >= LONG_ROW_PIXELS:
-                return R_TWELVES.format(k=p.oc, mr=_kernels().TILES[0][0],
-                                        what=f"rows of {p.osz[2]} pixels (>= {LONG_ROW_PIXELS})")
+                return R_TWELVES.format(
+                    k=p.oc, mr=mr, what=f"rows of {p.osz[2]} pixels (>= {LONG_ROW_PIXELS})")
         waste = 1 - p.icg * p.ocg / (cp * kp)
         if waste > MAX_WASTE:
             return R_WASTE.format(c=p.icg, k=p.ocg, cp=cp, kp=kp, w=waste)
