@@ -89,32 +89,52 @@ def test_emulated_tf32_within_tolerance(stride):
     assert err > nref.TOLERANCE["float32"], err
 
 
-def test_fragment_offsets_match_the_ptx_layout():
-    """For every lane and register, the shared-memory offset the TF32 kernel loads an A or
-    B fragment from holds the element the PTX ISA assigns (m16n8k8 .tf32: a_r = A[g +
-    8*(r%2), t + 4*(r//2)], b_r = B[t + 4*r, g]); the accumulator rows and columns the
-    epilogue writes are those of c_r = C[g + 8*(r//2), 2t + r%2]."""
+@pytest.mark.parametrize("tile", [(128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 64, 8, 8, 4),
+                                  (64, 64, 16, 4, 4), (64, 32, 16, 4, 4)],
+                         ids=lambda t: "x".join(map(str, t)))
+def test_fragment_offsets_match_the_ptx_layout(tile):
+    """For every lane, m16/n8 tile and register, the shared-memory element the TF32 kernel
+    loads an A or B fragment from is the one the PTX ISA assigns (m16n8k8 .tf32: a_r =
+    A[g + 8*(r%2), t + 4*(r//2)], b_r = B[t + 4*r, g]) up to the kernel's relabelling of
+    A's rows within the warp tile, and the epilogue writes accumulator c_r = C[g +
+    8*(r//2), 2t + r%2] to the row that relabelling gives C (A's row in shared memory) and
+    B's column: rows and columns are each covered exactly once per warp tile."""
     from numbaconv.kernels.cuda.gemm import scheme
-    bm, bn, bk, tm, tn = 128, 128, 8, 8, 8
+    bm, bn, bk, tm, tn = tile
     sc = scheme("float32", bm, bn, bk, tm, tn, "tf32")
     offsets = sc["offsets"].py_func
     PA, PB = sc["pa"], sc["pb"]
-    for tid in range(256):
+    MI, NI, WM, WN = tm // 2, tn // 2, 8 * tm, 4 * tn
+    assert PA % 2 == 0 and PB % 4 == 0  # LDS.64 and 16-byte stores stay aligned
+    rows = {}
+    for tid in range((bm // tm) * (bn // tn)):
         lane, warp = tid % 32, tid // 32
         g, t = lane // 4, lane % 4
         ao, bo, row0, col0 = offsets(tid)
-        wm0, wn0 = (warp // (bn // (4 * tn))) * 8 * tm, (warp % (bn // (4 * tn))) * 4 * tn
-        for r, off in enumerate(sc["a_frag"]):  # As[k][m]: element (m, k) at k*PA + m
-            m, k = wm0 + g + 8 * (r % 2), t + 4 * (r // 2)
-            assert ao + off == k * PA + m, (tid, r)
-        for r, off in enumerate(sc["b_frag"]):  # Bs[k][n]
-            k, n = t + 4 * r, wn0 + g
-            assert bo + off == k * PB + n, (tid, r)
-        for a in range(2):  # the first m16n8 tile's accumulator rows/columns
-            for b in range(2):
-                row = (a // sc["ega"]) * sc["esa"] + (a % sc["ega"]) * sc["eha"] + row0
+        wm0, wn0 = (warp // (bn // WN)) * WM, (warp % (bn // WN)) * WN
+        for i in range(MI):
+            for r, off in enumerate(sc["a_frag"]):  # As[k][m]: element (m, k) at k*PA + m
+                k, m = divmod(ao + off + i * sc["a_step"], PA)
+                assert k == t + 4 * (r // 2), (tid, i, r)
+                logical = 16 * i + 8 * (r % 2) + g
+                # the row the epilogue writes for accumulator row a = 2*i + r%2
+                a = 2 * i + r % 2
+                out = (a // sc["ega"]) * sc["esa"] + (a % sc["ega"]) * sc["eha"] + row0
+                assert m == out, (tid, i, r)
+                assert rows.setdefault((warp, logical), m) == m  # one place per warp row
+                assert wm0 <= m < wm0 + WM
+        for j in range(NI):
+            for r, off in enumerate(sc["b_frag"]):  # Bs[k][n]
+                k, n = divmod(bo + off + j * sc["b_step"], PB)
+                assert (k, n) == (t + 4 * r, wn0 + 8 * j + g), (tid, j, r)
+            for e in range(2):  # accumulator columns 2*j + e: C columns 8*j + 2t + e
+                b = 2 * j + e
                 col = (b // sc["egb"]) * sc["esb"] + (b % sc["egb"]) * sc["ehb"] + col0
-                assert (row, col) == (wm0 + g + 8 * a, wn0 + 2 * t + b), tid
+                assert col == wn0 + 8 * j + 2 * t + e, tid
+    for warp in range((bm // tm) * (bn // tn) // 32):
+        placed = sorted(rows[(warp, q)] for q in range(WM))
+        wm0 = (warp // (bn // WN)) * WM
+        assert placed == list(range(wm0, wm0 + WM)), warp  # a permutation of the rows
 
 
 def test_planner_names_the_tf32_entry():
@@ -137,6 +157,28 @@ def test_planner_names_the_tf32_entry():
     assert dp.variant != "tf32" and dp.declined[0][0] == "gemm[tf32]"
     assert "no tensor-core path" in dp.reason
     assert backend.tf32_declines(p, exact.tiles) == "precision is not 'tf32'"
+
+
+def test_tf32_tiles_take_the_directions_k_slice(monkeypatch):
+    """``precision="tf32"``: the 128-row tiles' K slice is the direction's
+    ``TF32_BLOCK_K`` (16 for backward data), ``CUDA_TF32_BLOCK_K`` overrides it, and exact
+    float32 keeps the planner's tile."""
+    from numbaconv import config
+    from numbaconv.backends import cuda as backend
+
+    def tile(direction, precision):
+        p = ConvProblem(direction, 32, 1, 256, 256, (1, 28, 28), (1, 3, 3), (1, 28, 28),
+                        (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32",
+                        precision=precision)
+        return backend.gemm_tile(p)
+
+    for d in ("fwd", "bwd_d", "bwd_w"):
+        exact = tile(d, "exact")
+        assert exact[0] == 128 and exact[2] == 8, exact
+        assert tile(d, "tf32") == exact[:2] + (backend.TF32_BLOCK_K[d],) + exact[3:]
+    assert backend.TF32_BLOCK_K["bwd_d"] == 16
+    monkeypatch.setattr(config, "CUDA_TF32_BLOCK_K", 16, raising=False)
+    assert tile("fwd", "tf32")[2] == 16 and tile("fwd", "exact")[2] == 8
 
 
 def test_front_ends_refuse_tf32_where_it_cannot_run():
@@ -176,8 +218,10 @@ GEO = (8, 1, 64, 64, 1, 56, 56, 1, 3, 3, 1, 56, 56, 1, 1, 1, 1, 1, 1, 0, 1, 1)
 
 
 def _tiles():
+    """The planner's tiles, and the 128-row tiles with the deeper TF32 slice (backward
+    data's, or ``CUDA_TF32_BLOCK_K=16``)."""
     from numbaconv.backends import cuda as backend
-    return backend.GEMM_TILES
+    return backend.GEMM_TILES + ((128, 128, 16, 8, 8), (128, 64, 16, 8, 4))
 
 
 @pytest.mark.parametrize("name", ["fwd_gemm", "bwd_d_gemm", "bwd_w_gemm"])
@@ -199,11 +243,15 @@ def test_tf32_kernels_assemble_with_hmma(toolchain, name, tile):
                               for _, t in sass_mix.parse(f["sass"])[0])
     bm, bn, bk, tm, tn = tile
     per_slice = (tm // 2) * (tn // 2) * (bk // 8)
+    full = collections.Counter(sass_mix.opcode(t) for _, t in sass_mix.parse(f["sass"])[0])
+    # A's fragments two registers per shared load: 2 per m16 tile and k8 step
+    assert full["LDS.64"] >= 2 * (tm // 2) * (bk // 8), full
     print(f"{name}[tf32,{'x'.join(map(str, tile))}]: {f['registers']} registers, spills "
           f"{f['spill_stores']}/{f['spill_loads']}, {ops['HMMA']} HMMA ({per_slice} per "
           f"K slice), {ops['FFMA']} FFMA")
     assert f["spill_stores"] == 0 and f["spill_loads"] == 0, f["log"]
-    assert f["registers"] <= gemm.MAX_REGISTERS, f["log"]
+    threads, blocks = gemm.launch_bounds((bm // tm) * (bn // tn), "float32", "tf32", bk)
+    assert f["registers"] <= min(255, 65536 // (threads * blocks)), f["log"]
     assert ops["HMMA"] >= per_slice and ops["HMMA"] % per_slice == 0, ops
     assert ops["FFMA"] == 0, ops  # every multiply-add on the tensor cores
 

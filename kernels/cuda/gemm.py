@@ -33,19 +33,23 @@ import functools
 import inspect
 
 from numba import config as _nconfig
-from numba import cuda, float32, float64, int32, int64, uint64
+from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
 
-# -- 16-byte loads from shared memory ---------------------------------------------------------
+# -- vector loads and stores in shared memory ------------------------------------------------
 # ``load16(a, i)`` is ``(a[i], a[i+1], ...)`` (4 float32 or 2 float64) read by one vector load
 # (``ld.shared.v4.f32``, SASS ``LDS.128``); numba compiles reads of neighbouring elements into
-# scalar loads only. ``a`` is a 1-D C-contiguous array whose element ``i`` starts on a 16-byte
-# boundary: the kernels below declare their shared tiles ``ALIGN``-aligned and index them in
-# whole 16-byte words. Under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``load16`` is a
-# plain function with the same result, so the kernels call it unchanged there.
+# scalar loads only. ``load8`` reads 8 bytes (``LDS.64``), ``store16(a, i, v)`` writes a tuple
+# of 16 bytes (``STS.128``). ``a`` is a 1-D C-contiguous array whose element ``i`` starts on
+# a boundary of the access's size: the kernels below declare their shared tiles
+# ``ALIGN``-aligned and index them in whole words. Under the CUDA simulator
+# (``NUMBA_ENABLE_CUDASIM=1``) they are plain functions with the same result, so the
+# kernels call them unchanged there.
 
 #: Elements per 16-byte word.
 WIDTH = {"float32": 4, "float64": 2}
+
+
 def _takes(fn, name):
     try:
         return name in inspect.signature(fn).parameters
@@ -70,34 +74,76 @@ def _load16_py(a, i):
     return (a[i], a[i + 1])
 
 
+def _load8_py(a, i):
+    return (a[i], a[i + 1])
+
+
+def _store16_py(a, i, v):
+    for q in range(len(v)):
+        a[i + q] = v[q]
+
+
 if _nconfig.ENABLE_CUDASIM:
-    load16 = _load16_py
+    load16, load8, store16 = _load16_py, _load8_py, _store16_py
 else:
     from llvmlite import ir
     from numba import types
     from numba.cuda.extending import intrinsic
 
+    def _vector_pointer(context, builder, aty, ary, idx, n):
+        elt = context.get_data_type(aty.dtype)
+        ptr = builder.gep(builder.bitcast(ary.data, elt.as_pointer()), [idx], inbounds=True)
+        return builder.bitcast(ptr, ir.VectorType(elt, n).as_pointer())
+
+    def _vector_load(nbytes):
+        """An intrinsic reading ``nbytes`` (16 or 8) bytes of a 1-D C-contiguous float
+        array from element ``i`` on, as one vector load (``i`` aligned to ``nbytes``)."""
+        @intrinsic
+        def load(typingctx, a, i):
+            if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
+                    and a.dtype in (types.float32, types.float64)
+                    and isinstance(i, types.Integer) and nbytes * 8 >= a.dtype.bitwidth):
+                return None
+            n = nbytes * 8 // a.dtype.bitwidth
+            sig = types.UniTuple(a.dtype, n)(a, i)
+
+            def codegen(context, builder, sig, args):
+                aty, ity = sig.args
+                ary = context.make_array(aty)(context, builder, args[0])
+                idx = context.cast(builder, args[1], ity, types.intp)
+                vec = builder.load(_vector_pointer(context, builder, aty, ary, idx, n),
+                                   align=nbytes)
+                vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
+                        for k in range(n)]
+                return context.make_tuple(builder, sig.return_type, vals)
+
+            return sig, codegen
+        return load
+
+    load16, load8 = _vector_load(16), _vector_load(8)
+
     @intrinsic
-    def load16(typingctx, a, i):
+    def store16(typingctx, a, i, v):
+        """``a[i:i + n] = v``: one 16-byte vector store of a tuple of 4 float32 (2 float64)."""
         if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
                 and a.dtype in (types.float32, types.float64)
-                and isinstance(i, types.Integer)):
+                and isinstance(i, types.Integer) and isinstance(v, types.UniTuple)
+                and v.dtype == a.dtype and v.count * a.dtype.bitwidth == 128):
             return None
-        n = 128 // a.dtype.bitwidth
-        sig = types.UniTuple(a.dtype, n)(a, i)
+        sig = types.void(a, i, v)
 
         def codegen(context, builder, sig, args):
-            aty, ity = sig.args
+            aty, ity, vty = sig.args
             ary = context.make_array(aty)(context, builder, args[0])
             idx = context.cast(builder, args[1], ity, types.intp)
             elt = context.get_data_type(aty.dtype)
-            vty = ir.VectorType(elt, n)
-            ptr = builder.gep(builder.bitcast(ary.data, elt.as_pointer()), [idx],
-                              inbounds=True)
-            vec = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=16)
-            vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
-                    for k in range(n)]
-            return context.make_tuple(builder, sig.return_type, vals)
+            vec = ir.Constant(ir.VectorType(elt, vty.count), ir.Undefined)
+            for k in range(vty.count):
+                vec = builder.insert_element(vec, builder.extract_value(args[2], k),
+                                             ir.Constant(ir.IntType(32), k))
+            builder.store(vec, _vector_pointer(context, builder, aty, ary, idx, vty.count),
+                          align=16)
+            return context.get_dummy_value()
 
         return sig, codegen
 
@@ -254,20 +300,23 @@ def tile_constants(dtype, bm, bn, bk, tm, tn):
 MAX_REGISTERS = 128
 
 
-def launch_bounds(threads, dtype="float32"):
+def launch_bounds(threads, dtype="float32", precision="exact", bk=8):
     """``(threads per block, blocks per SM)`` that caps a float32 GEMM kernel at
     :data:`MAX_REGISTERS` registers per thread (PTX ``.maxntid``/``.minnctapersm``); float64
-    (twice the registers per value) gets one block per SM."""
-    if dtype != "float32":
+    (twice the registers per value) gets one block per SM, and so do the TF32 kernels with
+    K slices deeper than 8 (twice the operands staged in registers across the multiply:
+    up to 255 registers, and each block's warps issue twice the tensor-core work per
+    slice)."""
+    if dtype != "float32" or (precision == "tf32" and bk > 8):
         return threads, 1
     return threads, max(1, 65536 // (MAX_REGISTERS * threads))
 
 
-def _kernel(fn, threads, dtype):
+def _kernel(fn, threads, dtype, precision="exact", bk=8):
     """``cuda.jit(fn)`` with :func:`launch_bounds` (not in the simulator, which takes none)."""
     if not LAUNCH_BOUNDS:
         return cuda.jit(fn)
-    return cuda.jit(fn, launch_bounds=launch_bounds(threads, dtype))
+    return cuda.jit(fn, launch_bounds=launch_bounds(threads, dtype, precision, bk))
 
 
 def unroll(bk, tm, tn):
@@ -384,7 +433,7 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
         return dict(slice=mma_step(dtype, bm, bn, bk, tm, tn),
                     offsets=cuda.jit(device=True, inline="always")(offsets),
                     rnd=cuda.jit(device=True, inline="always")(rnd), ra=tm, rb=tn,
-                    ega=GA, esa=SA, eha=1, egb=GB, esb=SB, ehb=1)
+                    ega=GA, esa=SA, eha=1, egb=GB, esb=SB, ehb=1, pa=PA, pb=PB)
     why = tf32_tile_reason(dtype, bm, bn, bk, tm, tn)
     if precision != "tf32" or why is not None:
         raise ValueError(f"GEMM precision {precision!r}: {why or 'unknown precision'}")
@@ -393,10 +442,20 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
     WXN = bn // WN
     KS = bk // 8
     TN = tn
-    # a lane's fragment registers a0..a3 and b0, b1 relative to its offsets: A rows g, g + 8
-    # at k = t, t + 4 (As is [k][m]); B column g at k = t, t + 4 (Bs is [k][n])
-    AF0, AF1, AF2, AF3 = 0, 8, 4 * PA, 4 * PA + 8
-    BF0, BF1 = 0, 4 * PB
+    PA, PB = padded_rows(bm, bn, "tf32")
+    # A's rows are relabelled within the warp tile so that the two rows of a lane's
+    # fragment at one k are neighbours in shared memory (an m16n8k8 product treats A's
+    # rows independently, so relabelling them relabels D's rows the same way): logical
+    # row 16*i + 8*h + g of m16 tile i sits at warp-tile row 2*MI*g + 2*i + h. Registers
+    # a0, a1 (k = t) and a2, a3 (k = t + 4) are then two 8-byte loads (LDS.64) straight
+    # into the operand's register pairs; with A's rows 2 words modulo 4 longer than the
+    # tile, the 16 lanes of each phase hit distinct banks. B is read as the ISA lays it out
+    # (b0 at k = t, b1 at k = t + 4, column g), B's rows 8 words modulo 32 longer than the
+    # tile (8 lanes' rows 8 banks apart). Register r of m16 tile i comes from
+    # a_frag[r] + 2*i, b_r of n8 tile j from b_frag[r] + 8*j, relative to the lane's
+    # offsets.
+    AF = (0, 1, 4 * PA, 4 * PA + 1)
+    BF = (0, 4 * PB)
 
     def offsets_tc(tid):
         w = tid // 32
@@ -404,7 +463,7 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
         t = tid % 4
         wm0 = (w // WXN) * WM
         wn0 = (w % WXN) * WN
-        return t * PA + wm0 + g, t * PB + wn0 + g, wm0 + g, wn0 + 2 * t
+        return t * PA + wm0 + 2 * MI * g, t * PB + wn0 + g, wm0 + 2 * MI * g, wn0 + 2 * t
 
     if _nconfig.ENABLE_CUDASIM:
         def slice_tc(As, Bs, ao, bo, ra, rb, acc):
@@ -412,7 +471,7 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
             tid = cuda.threadIdx.x
             g = (tid % 32) // 4
             t = tid % 4
-            a0 = ao - t * PA - g
+            a0 = ao - t * PA
             b0 = bo - t * PB - g
             for ks in range(KS):
                 for i in range(MI):
@@ -422,22 +481,24 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
                                 v = acc[(2 * i + h) * TN + 2 * j + e]
                                 for kk in range(8):
                                     kq = ks * 8 + kk
-                                    v += (As[a0 + kq * PA + i * 16 + h * 8 + g]
-                                          * Bs[b0 + kq * PB + j * 8 + 2 * t + e])
+                                    v += (As[a0 + kq * PA + 2 * i + h]
+                                          * Bs[b0 + kq * PB + 8 * j + 2 * t + e])
                                 acc[(2 * i + h) * TN + 2 * j + e] = v
     else:
         def slice_tc(As, Bs, ao, bo, ra, rb, acc):
             for ks in range(KS):
+                o = ao + ks * 8 * PA
                 for i in range(MI):
-                    o = ao + ks * 8 * PA + i * 16
-                    ra[4 * i] = As[uint64(o + AF0)]
-                    ra[4 * i + 1] = As[uint64(o + AF1)]
-                    ra[4 * i + 2] = As[uint64(o + AF2)]
-                    ra[4 * i + 3] = As[uint64(o + AF3)]
+                    lo = load8(As, o + 2 * i)
+                    hi = load8(As, o + 4 * PA + 2 * i)
+                    ra[4 * i] = lo[0]
+                    ra[4 * i + 1] = lo[1]
+                    ra[4 * i + 2] = hi[0]
+                    ra[4 * i + 3] = hi[1]
+                o = bo + ks * 8 * PB
                 for j in range(NI):
-                    o = bo + ks * 8 * PB + j * 8
-                    rb[2 * j] = Bs[uint64(o + BF0)]
-                    rb[2 * j + 1] = Bs[uint64(o + BF1)]
+                    rb[2 * j] = Bs[uint64(o + 8 * j)]
+                    rb[2 * j + 1] = Bs[uint64(o + 4 * PB + 8 * j)]
                 for i in range(MI):
                     for j in range(NI):
                         c0 = (2 * i) * TN + 2 * j
@@ -456,14 +517,57 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
     return dict(slice=cuda.jit(device=True, inline="always")(slice_tc),
                 offsets=cuda.jit(device=True, inline="always")(offsets_tc),
                 rnd=cuda.jit(device=True, inline="always")(rnd_tc), ra=2 * tm, rb=tn,
-                ega=2, esa=16, eha=8, egb=2, esb=8, ehb=1, a_frag=(AF0, AF1, AF2, AF3),
-                b_frag=(BF0, BF1), pa=PA, pb=PB)
+                ega=1, esa=1, eha=0, egb=2, esb=8, ehb=1, a_frag=AF, b_frag=BF,
+                a_step=2, b_step=8, pa=PA, pb=PB)
 
 
-def shared_bytes(dtype, bm, bn, bk):
-    """Static shared memory of the GEMM kernels: two buffers of each padded tile."""
+def padded_rows(bm, bn, precision="exact", dtype="float32"):
+    """``(PA, PB)``: the row lengths of the shared tiles ``As[BK][PA]`` and ``Bs[BK][PB]``.
+    The FFMA kernels pad a row by one 16-byte word (their transposed stores then hit
+    distinct banks); the TF32 kernels A's by 2 words (rows 8-byte aligned, and the 16
+    lanes of a phase of their LDS.64 fragment loads on distinct banks) and B's by 8 (a
+    row 8 banks on from the one before: the 8 rows' 4 columns that a warp's scalar loads
+    touch are distinct banks) -- see :func:`scheme`."""
+    if precision == "tf32":
+        return bm + 2, bn + 8
     vw = WIDTH[dtype]
-    return 2 * bk * (bm + vw + bn + vw) * (4 if dtype == "float32" else 8)
+    return bm + vw, bn + vw
+
+
+def shared_bytes(dtype, bm, bn, bk, precision="exact"):
+    """Static shared memory of the GEMM kernels: two buffers of each padded tile."""
+    pa, pb = padded_rows(bm, bn, precision, dtype)
+    return 2 * bk * (pa + pb) * (4 if dtype == "float32" else 8)
+
+
+@functools.lru_cache(maxsize=None)
+def row_store(dtype, precision, ch, vector=True):
+    """``put(buf, i, src, s)``: ``buf[i + q] = rnd(src[s + q])`` for ``q < ch``, the
+    scheme's rounding applied (identity, or ``tf32_round``): one 16-byte store
+    (:func:`store16`) where ``ch`` elements make a 16-byte word and the shared tiles are
+    aligned (and ``vector``: the tile's rows are whole 16-byte words), else ``ch`` scalar
+    stores. For the stores of a tile row that is contiguous in shared memory (``i`` a
+    multiple of ``ch``)."""
+    tf32 = precision == "tf32"
+    vw = WIDTH[dtype]
+
+    def rnd(v):
+        if tf32:
+            return tf32_round(v)
+        return v
+
+    rnd = cuda.jit(device=True, inline="always")(rnd)
+    if ch == vw == 4 and VECTOR and vector:
+        def put(buf, i, src, s):
+            store16(buf, i, (rnd(src[s]), rnd(src[s + 1]), rnd(src[s + 2]), rnd(src[s + 3])))
+    elif ch == vw == 2 and VECTOR and vector:
+        def put(buf, i, src, s):
+            store16(buf, i, (rnd(src[s]), rnd(src[s + 1])))
+    else:
+        def put(buf, i, src, s):
+            for q in range(ch):
+                buf[uint64(i + q)] = rnd(src[s + q])
+    return cuda.jit(device=True, inline="always")(put)
 
 
 # The three kernels share one structure (repeated in each; the multiply is the inline
@@ -500,19 +604,24 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     T = _TYPES[dtype]
     nt, lanes, lx, ly, wx = k["nt"], k["lanes"], k["lx"], k["ly"], k["wx"]
     GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
-    PA, PB = k["pa"], k["pb"]
     MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
     IC, OC = G * ICG, G * OCG
     M = MB * OD * OH * OW
     NSL = -(-ICG // bk)
     Q = KD * KH * KW * NSL
     YS = M * OC
+    # (32-bit divisions by constants where the slice count and the rows fit: a 64-bit one
+    # takes about four times the instructions)
+    UQ = uint32 if Q < 2 ** 32 else uint64
+    UM = uint32 if M + bm < 2 ** 32 else uint64
     IX = index_type(MB * ID * IH * IW * IC, KD * KH * KW * ICG * OC, nsplit * YS)
     ACH, ANP = loader(bk, bm, nt)
     BCH, BNP = loader(bn, bk, nt)
     TMN = tm * tn
     ALIGNED = VECTOR and ALIGN is not None
     SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
+    PA, PB = SCH["pa"], SCH["pb"]
+    put_b = row_store(dtype, precision, BCH, PB % k["vw"] == 0)
     offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
     EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
     EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
@@ -554,12 +663,12 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                 # across the multiply loop would hold registers)
                 # (unsigned: a division by a constant is then a multiply-high and a
                 # shift, without the sign fix-ups of Python's floor division)
-                t = int64(uint64(it) // uint64(NSL))
+                t = int64(UQ(it) // UQ(NSL))
                 c0 = (it - t * NSL) * bk
-                tq = uint64(t) // uint64(KW)
+                tq = UQ(t) // UQ(KW)
                 t_w = t - int64(tq) * KW
-                t_h = int64(tq % uint64(KH))
-                t_d = int64(tq // uint64(KH))
+                t_h = int64(tq % UQ(KH))
+                t_d = int64(tq // UQ(KH))
                 if c0 == 0 or it == qb:
                     # the pass's pixel, decoded again per tap (divisions by constants)
                     # rather than kept in registers across the multiply loop
@@ -568,17 +677,17 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                         m = m0 + e0 // bk
                         aoff[l] = -1
                         if e0 < bm * bk and m < M:
-                            um = uint64(m)
-                            o_w = int64(um % uint64(OW))
-                            ur = um // uint64(OW)
-                            o_h = int64(ur % uint64(OH))
-                            ur = ur // uint64(OH)
-                            i_d = int64(ur % uint64(OD)) * SD - PD + t_d * DD
+                            um = UM(m)
+                            o_w = int64(um % UM(OW))
+                            ur = um // UM(OW)
+                            o_h = int64(ur % UM(OH))
+                            ur = ur // UM(OH)
+                            i_d = int64(ur % UM(OD)) * SD - PD + t_d * DD
                             i_h = o_h * SH - PH + t_h * DH
                             i_w = o_w * SW - PW + t_w * DW
                             if (i_d >= 0 and i_d < ID and i_h >= 0 and i_h < IH
                                     and i_w >= 0 and i_w < IW):
-                                aoff[l] = (((int64(ur // uint64(OD)) * ID + i_d) * IH + i_h)
+                                aoff[l] = (((int64(ur // UM(OD)) * ID + i_d) * IH + i_h)
                                            * IW + i_w) * IC + xc
                 for l in range(ANP):
                     cc = c0 + ((tid + l * nt) * ACH) % bk
@@ -614,8 +723,7 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                 for l in range(BNP):
                     e0 = (tid + l * nt) * BCH
                     if e0 < bk * bn:
-                        for j in range(BCH):
-                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = rnd(gb[l * BCH + j])
+                        put_b(Bs, bb + (e0 // bn) * PB + e0 % bn, gb, l * BCH)
             cuda.syncthreads()
         for a in range(tm):
             m = m0 + (a // EGA) * ESA + (a % EGA) * EHA + row0
@@ -625,7 +733,7 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                     if n0 + col < OCG:
                         y[uint64(sp * YS + m * OC + wc + col)] = acc[a * tn + b]
 
-    return _kernel(fwd_gemm, nt, dtype)
+    return _kernel(fwd_gemm, nt, dtype, precision, bk)
 
 
 @functools.lru_cache(maxsize=512)
@@ -642,7 +750,6 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     T = _TYPES[dtype]
     nt, lanes, lx, ly, wx = k["nt"], k["lanes"], k["lx"], k["ly"], k["wx"]
     GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
-    PA, PB = k["pa"], k["pb"]
     MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
     IC, OC = G * ICG, G * OCG
     NPH = SD * SH * SW
@@ -654,6 +761,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     TMN = tm * tn
     ALIGNED = VECTOR and ALIGN is not None
     SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
+    PA, PB = SCH["pa"], SCH["pb"]
     offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
     EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
     EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
@@ -840,7 +948,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                     if n0 + col < ICG:
                         dx[uint64(base + col)] = acc[a * tn + b]
 
-    return _kernel(bwd_d_gemm, nt, dtype)
+    return _kernel(bwd_d_gemm, nt, dtype, precision, bk)
 
 
 @functools.lru_cache(maxsize=512)
@@ -858,7 +966,6 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     T = _TYPES[dtype]
     nt, lanes, lx, ly, wx = k["nt"], k["lanes"], k["lx"], k["ly"], k["wx"]
     GA, RA, SA, GB, RB, SB, VW = k["ga"], k["ra"], k["sa"], k["gb"], k["rb"], k["sb"], k["vw"]
-    PA, PB = k["pa"], k["pb"]
     MB, G, ICG, OCG, ID, IH, IW, KD, KH, KW, OD, OH, OW, SD, SH, SW, DD, DH, DW, PD, PH, PW = geo
     IC, OC = G * ICG, G * OCG
     M = KD * KH * KW * ICG
@@ -879,6 +986,9 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     # (one row per pass of a 3-D problem holds more load registers across the multiply:
     # one K step per iteration of it then, or the 8x8 tile spills)
     SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
+    PA, PB = SCH["pa"], SCH["pb"]
+    put_a = row_store(dtype, precision, ACH, PA % k["vw"] == 0)
+    put_b = row_store(dtype, precision, BCH, PB % k["vw"] == 0)
     offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
     EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
     EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
@@ -986,13 +1096,11 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                 for l in range(ANP):
                     e0 = (tid + l * nt) * ACH
                     if e0 < bm * bk:
-                        for j in range(ACH):
-                            As[uint64(ab + (e0 // bm) * PA + e0 % bm + j)] = rnd(ga[l * ACH + j])
+                        put_a(As, ab + (e0 // bm) * PA + e0 % bm, ga, l * ACH)
                 for l in range(BNP):
                     e0 = (tid + l * nt) * BCH
                     if e0 < bk * bn:
-                        for j in range(BCH):
-                            Bs[uint64(bb + (e0 // bn) * PB + e0 % bn + j)] = rnd(gb[l * BCH + j])
+                        put_b(Bs, bb + (e0 // bn) * PB + e0 % bn, gb, l * BCH)
             cuda.syncthreads()
         for a in range(tm):
             m = m0 + (a // EGA) * ESA + (a % EGA) * EHA + row0
@@ -1002,7 +1110,7 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                     if n0 + col < OCG:
                         part[uint64(sp * WS + m * OC + yc + col)] = acc[a * tn + b]
 
-    return _kernel(bwd_w_gemm, nt, dtype)
+    return _kernel(bwd_w_gemm, nt, dtype, precision, bk)
 
 
 @functools.lru_cache(maxsize=None)

@@ -60,7 +60,16 @@ DEFAULTS = {
     "CUDA_POOL_BYTES": 256 << 20,
     # depthwise forward and backward data: the patch kernels (1) or the row kernels (0)
     "CUDA_DEPTHWISE_PATCH": 1,
+    # precision="tf32": the least K slice of the tensor-core GEMM tiles where CUDA_BLOCK_K
+    # is not set (8: two blocks per SM; 16: two k8 steps per slice, one block per SM);
+    # None: per direction, TF32_BLOCK_K
+    "CUDA_TF32_BLOCK_K": None,
 }
+
+#: The TF32 tiles' least K slice per direction (``CUDA_TF32_BLOCK_K`` unset): backward data,
+#: whose slices carry the most index work, gains from two k8 steps per slice; the weight
+#: gradient loses (ResNet-50 on an H200, docs/performance.md "GPU").
+TF32_BLOCK_K = {"fwd": 8, "bwd_d": 16, "bwd_w": 8}
 
 
 _DEFAULT_ITEMS = tuple(DEFAULTS.items())
@@ -294,8 +303,9 @@ def gemm_tile(problem, mnk=None):
     that the simulator crosses tile edges); otherwise, among the tiles of
     :data:`GEMM_TILES` no wider than ``N``, for forward and backward data the first giving
     at least ``CUDA_MIN_BLOCKS`` thread blocks, and for the weight gradient (whose split
-    fills the GPU) the first that ``M`` and ``N`` fill. ``mnk``: :func:`_gemm_mnk` of
-    ``problem`` where the caller has it.
+    fills the GPU) the first that ``M`` and ``N`` fill; under ``precision="tf32"`` its K
+    slice at least ``CUDA_TF32_BLOCK_K`` (or the direction's :data:`TF32_BLOCK_K`) where
+    the deeper tile still suits the TF32 kernels. ``mnk``: :func:`_gemm_mnk` of ``problem`` where the caller has it.
     """
     names = ("CUDA_BLOCK_M", "CUDA_BLOCK_N", "CUDA_BLOCK_K", "CUDA_THREAD_M", "CUDA_THREAD_N")
     fixed = [cfg(n) for n in names]
@@ -303,6 +313,19 @@ def gemm_tile(problem, mnk=None):
         return tuple(fixed)
     p = problem
     M, N, z = mnk or _gemm_mnk(p)
+    tile = _first_tile(p, M, N, z)
+    tile = tuple(v if v is not None else d for v, d in zip(fixed, tile))
+    if p.precision == "tf32" and fixed[2] is None and p.compute_dtype == "float32":
+        from ..kernels.cuda.gemm import tf32_tile_reason
+        least = cfg("CUDA_TF32_BLOCK_K") or TF32_BLOCK_K[p.direction]
+        deep = tile[:2] + (max(tile[2], least),) + tile[3:]
+        if tf32_tile_reason("float32", *deep) is None:
+            tile = deep
+    return tile
+
+
+def _first_tile(p, M, N, z):
+    """The first of :data:`GEMM_TILES` that suits ``p`` (see :func:`gemm_tile`)."""
     narrowest = min(t[1] for t in GEMM_TILES)
     # no tile wider than N (a 64-channel result would leave half of a 128-wide tile idle)
     tiles = [t for t in GEMM_TILES
@@ -314,7 +337,7 @@ def gemm_tile(problem, mnk=None):
                 break
         elif _cdiv(M, t[0]) * _cdiv(N, t[1]) * z >= cfg("CUDA_MIN_BLOCKS"):
             break
-    return tuple(v if v is not None else d for v, d in zip(fixed, t))
+    return t
 
 
 def plan_tiles(problem, kernel=None):
@@ -339,9 +362,11 @@ def plan_tiles(problem, kernel=None):
         if threads > MAX_THREADS_PER_BLOCK:
             raise ValueError(f"config: {threads} threads per block exceed "
                              f"{MAX_THREADS_PER_BLOCK}")
-        # two buffers of each tile, rows padded by a 16-byte word (kernels.cuda.gemm)
-        vw = 16 // item
-        shared = 2 * bk * (bm + vw + bn + vw) * item
+        # two buffers of each tile, rows padded (kernels.cuda.gemm.padded_rows: a 16-byte
+        # word; the TF32 kernels' rows 2 and 8 words)
+        pad_a, pad_b = ((2, 8) if p.precision == "tf32" and p.compute_dtype == "float32"
+                        else (16 // item, 16 // item))
+        shared = 2 * bk * (bm + pad_a + bn + pad_b) * item
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}
