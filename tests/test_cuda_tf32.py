@@ -90,7 +90,7 @@ def test_emulated_tf32_within_tolerance(stride):
 
 
 @pytest.mark.parametrize("tile", [(128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 64, 8, 8, 4),
-                                  (64, 64, 16, 4, 4), (64, 32, 16, 4, 4)],
+                                  (64, 64, 16, 4, 4), (64, 32, 16, 4, 4), (256, 128, 8, 16, 8)],
                          ids=lambda t: "x".join(map(str, t)))
 def test_fragment_offsets_match_the_ptx_layout(tile):
     """For every lane, m16/n8 tile and register, the shared-memory element the TF32 kernel
@@ -114,7 +114,7 @@ def test_fragment_offsets_match_the_ptx_layout(tile):
         wm0, wn0 = (warp // (bn // WN)) * WM, (warp % (bn // WN)) * WN
         for i in range(MI):
             for r, off in enumerate(sc["a_frag"]):  # As[k][m]: element (m, k) at k*PA + m
-                k, m = divmod(ao + off + i * sc["a_step"], PA)
+                k, m = divmod(ao + off + sc["a_tile"][i], PA)
                 assert k == t + 4 * (r // 2), (tid, i, r)
                 logical = 16 * i + 8 * (r % 2) + g
                 # the row the epilogue writes for accumulator row a = 2*i + r%2
@@ -159,26 +159,32 @@ def test_planner_names_the_tf32_entry():
     assert backend.tf32_declines(p, exact.tiles) == "precision is not 'tf32'"
 
 
-def test_tf32_tiles_take_the_directions_k_slice(monkeypatch):
+def test_tf32_tiles(monkeypatch):
     """``precision="tf32"``: the 128-row tiles' K slice is the direction's
-    ``TF32_BLOCK_K`` (16 for backward data), ``CUDA_TF32_BLOCK_K`` overrides it, and exact
-    float32 keeps the planner's tile."""
-    from numbaconv import config
+    ``TF32_BLOCK_K`` (16 for backward data), which ``CUDA_TF32_BLOCK_K`` overrides; exact
+    float32, and ``gemm[cuda]`` forced under ``precision="tf32"``, keep the planner's
+    exact tile (whose K slice the FFMA kernels' registers are sized for)."""
+    from numbaconv import config, planner
     from numbaconv.backends import cuda as backend
 
-    def tile(direction, precision):
-        p = ConvProblem(direction, 32, 1, 256, 256, (1, 28, 28), (1, 3, 3), (1, 28, 28),
-                        (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32",
-                        precision=precision)
-        return backend.gemm_tile(p)
+    def problem(direction, precision):
+        return ConvProblem(direction, 32, 1, 256, 256, (1, 28, 28), (1, 3, 3), (1, 28, 28),
+                           (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32",
+                           precision=precision)
 
     for d in ("fwd", "bwd_d", "bwd_w"):
-        exact = tile(d, "exact")
+        exact = backend.gemm_tile(problem(d, "exact"))
         assert exact[0] == 128 and exact[2] == 8, exact
-        assert tile(d, "tf32") == exact[:2] + (backend.TF32_BLOCK_K[d],) + exact[3:]
+        tf32 = backend.gemm_tile(problem(d, "tf32"))
+        assert tf32 == exact[:2] + (backend.TF32_BLOCK_K[d],) + exact[3:]
+        forced = planner.make_plan(problem(d, "tf32"), device="cuda", strategy="gemm[cuda]")
+        assert forced.variant == "cuda"
+        assert tuple(forced.tiles[k] for k in ("block_m", "block_n", "block_k", "thread_m",
+                                               "thread_n")) == exact
     assert backend.TF32_BLOCK_K["bwd_d"] == 16
     monkeypatch.setattr(config, "CUDA_TF32_BLOCK_K", 16, raising=False)
-    assert tile("fwd", "tf32")[2] == 16 and tile("fwd", "exact")[2] == 8
+    assert backend.gemm_tile(problem("fwd", "tf32"))[2] == 16
+    assert backend.gemm_tile(problem("fwd", "exact"))[2] == 8
 
 
 def test_front_ends_refuse_tf32_where_it_cannot_run():
@@ -218,10 +224,12 @@ GEO = (8, 1, 64, 64, 1, 56, 56, 1, 3, 3, 1, 56, 56, 1, 1, 1, 1, 1, 1, 0, 1, 1)
 
 
 def _tiles():
-    """The planner's tiles, and the 128-row tiles with the deeper TF32 slice (backward
-    data's, or ``CUDA_TF32_BLOCK_K=16``)."""
+    """The planner's tiles, the 128-row tiles with the deeper TF32 slice (backward
+    data's, or ``CUDA_TF32_BLOCK_K=16``), and a configured 256x128 tile (warp tiles of
+    eight m16 tiles: 128 accumulators per thread, one block per SM)."""
     from numbaconv.backends import cuda as backend
-    return backend.GEMM_TILES + ((128, 128, 16, 8, 8), (128, 64, 16, 8, 4))
+    return backend.GEMM_TILES + ((128, 128, 16, 8, 8), (128, 64, 16, 8, 4),
+                                 (256, 128, 8, 16, 8))
 
 
 @pytest.mark.parametrize("name", ["fwd_gemm", "bwd_d_gemm", "bwd_w_gemm"])
@@ -250,7 +258,8 @@ def test_tf32_kernels_assemble_with_hmma(toolchain, name, tile):
           f"{f['spill_stores']}/{f['spill_loads']}, {ops['HMMA']} HMMA ({per_slice} per "
           f"K slice), {ops['FFMA']} FFMA")
     assert f["spill_stores"] == 0 and f["spill_loads"] == 0, f["log"]
-    threads, blocks = gemm.launch_bounds((bm // tm) * (bn // tn), "float32", "tf32", bk)
+    threads, blocks = gemm.launch_bounds((bm // tm) * (bn // tn), "float32", "tf32", bk,
+                                         tm * tn)
     assert f["registers"] <= min(255, 65536 // (threads * blocks)), f["log"]
     assert ops["HMMA"] >= per_slice and ops["HMMA"] % per_slice == 0, ops
     assert ops["FFMA"] == 0, ops  # every multiply-add on the tensor cores

@@ -300,23 +300,23 @@ def tile_constants(dtype, bm, bn, bk, tm, tn):
 MAX_REGISTERS = 128
 
 
-def launch_bounds(threads, dtype="float32", precision="exact", bk=8):
+def launch_bounds(threads, dtype="float32", precision="exact", bk=8, tmn=64):
     """``(threads per block, blocks per SM)`` that caps a float32 GEMM kernel at
     :data:`MAX_REGISTERS` registers per thread (PTX ``.maxntid``/``.minnctapersm``); float64
     (twice the registers per value) gets one block per SM, and so do the TF32 kernels with
-    K slices deeper than 8 (twice the operands staged in registers across the multiply:
-    up to 255 registers, and each block's warps issue twice the tensor-core work per
-    slice)."""
-    if dtype != "float32" or (precision == "tf32" and bk > 8):
+    K slices deeper than 8 (twice the operands staged in registers across the multiply)
+    or more than 64 accumulators per thread (``tmn``): up to 255 registers, each block's
+    warps issuing more tensor-core work per slice."""
+    if dtype != "float32" or (precision == "tf32" and (bk > 8 or tmn > 64)):
         return threads, 1
     return threads, max(1, 65536 // (MAX_REGISTERS * threads))
 
 
-def _kernel(fn, threads, dtype, precision="exact", bk=8):
+def _kernel(fn, threads, dtype, precision="exact", bk=8, tmn=64):
     """``cuda.jit(fn)`` with :func:`launch_bounds` (not in the simulator, which takes none)."""
     if not LAUNCH_BOUNDS:
         return cuda.jit(fn)
-    return cuda.jit(fn, launch_bounds=launch_bounds(threads, dtype, precision, bk))
+    return cuda.jit(fn, launch_bounds=launch_bounds(threads, dtype, precision, bk, tmn))
 
 
 def unroll(bk, tm, tn):
@@ -446,14 +446,17 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
     # A's rows are relabelled within the warp tile so that the two rows of a lane's
     # fragment at one k are neighbours in shared memory (an m16n8k8 product treats A's
     # rows independently, so relabelling them relabels D's rows the same way): logical
-    # row 16*i + 8*h + g of m16 tile i sits at warp-tile row 2*MI*g + 2*i + h. Registers
+    # row 16*i + 8*h + g of m16 tile i sits at warp-tile row 64*(i//4) + 2*G4*g +
+    # 2*(i%4) + h (G4 = min(MI, 4): groups of at most four m16 tiles, 64 rows). Registers
     # a0, a1 (k = t) and a2, a3 (k = t + 4) are then two 8-byte loads (LDS.64) straight
     # into the operand's register pairs; with A's rows 2 words modulo 4 longer than the
-    # tile, the 16 lanes of each phase hit distinct banks. B is read as the ISA lays it out
-    # (b0 at k = t, b1 at k = t + 4, column g), B's rows 8 words modulo 32 longer than the
-    # tile (8 lanes' rows 8 banks apart). Register r of m16 tile i comes from
-    # a_frag[r] + 2*i, b_r of n8 tile j from b_frag[r] + 8*j, relative to the lane's
-    # offsets.
+    # tile, the 16 lanes of each phase hit distinct banks (lane offsets 2*G4*g apart, at
+    # most 8 words). B is read as the ISA lays it out (b0 at k = t, b1 at k = t + 4,
+    # column g), B's rows 8 words modulo 32 longer than the tile (8 lanes' rows 8 banks
+    # apart). Register r of m16 tile i comes from a_frag[r] + a_tile[i], b_r of n8 tile j
+    # from b_frag[r] + 8*j, relative to the lane's offsets.
+    G4 = min(MI, 4)
+    AT = tuple(64 * (i // 4) + 2 * (i % 4) for i in range(MI))
     AF = (0, 1, 4 * PA, 4 * PA + 1)
     BF = (0, 4 * PB)
 
@@ -463,7 +466,7 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
         t = tid % 4
         wm0 = (w // WXN) * WM
         wn0 = (w % WXN) * WN
-        return t * PA + wm0 + 2 * MI * g, t * PB + wn0 + g, wm0 + 2 * MI * g, wn0 + 2 * t
+        return t * PA + wm0 + 2 * G4 * g, t * PB + wn0 + g, wm0 + 2 * G4 * g, wn0 + 2 * t
 
     if _nconfig.ENABLE_CUDASIM:
         def slice_tc(As, Bs, ao, bo, ra, rb, acc):
@@ -481,7 +484,7 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
                                 v = acc[(2 * i + h) * TN + 2 * j + e]
                                 for kk in range(8):
                                     kq = ks * 8 + kk
-                                    v += (As[a0 + kq * PA + 2 * i + h]
+                                    v += (As[a0 + kq * PA + AT[i] + h]
                                           * Bs[b0 + kq * PB + 8 * j + 2 * t + e])
                                 acc[(2 * i + h) * TN + 2 * j + e] = v
     else:
@@ -489,8 +492,8 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
             for ks in range(KS):
                 o = ao + ks * 8 * PA
                 for i in range(MI):
-                    lo = load8(As, o + 2 * i)
-                    hi = load8(As, o + 4 * PA + 2 * i)
+                    lo = load8(As, o + AT[i])
+                    hi = load8(As, o + 4 * PA + AT[i])
                     ra[4 * i] = lo[0]
                     ra[4 * i + 1] = lo[1]
                     ra[4 * i + 2] = hi[0]
@@ -517,8 +520,8 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
     return dict(slice=cuda.jit(device=True, inline="always")(slice_tc),
                 offsets=cuda.jit(device=True, inline="always")(offsets_tc),
                 rnd=cuda.jit(device=True, inline="always")(rnd_tc), ra=2 * tm, rb=tn,
-                ega=1, esa=1, eha=0, egb=2, esb=8, ehb=1, a_frag=AF, b_frag=BF,
-                a_step=2, b_step=8, pa=PA, pb=PB)
+                ega=8, esa=64, eha=1, egb=2, esb=8, ehb=1, a_frag=AF, b_frag=BF,
+                a_tile=AT, b_step=8, pa=PA, pb=PB)
 
 
 def padded_rows(bm, bn, precision="exact", dtype="float32"):
@@ -733,7 +736,7 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                     if n0 + col < OCG:
                         y[uint64(sp * YS + m * OC + wc + col)] = acc[a * tn + b]
 
-    return _kernel(fwd_gemm, nt, dtype, precision, bk)
+    return _kernel(fwd_gemm, nt, dtype, precision, bk, tm * tn)
 
 
 @functools.lru_cache(maxsize=512)
@@ -948,7 +951,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                     if n0 + col < ICG:
                         dx[uint64(base + col)] = acc[a * tn + b]
 
-    return _kernel(bwd_d_gemm, nt, dtype, precision, bk)
+    return _kernel(bwd_d_gemm, nt, dtype, precision, bk, tm * tn)
 
 
 @functools.lru_cache(maxsize=512)
@@ -1110,7 +1113,7 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
                     if n0 + col < OCG:
                         part[uint64(sp * WS + m * OC + yc + col)] = acc[a * tn + b]
 
-    return _kernel(bwd_w_gemm, nt, dtype, precision, bk)
+    return _kernel(bwd_w_gemm, nt, dtype, precision, bk, tm * tn)
 
 
 @functools.lru_cache(maxsize=None)

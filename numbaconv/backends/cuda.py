@@ -26,6 +26,7 @@ Tunables are read from :mod:`numbaconv.config` at call time (tests patch them so
 CUDA simulator, ``NUMBA_ENABLE_CUDASIM=1``, crosses tile edges with tiny tiles); the
 defaults are in :data:`DEFAULTS`.
 """
+import dataclasses
 import functools
 import math
 
@@ -617,7 +618,8 @@ def gpu_plan(problem, strategy=None):
                   else "implicit GEMM")
         if kernel == "gemm" and accepts(problem, "gemm") is not None:
             kernel, reason = "direct", f"gemm declined ({accepts(problem, 'gemm')})"
-    tiles = plan_tiles(problem, kernel)
+    exact = dataclasses.replace(problem, precision="exact")
+    tiles = plan_tiles(exact if entry == "gemm[cuda]" else problem, kernel)
     variant = "cuda-depthwise" if kernel == "direct" else "cuda"
     declined = ()
     if entry == "gemm[tf32]":
@@ -635,6 +637,7 @@ def gpu_plan(problem, strategy=None):
         else:
             declined = (("gemm[tf32]", why),)
             reason += f"; exact float32 (gemm[tf32] declines: {why})"
+            tiles = plan_tiles(exact, kernel)  # (the exact kernels' own tile)
     return {"strategy": kernel, "variant": variant, "tiles": tiles,
             "threads": tiles["threads"], "workspace_bytes": workspace_bytes(problem, tiles),
             "reason": reason, "declined": declined}
