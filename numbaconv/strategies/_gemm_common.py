@@ -182,6 +182,46 @@ def run_tasks(tasks, nw):
                 t(0)
 
 
+#: Partial results are summed on worker threads (:func:`sum_partials`) from this many
+#: workers on, and only where they hold at least ``SUM_MIN_ELEMENTS`` elements each: on two
+#: cores the pool's dispatch costs more than a second thread saves (docs/performance.md,
+#: "Many cores").
+SUM_MIN_WORKERS, SUM_MIN_ELEMENTS = 4, 1 << 16
+
+
+def sum_partials(parts, nw):
+    """``parts[0] + parts[1] + ...`` elementwise, added left to right into ``parts[0]``
+    (returned): the same bits as adding them one after another on one thread. With ``nw``
+    of at least ``SUM_MIN_WORKERS`` workers and large partials, the workers add contiguous
+    element ranges (two per worker), each range's partials in order: summed on one thread,
+    the partials of a weight gradient cost ``len(parts) - 1`` passes over ``|dW|`` at one
+    core's bandwidth while the other cores wait. ``parts``: C-contiguous arrays of one
+    shape."""
+    total = parts[0]
+    if len(parts) == 1:
+        return total
+    flat = [a.reshape(-1) for a in parts]
+    if any(not np.shares_memory(f, a) for f, a in zip(flat, parts)):
+        raise ValueError("sum_partials: the partials must be contiguous arrays")
+    out = flat[0]
+    n = out.size
+    if nw < SUM_MIN_WORKERS or n < SUM_MIN_ELEMENTS:
+        for f in flat[1:]:
+            np.add(out, f, out=out)
+        return total
+    nchunks = min(2 * nw, -(-n // (SUM_MIN_ELEMENTS // 4)))
+    step = -(-n // nchunks)
+
+    def add(t, slot):
+        o = out[t * step:(t + 1) * step]
+        for f in flat[1:]:
+            np.add(o, f[t * step:(t + 1) * step], out=o)
+
+    from .. import workers
+    workers.run(nchunks, add, nw)
+    return total
+
+
 #: Problems below this many FLOPs run on the calling thread alone: handing tasks to the
 #: worker pool costs about 80 us, more than a second core saves on them (measured:
 #: docs/performance.md, Numbers behind the constants).

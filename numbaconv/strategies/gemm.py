@@ -41,8 +41,8 @@ import numpy as np
 from . import Strategy, canonical_shapes, itemsize, small, streams
 from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard,
                            grouped_identity, identity, kernel_taps, numba_engine_tiles,
-                           packed_wt_elems, run_tasks, split_m_engine, stride_phases, tap_runs,
-                           task_workers)
+                           packed_wt_elems, run_tasks, split_m_engine, stride_phases,
+                           sum_partials, tap_runs, task_workers)
 from .. import config, memory
 
 
@@ -372,9 +372,7 @@ class _Gemm(Strategy):
             dw = np.empty(ws, ct)
             dW4 = dw.reshape(len(taps) * icg, g, ocg)
             for gi in range(g):
-                total = acc[gi, 0]
-                for run in range(1, nruns):
-                    np.add(total, acc[gi, run], out=total)
+                total = sum_partials([acc[gi, run] for run in range(nruns)], mm.workers)
                 if g == 1:
                     return total.reshape(ws)
                 dW4[:, gi] = total

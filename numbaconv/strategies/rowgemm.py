@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize, w_padding
-from ._gemm_common import MIN_N, UK_KC, identity, task_workers
+from ._gemm_common import MIN_N, UK_KC, identity, sum_partials, task_workers
 from .. import config, memory
 
 #: Most weights per output pixel and tap row (``kw * C/g``) and most output channels: above
@@ -107,9 +107,7 @@ class RowGemm(Strategy):
                                     stage)
         else:
             uk.gemm_rows_bwd_w(xp, dy, parts, gv, np.int64(kc), np.int64(nc), work)
-        dw = parts[0]
-        for i in range(1, nw):
-            dw += parts[i]
+        dw = sum_partials(list(parts), nw)
         return dw.reshape(canonical_shapes(p)[2])
 
     def numba_parallel(self, p, tiles):

@@ -47,7 +47,7 @@ may come out as NaN where a direct sum would give Inf (``Inf - Inf``); NaN propa
 import numpy as np
 
 from . import Strategy, itemsize, result_dtype
-from ._gemm_common import Buffers, run_tasks, task_workers
+from ._gemm_common import Buffers, run_tasks, sum_partials, task_workers
 from .. import memory
 
 #: Fewest input and output channels: below them the GEMMs are too thin for BLAS and the
@@ -277,9 +277,7 @@ class Winograd(Strategy):
                 return task
 
             run_tasks([bwd_w_task(run) for run in range(nw)], nw)
-            total = acc[0]
-            for run in range(1, nw):
-                total += acc[run]
+            total = sum_partials([acc[run] for run in range(nw)], nw)
             # dw = G^T M G per (c, k)
             GT = np.ascontiguousarray(G.T)
             with blas.threads(outside):
