@@ -33,7 +33,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
 * ``gemm[patch-t]``: >= 16 input and <= 48 output channels per group (<= 128 over short
   rows, 1x1 and 5x5 over <= 64 inputs; <= 512 for large 3-D volumes; groups: whole
   vectors and tile rows of them; one group: >= 32 outputs in tiles of 12 only over rows
-  of < 32 pixels, not 1x1), little padding waste (Numba engine);
+  of < 32 pixels, not 1x1; heads of 2-7 outputs over <= 64 inputs in tiles of 2, 1x1
+  only with an even number of outputs), little padding waste (Numba engine);
 * ``gemm[patch]``: one group, 8-128 output channels, either <= 4 input channels (a stem)
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);

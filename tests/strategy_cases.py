@@ -146,6 +146,10 @@ CASES = [
     _c("patch-t-bwdw-padded", "bwd_w", 1, 24, 20, 2, (7, 9), (3, 3), stride=(2, 1),
        pads=((1, 0), (0, 1)), label="gemm[patch-t]", strategy="gemm[patch-t]",
        consts=(("numbaconv.strategies.patcht", {"MAX_WASTE": 0.5}),)),
+    # a head (3 outputs over 16 inputs): the two-row register tile
+    _c("patch-t-bwdw-head", "bwd_w", 1, 16, 3, 2, (9, 8), (3, 3), stride=(2, 1),
+       pads=((1, 1), (1, 0)), dilation=(1, 2), label="gemm[patch-t]",
+       tiles={"tile": 2, "chunks": ANY, "block_rows": ANY}),
     _c("implicit-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (12, 12), (3, 3),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
@@ -189,7 +193,7 @@ CASES = [
        strategy="direct", label="direct", tiles={"accumulate": "per-tap"}),
     _c("direct-bwdw", "bwd_w", 1, 8, 8, 2, (5, 8, 8), (3, 3, 3),
        pads=((1, 1, 1), (1, 1, 1)), strategy="direct", label="direct"),
-    _c("narrow-bwdw", "bwd_w", 1, 16, 3, 2, (9, 8), (3, 3), stride=(2, 1),
+    _c("narrow-bwdw", "bwd_w", 1, 80, 3, 2, (9, 8), (3, 3), stride=(2, 1),
        pads=((1, 1), (1, 0)), dilation=(1, 2), label="direct[narrow]", tiles={"chunks": ANY}),
     _c("narrow-bwdw-3d-1x1", "bwd_w", 1, 12, 2, 2, (3, 4, 5), (1, 1, 1),
        label="direct[narrow]"),
@@ -242,7 +246,7 @@ CASES = [
 #: float16 operands take other kernels on the paths that reduce over threads or widen
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
-         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "patch-t-bwdw-head", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "implicit-bwdd-grouped",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")

@@ -39,6 +39,12 @@ CASES = [
     (2, 64, 64, (9, 10), (3, 3), (2, 2), (1, 1), (1, 1), (1, 0), 4),
     # 3 groups of 32 input and 24 output channels, 3-D
     (1, 96, 72, (3, 5, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1), 3),
+    # heads (the two-row tile): a 3-D segmentation head, 32 -> 2, 1x1x1
+    (1, 32, 2, (4, 6, 9), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+    # 64 -> 3 (output channels padded to two tiles), 3x3 at stride 2, asymmetric pads
+    (2, 64, 3, (9, 11), (3, 3), (2, 2), (1, 1), (1, 0), (0, 1)),
+    # 48 -> 5, 1-D, dilated (three vectors of input channels: a pass of two, one of one)
+    (2, 48, 5, (23,), (5,), (1,), (2,), (4,), (4,)),
 ]
 IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}" for c in CASES]
@@ -74,10 +80,10 @@ def test_patch_t_matches_reference(case, dtype):
     assert _run(case, dtype) <= tolerance(dtype)
 
 
-@pytest.mark.parametrize("index", [0, 2, 9])
+@pytest.mark.parametrize("index", [0, 2, 9, 12])
 def test_patch_t_float16(index):
-    """Read in place as float16 bits and widened as loaded (cases 0 and 9, a grouped one),
-    or padded into float32 copies (case 2)."""
+    """Read in place as float16 bits and widened as loaded (cases 0 and 9, and the 3-D
+    head 12 on the two-row tile), or padded into float32 copies (case 2)."""
     assert _run(CASES[index], "float16") <= tolerance("float16")
 
 
@@ -162,6 +168,17 @@ def test_patch_t_choice(monkeypatch):
     dw = plan(32, 32, groups=32)
     assert dw.variant != "patch-t" and "depthwise" in str(dw)
     assert plan(48, 12, op="convolution_backprop_data").variant != "patch-t"
+    # heads: the two-row tile for fewer than HEAD_OUTPUTS outputs over at most
+    # HEAD_INPUT_CHANNELS inputs; over more, and for one output (half the tile on
+    # zeros), direct[narrow]
+    head = plan(patcht.HEAD_INPUT_CHANNELS, 2, k=(1, 1))
+    assert head.variant == "patch-t" and head.tiles["tile"] == patcht.HEAD_TILE
+    assert plan(patcht.HEAD_INPUT_CHANNELS, 3).tiles["tile"] == patcht.HEAD_TILE  # 3x3
+    assert plan(patcht.HEAD_INPUT_CHANNELS, 3, k=(1, 1)).variant == "narrow"  # padded dy
+    assert plan(32, patcht.HEAD_OUTPUTS - 1).tiles["tile"] == patcht.HEAD_TILE
+    assert plan(2 * patcht.HEAD_INPUT_CHANNELS, 2, k=(1, 1)).variant == "narrow"
+    assert plan(32, 1, k=(1, 1)).variant == "narrow"
+    assert plan(32, patcht.HEAD_OUTPUTS).tiles.get("tile") != patcht.HEAD_TILE
 
 
 def test_patch_t_takes_3d_volumes_with_many_outputs(monkeypatch):

@@ -34,8 +34,11 @@ from numbaconv.kernels.cpu._host import VECTOR_BYTES
 #: vectors of input channels; ``rows*vectors`` accumulators, the loaded vectors and a
 #: broadcast within the register file (32 with AVX-512, 16 else). The first takes output
 #: channels in twelves (DenseNet-BC's 12, SSD's 24), the second in sixteens (16, 32, 48:
-#: no padded rows where 12 does not divide them; one vector of input channels a step).
-TILES = ((12, 2), (16, 1)) if VECTOR_BYTES == 64 else ((6, 2), (8, 1))
+#: no padded rows where 12 does not divide them; one vector of input channels a step),
+#: the third in twos (a head's 2-7 output channels: each step two broadcasts and up to
+#: four vectors of a pixel's input channels, so that one pass streams 64 of them, 256
+#: bytes a pixel, with AVX-512; three vectors run as two and one).
+TILES = ((12, 2), (16, 1), (2, 4)) if VECTOR_BYTES == 64 else ((6, 2), (8, 1), (2, 4))
 
 
 def lanes(itemsize):
@@ -128,6 +131,7 @@ def _load(builder, p, n, half):
 
 _t12_1, _t12_2 = _micro(1, TILES[0][0]), _micro(2, TILES[0][0])
 _t16_1 = _micro(1, TILES[1][0])
+_t2_1, _t2_2, _t2_4 = _micro(1, TILES[2][0]), _micro(2, TILES[2][0]), _micro(4, TILES[2][0])
 
 
 @helper
@@ -135,6 +139,13 @@ def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
     """The register tile ``TILES[shape]`` with ``nv`` vectors (:func:`_micro`)."""
     if shape == 1:
         _t16_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
+    elif shape == 2:
+        if nv == 4:
+            _t2_4(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
+        elif nv == 2:
+            _t2_2(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
+        else:
+            _t2_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
     elif nv == 2:
         _t12_2(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
     else:
@@ -222,6 +233,8 @@ def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
                         c0 = 0
                         while c0 < cp:
                             nv = min(most, (cp - c0) // vl)
+                            if nv == 3:  # (no three-vector tile: two, then one)
+                                nv = 2
                             for k0 in range(0, kp, mr):
                                 _tile(shape, nv, py + (gi * kp + k0) * it, ys,
                                       px + (gi * cp + c0) * ix, sw * xs,

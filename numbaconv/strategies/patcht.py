@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize
+from ._gemm_common import MIN_N
 from .. import config, memory
 
 #: Output channels (of a group) it takes on any layer; beyond them, up to
@@ -51,6 +52,14 @@ MAX_WASTE = 0.25
 #: gradients with few output channels"; on the 16-row tile this entry wins there too).
 TWELVES_OUTPUTS = 32
 LONG_ROW_PIXELS = 32
+#: The register tile of a head (``TILES[HEAD_TILE]``, two rows) serves groups of fewer than
+#: ``HEAD_OUTPUTS`` output channels over at most ``HEAD_INPUT_CHANNELS`` input channels only,
+#: where no GEMM has enough columns and the other entry is ``direct[narrow]``'s loop nest;
+#: over more input channels that loop nest, reading each pixel's channels in one run, is
+#: faster than several passes, and so it is on a 1x1 head with an odd number of outputs,
+#: one pass over ``x`` where the copy of ``dy`` padded to whole tile rows costs more than
+#: the tile saves (docs/performance.md, "Weight gradients with few output channels").
+HEAD_TILE, HEAD_OUTPUTS, HEAD_INPUT_CHANNELS = 2, MIN_N, 64
 #: Bytes of a register tile's ``dy`` (its rows of output channels) per block of output
 #: rows: the tile broadcasts from it for every tap and vector of input channels, so it
 #: stays in L1 (the block's other output channels wait in L2).
@@ -93,9 +102,13 @@ def _most_outputs(p):
 
 def tile_shape(p):
     """``(index into TILES, Kp)``: the register tile that pads the output channels of a
-    group least (the first of equals), and those channels rounded to its rows."""
+    group least (the first of equals; the head tile only where :data:`HEAD_OUTPUTS` and
+    :data:`HEAD_INPUT_CHANNELS` allow it), and those channels rounded to its rows."""
     best = None
     for i, (mr, _) in enumerate(_kernels().TILES):
+        if i == HEAD_TILE and (p.ocg >= HEAD_OUTPUTS or p.icg > HEAD_INPUT_CHANNELS
+                               or (p.ocg % mr and math.prod(p.ksz) == 1)):
+            continue
         kp = -(-p.ocg // mr) * mr
         if best is None or kp < best[1]:
             best = (i, kp)
