@@ -17,9 +17,10 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
   gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im],
   direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
   direct[depthwise], direct
-* ``bwd_w``: numpy[depthwise], numpy, winograd, gemm[patch-t], direct[grouped], gemm[patch],
-  gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw], gemm[slabs], direct[narrow],
-  direct[depthwise-rows], direct[depthwise-spans], direct[depthwise], direct
+* ``bwd_w``: numpy[depthwise], numpy, winograd, gemm[patch-t], direct[grouped],
+  gemm[windows], gemm[patch], gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw],
+  gemm[slabs], direct[narrow], direct[depthwise-rows], direct[depthwise-spans],
+  direct[depthwise], direct
 
 What each takes, in brief (its ``accepts`` has the guards and the reasons):
 
@@ -35,6 +36,10 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   vectors and tile rows of them; one group: >= 32 outputs in tiles of 12 only over rows
   of < 32 pixels, not 1x1; heads of 2-7 outputs over <= 64 inputs in tiles of 2, 1x1
   only with an even number of outputs), little padding waste (Numba engine);
+* ``gemm[windows]``: backward weights, one group, >= 64 input and output channels, at
+  least a fifth of an im2col GEMM's work on the padding (dilated layers with wide pads,
+  3-D layers over few slices): one BLAS GEMM per tap over its valid window (nothing
+  compiled);
 * ``gemm[patch]``: one group, 8-128 output channels, either <= 4 input channels (a stem)
   or output rows of >= 19 pixels with short ends, 1x1 only over <= 32 input channels
   (Numba engine);
@@ -80,7 +85,8 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "gemm[patch-t]",
-          "direct[grouped]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]",
+          "direct[grouped]", "gemm[windows]", "gemm[patch]", "gemm[rows]", "gemm[regions]",
+          "gemm[implicit]",
           "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
@@ -122,8 +128,10 @@ def _strategies():
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, PATCH_T, GROUPED, PATCH,
-                          ROWGEMM, IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
+        from .strategies.windows import STRATEGY as WINDOWS
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, PATCH_T, GROUPED, WINDOWS,
+                          PATCH, ROWGEMM, IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW,
+                          *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 
 

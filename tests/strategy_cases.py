@@ -150,6 +150,9 @@ CASES = [
     _c("patch-t-bwdw-head", "bwd_w", 1, 16, 3, 2, (9, 8), (3, 3), stride=(2, 1),
        pads=((1, 1), (1, 0)), dilation=(1, 2), label="gemm[patch-t]",
        tiles={"tile": 2, "chunks": ANY, "block_rows": ANY}),
+    # -- GEMM: per tap over the valid window (a dilated layer with wide pads) -------------
+    _c("windows-bwdw", "bwd_w", 1, 64, 144, 2, (9, 9), (3, 3), pads=((6, 6), (6, 6)),
+       dilation=(6, 6), label="gemm[windows]", tiles={"pad_share": ANY}),
     _c("implicit-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (12, 12), (3, 3),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
@@ -246,7 +249,7 @@ CASES = [
 #: float16 operands take other kernels on the paths that reduce over threads or widen
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
-         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "patch-t-bwdw-head", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "patch-t-bwdw-head", "windows-bwdw", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "implicit-bwdd-grouped",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")
