@@ -5,7 +5,7 @@ form a box (along every axis a contiguous range of outputs); outside it the tap 
 zero padding. A dilated layer with wide pads (DeepLab's ASPP at dilation 12 over 33x33,
 SSD's fc6 at dilation 6) or a 3-D layer over a few slices (C3D's conv4b: 3x3x3 over 4
 slices) leaves a large share of every tap's pixels in the padding, and an im2col GEMM
-(``gemm[slabs]``) multiplies those zeros: 25-49% of its work on the zoo's layers. Here
+(``gemm[slabs]``) multiplies those zeros: 20-60% of its work on the zoo's layers. Here
 
     dW[t] = X[window of t]^T @ dY[window of t]
 
