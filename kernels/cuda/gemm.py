@@ -544,22 +544,14 @@ def shared_bytes(dtype, bm, bn, bk, precision="exact"):
 
 
 @functools.lru_cache(maxsize=None)
-def row_store(dtype, precision, ch, vector=True):
-    """``put(buf, i, src, s)``: ``buf[i + q] = rnd(src[s + q])`` for ``q < ch``, the
-    scheme's rounding applied (identity, or ``tf32_round``): one 16-byte store
-    (:func:`store16`) where ``ch`` elements make a 16-byte word and the shared tiles are
-    aligned (and ``vector``: the tile's rows are whole 16-byte words), else ``ch`` scalar
-    stores. For the stores of a tile row that is contiguous in shared memory (``i`` a
-    multiple of ``ch``)."""
-    tf32 = precision == "tf32"
+def row_store(rnd, dtype, ch, vector=True):
+    """``put(buf, i, src, s)``: ``buf[i + q] = rnd(src[s + q])`` for ``q < ch``, ``rnd`` the
+    scheme's rounding (:func:`scheme`'s ``rnd``: identity, or ``tf32_round``): one 16-byte
+    store (:func:`store16`) where ``ch`` elements make a 16-byte word and the shared tiles
+    are aligned (and ``vector``: the tile's rows are whole 16-byte words), else ``ch``
+    scalar stores. For the stores of a tile row that is contiguous in shared memory (``i``
+    a multiple of ``ch``)."""
     vw = WIDTH[dtype]
-
-    def rnd(v):
-        if tf32:
-            return tf32_round(v)
-        return v
-
-    rnd = cuda.jit(device=True, inline="always")(rnd)
     if ch == vw == 4 and VECTOR and vector:
         def put(buf, i, src, s):
             store16(buf, i, (rnd(src[s]), rnd(src[s + 1]), rnd(src[s + 2]), rnd(src[s + 3])))
@@ -624,7 +616,7 @@ def fwd_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     ALIGNED = VECTOR and ALIGN is not None
     SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
     PA, PB = SCH["pa"], SCH["pb"]
-    put_b = row_store(dtype, precision, BCH, PB % k["vw"] == 0)
+    put_b = row_store(SCH["rnd"], dtype, BCH, PB % k["vw"] == 0)
     offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
     EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
     EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]
@@ -990,8 +982,8 @@ def bwd_w_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     # one K step per iteration of it then, or the 8x8 tile spills)
     SCH = scheme(dtype, bm, bn, bk, tm, tn, precision)
     PA, PB = SCH["pa"], SCH["pb"]
-    put_a = row_store(dtype, precision, ACH, PA % k["vw"] == 0)
-    put_b = row_store(dtype, precision, BCH, PB % k["vw"] == 0)
+    put_a = row_store(SCH["rnd"], dtype, ACH, PA % k["vw"] == 0)
+    put_b = row_store(SCH["rnd"], dtype, BCH, PB % k["vw"] == 0)
     offsets, rnd, RAN, RBN = SCH["offsets"], SCH["rnd"], SCH["ra"], SCH["rb"]
     EGA, ESA, EHA = SCH["ega"], SCH["esa"], SCH["eha"]
     EGB, ESB, EHB = SCH["egb"], SCH["esb"], SCH["ehb"]

@@ -364,10 +364,12 @@ def plan_tiles(problem, kernel=None):
             raise ValueError(f"config: {threads} threads per block exceed "
                              f"{MAX_THREADS_PER_BLOCK}")
         # two buffers of each tile, rows padded (kernels.cuda.gemm.padded_rows: a 16-byte
-        # word; the TF32 kernels' rows 2 and 8 words)
-        pad_a, pad_b = ((2, 8) if p.precision == "tf32" and p.compute_dtype == "float32"
-                        else (16 // item, 16 // item))
-        shared = 2 * bk * (bm + pad_a + bn + pad_b) * item
+        # word; the TF32 kernels' own padding, imported as gemm_tile already does for them)
+        pa, pb = bm + 16 // item, bn + 16 // item
+        if p.precision == "tf32" and p.compute_dtype == "float32":
+            from ..kernels.cuda.gemm import padded_rows
+            pa, pb = padded_rows(bm, bn, "tf32")
+        shared = 2 * bk * (pa + pb) * item
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}

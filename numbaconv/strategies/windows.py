@@ -58,8 +58,9 @@ def windows(p):
 def pad_share(p):
     """The share of an im2col GEMM's multiply-adds that fall on the zero padding."""
     full = math.prod(p.osz)
-    valid = sum(math.prod(n for _, n, _ in w) for w in windows(p))
-    return 1 - valid / (full * len(windows(p))) if full else 0.0
+    wins = windows(p)
+    valid = sum(math.prod(n for _, n, _ in w) for w in wins)
+    return 1 - valid / (full * len(wins)) if full else 0.0
 
 
 class GemmWindows(Strategy):
