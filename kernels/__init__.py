@@ -25,8 +25,10 @@ loads, so jitted code compiled in from another file (a ``@kernel``/``@helper`` f
 from another kernel module; it may import plain Python from the shared modules, whose names
 start with an underscore and which hold no jitted code: ``cpu/_host.py`` (the host's
 vector width and features, probed once; they depend only on the CPU, part of the cache key)
-and ``cpu/_ir.py`` (LLVM IR builders run while a kernel compiles). A jitted helper two
-modules need is copied into each. What ``_ir.py`` emits is compiled into its callers:
+and ``cpu/_ir.py`` (LLVM IR builders run while a kernel compiles), and on the GPU side
+``cuda/_ptx.py`` (the typing and inline-PTX code generation behind the CUDA GEMM modules'
+intrinsics, each module declaring its own). A jitted helper two modules need is copied
+into each. What ``_ir.py`` emits is compiled into its callers:
 after editing it in a checkout, clear the cache (an install rewrites every file).
 ``tests/test_architecture.py`` checks the rule.
 """

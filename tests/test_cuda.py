@@ -47,7 +47,17 @@ _TILES = {  # config patches: (BM, BN, BK, TM, TN)
     "odd": (6, 4, 3, 2, 2),            # 6 threads, loads not a multiple of the threads
     # 32 threads in one 8x4 warp tile, 16-byte shared loads (float32), 8 K steps unrolled
     "vec": (32, 16, 8, 4, 4),
+    # the cp.async-fed TF32 kernels: a 32x32 tile of two 32x16 warp tiles, their own K
+    # slice of 16 (CUDA_BLOCK_K unset)
+    "async": (32, 32, None, 4, 4),
 }
+#: channel counts that are multiples of 4 (the cp.async kernels' 16-byte chunks): strided,
+#: dilated, asymmetric pads; groups in 3-D; 1-D with large pads
+_ASYNC_GEOMETRIES = [
+    (2, 1, 8, 12, (5, 6), (3, 3), (2, 2), (1, 2), (1, 0), (0, 2)),
+    (1, 2, 8, 8, (3, 4, 5), (2, 2, 3), (2, 1, 3), (1, 2, 1), (1, 0, 2), (0, 1, 1)),
+    (2, 1, 4, 20, (6,), (3,), (3,), (2,), (2,), (3,)),
+]
 
 
 def _groups():
@@ -68,6 +78,15 @@ def _groups():
                            precision="tf32", split=split)
                       for d in dirs for geo, split in ((_GEOMETRIES[0], False),
                                                        (_GEOMETRIES[1], True))]
+    # the cp.async-fed TF32 kernels (kernels.cuda.tf32): every geometry, a split K, and
+    # operands misaligned by one element (four 4-byte copies per chunk)
+    g["gemm_tf32_async"] = [dict(direction=d, kernel="gemm", geo=geo, tiles="async",
+                                 dtype="float32", precision="tf32", loader="cp.async",
+                                 split=split, misaligned=mis)
+                            for d in dirs
+                            for geo, split, mis in ((_ASYNC_GEOMETRIES[0], False, False),
+                                                    (_ASYNC_GEOMETRIES[1], True, False),
+                                                    (_ASYNC_GEOMETRIES[2], False, True))]
     g["direct"] = [dict(direction=d, kernel="direct", geo=geo, tiles="small")
                    for d in dirs for geo in _DEPTHWISE + _GEOMETRIES[:2]]
     # depthwise forward and backward data: the patch kernels above, the row kernels here
@@ -169,6 +188,11 @@ def _run_case(case):
     tiles = backend.plan_tiles(p, case["kernel"])
     if variant and backend.tf32_declines(p, tiles) is not None:
         return f"gemm[tf32] declines: {backend.tf32_declines(p, tiles)}"
+    if case.get("loader"):
+        why = backend.async_declines(p, tiles)
+        if why is not None:
+            return f"gemm[tf32-async] declines: {why}"
+        tiles, variant = backend.async_tiles(p, tiles), "tf32-async"
     plan = types.SimpleNamespace(problem=p, tiles=tiles, variant=variant)
     if case["kernel"] == "direct" and (tiles.get("variant") == "patch") != (
             not case.get("rows") and backend.depthwise_patch(p) is not None):
@@ -184,7 +208,13 @@ def _run_case(case):
                                      dtype))
         # (numba's real device arrays take no Ellipsis in an index; the simulator's do)
         out = big[(slice(None),) * (big.ndim - 1) + (slice(None, None, 2),)]
-    res = backend.execute(plan, {k: cuda.to_device(v) for k, v in ops.items()}, out=out)
+    dev = {k: cuda.to_device(v) for k, v in ops.items()}
+    if case.get("misaligned"):
+        # each operand one element into a larger device array: 4-byte aligned only
+        for k, v in ops.items():
+            big = cuda.to_device(np.concatenate([np.zeros(1, v.dtype), v.ravel()]))
+            dev[k] = big[1:].reshape(v.shape)
+    res = backend.execute(plan, dev, out=out)
     if out is not None and res is not out:
         return "out= was not returned"
     got = res.copy_to_host()
@@ -194,7 +224,7 @@ def _run_case(case):
     if case.get("empty"):
         return None if not np.any(got) else "empty problem: result not zero"
     err = reference.normalized_error(got.astype(np.float64), ref, ref_abs)
-    tol = reference.TF32_TOLERANCE if variant == "tf32" else reference.TOLERANCE[dtype]
+    tol = reference.TF32_TOLERANCE if variant.startswith("tf32") else reference.TOLERANCE[dtype]
     if not err <= tol:
         return f"error {err:.3g} > {tol:.0e} (tiles {dict(plan.tiles)})"
     return None

@@ -141,12 +141,13 @@ class FakeKernel:
 @pytest.fixture
 def fake(monkeypatch):
     """Route the backend's numba.cuda and kernel factories through a FakeCuda."""
-    from numbaconv.kernels.cuda import depthwise, depthwise_patch, gemm, layout
+    from numbaconv.kernels.cuda import depthwise, depthwise_patch, gemm, layout, tf32
 
     cuda = FakeCuda()
     monkeypatch.setattr(backend, "_cuda", lambda name="array": cuda)
     monkeypatch.setattr(backend, "simulator", lambda: False)
     for mod, names in ((gemm, ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm", "reduce_partials")),
+                       (tf32, ("fwd_tf32", "bwd_d_tf32", "bwd_w_tf32")),
                        (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
                                     "fwd_depthwise_rows", "bwd_d_depthwise_rows",
                                     "bwd_w_depthwise_rows")),
@@ -695,13 +696,50 @@ def test_gpu_entry_labels_force_that_entry(fake):
         numbaconv.conv2d(x, w, 1, "SAME", strategy="gemm[tf32]")
 
 
+def test_tf32_async_entry(fake, monkeypatch):
+    """``precision="tf32"`` plans ``gemm[tf32-async]`` (kernels.cuda.tf32) where its
+    16-byte copies can run along the channels, else ``gemm[tf32]`` with the reason;
+    ``strategy="gemm[tf32-async]"`` forces it (a ValueError naming it where it declines),
+    ``strategy="gemm[tf32]"`` the register-staged kernels, ``config.CUDA_TF32_ASYNC = 0``
+    turns it off; each plan launches its own kernels."""
+    import dataclasses
+
+    import numbaconv
+    from numbaconv import config
+
+    tf32 = dataclasses.replace(_problem(), precision="tf32")
+    for strategy in (None, "gemm[tf32-async]"):
+        plan = planner.make_plan(tf32, strategy=strategy, device="cuda")
+        assert (plan.strategy, plan.variant) == ("gemm", "tf32-async"), strategy
+        assert plan.tiles["loader"] == "cp.async" and plan.tiles["stages"] in (2, 3)
+    assert planner.make_plan(tf32, strategy="gemm[tf32]", device="cuda").variant == "tf32"
+    odd = dataclasses.replace(tf32, ic=6)
+    plan = planner.make_plan(odd, device="cuda")
+    assert plan.variant == "tf32" and plan.declined[0][0] == "gemm[tf32-async]"
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32-async\]' declines .*"
+                                         r"\(6\) are no multiple of 4"):
+        planner.make_plan(odd, strategy="gemm[tf32-async]", device="cuda")
+    with pytest.raises(ValueError, match=r"^strategy: 'gemm\[tf32-async\]' declines .*precision"):
+        planner.make_plan(_problem(), strategy="gemm[tf32-async]", device="cuda")
+    monkeypatch.setattr(config, "CUDA_TF32_ASYNC", 0, raising=False)
+    plan = planner.make_plan(tf32, device="cuda")
+    assert plan.variant == "tf32" and "CUDA_TF32_ASYNC" in plan.declined[0][1]
+    monkeypatch.setattr(config, "CUDA_TF32_ASYNC", 1, raising=False)
+    x, w = _dev(2, 6, 6, 8), _dev(3, 3, 8, 16)
+    for strategy, kernel in ((None, "fwd_tf32"), ("gemm[tf32]", "fwd_gemm")):
+        fake.launches.clear()
+        numbaconv.conv2d(x, w, 1, "SAME", strategy=strategy, precision="tf32")
+        assert [n for n, *_ in fake.launches][0] == kernel, strategy
+
+
 def _install_fake():
     """Route the backend through a FakeCuda outside pytest (the fixture's work, by hand)."""
-    from numbaconv.kernels.cuda import depthwise, depthwise_patch, gemm, layout
+    from numbaconv.kernels.cuda import depthwise, depthwise_patch, gemm, layout, tf32
     cuda = FakeCuda()
     backend._cuda = lambda name="array": cuda
     backend.simulator = lambda: False
     for mod, names in ((gemm, ("fwd_gemm", "bwd_d_gemm", "bwd_w_gemm", "reduce_partials")),
+                       (tf32, ("fwd_tf32", "bwd_d_tf32", "bwd_w_tf32")),
                        (depthwise, ("fwd_depthwise", "bwd_d_depthwise", "bwd_w_depthwise",
                                     "fwd_depthwise_rows", "bwd_d_depthwise_rows",
                                     "bwd_w_depthwise_rows")),

@@ -147,14 +147,23 @@ def test_planner_names_the_tf32_entry():
     q = dataclasses.replace(p, precision="tf32")
     exact, tf32 = planner.make_plan(p, device="cuda"), planner.make_plan(q, device="cuda")
     assert (exact.strategy, exact.variant) == ("gemm", "cuda")
-    assert (tf32.strategy, tf32.variant) == ("gemm", "tf32")
-    assert "gemm[tf32]" in str(tf32) and "tensor cores" in tf32.reason
+    # 64 channels: the cp.async-fed kernels; 6 input channels: the register-staged ones,
+    # and the plan says why the other declined
+    assert (tf32.strategy, tf32.variant) == ("gemm", "tf32-async")
+    assert "gemm[tf32-async]" in str(tf32) and "tensor cores" in tf32.reason
+    assert tf32.tiles["loader"] == "cp.async" and tf32.tiles["block_k"] == 16
+    q6 = dataclasses.replace(q, ic=6)
+    r = planner.make_plan(q6, device="cuda")
+    assert r.variant == "tf32" and "gemm[tf32]" in str(r) and "loader" not in r.tiles
+    assert r.declined == (("gemm[tf32-async]", "input channels per group (6) are no "
+                           "multiple of 4 (16-byte chunks)"),)
     assert q.descriptor().endswith("_float32_tf32")
     # depthwise: no tensor-core path, exact float32, and the plan says why
     d = ConvProblem("bwd_w", 8, 32, 32, 32, (1, 14, 14), (1, 3, 3), (1, 14, 14), (1, 1, 1),
                     (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32", precision="tf32")
     dp = planner.make_plan(d, device="cuda")
-    assert dp.variant != "tf32" and dp.declined[0][0] == "gemm[tf32]"
+    assert dp.variant == "cuda-depthwise"
+    assert [e for e, _ in dp.declined] == ["gemm[tf32-async]", "gemm[tf32]"]
     assert "no tensor-core path" in dp.reason
     assert backend.tf32_declines(p, exact.tiles) == "precision is not 'tf32'"
 
@@ -265,6 +274,40 @@ def test_tf32_kernels_assemble_with_hmma(toolchain, name, tile):
     assert ops["FFMA"] == 0, ops  # every multiply-add on the tensor cores
 
 
+@pytest.mark.parametrize("name", ["fwd_tf32", "bwd_d_tf32", "bwd_w_tf32"])
+@pytest.mark.parametrize("tile", [t for t in _tiles()[:4]], ids=lambda t: "x".join(map(str, t)))
+def test_async_kernels_assemble(toolchain, name, tile):
+    """The ``gemm[tf32-async]`` kernels (kernels.cuda.tf32) on the planner's tiles: one
+    HMMA per m16n8k8 step, copies as ``LDGSTS`` (16-byte ones on the aligned path), the
+    K-contiguous operands' fragments by ``LDSM`` (ldmatrix), no FFMA, no spills, at most
+    128 registers (two 256-thread blocks per SM)."""
+    import collections
+
+    from numba import cuda, types
+    from numbaconv.kernels.cuda import tf32
+
+    bm, bn, bk, tm, tn = tile
+    kernel = getattr(tf32, name)(bm, bn, tm, tn, GEO, 1)
+    sig = (types.Array(types.float32, 1, "C"),) * 3
+    ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0),
+                              launch_bounds=kernel.targetoptions.get("launch_bounds"))
+    assert "cp.async.cg.shared.global" in ptx and "mma.sync.aligned.m16n8k8" in ptx
+    f = sass_mix.figures(ptx, "sm_90")
+    ops = collections.Counter(sass_mix.opcode(t) for _, t in sass_mix.parse(f["sass"])[0])
+    base = collections.Counter(k.split(".")[0] for k in ops.elements())
+    a_kc, b_kc = tf32.K_CONTIGUOUS[name[:-5]]
+    per_slice = (tm // 2) * (tn // 2) * (tf32.BK // 8)
+    print(f"{name}[{'x'.join(map(str, tile))}]: {f['registers']} registers, spills "
+          f"{f['spill_stores']}/{f['spill_loads']}, {base['HMMA']} HMMA ({per_slice} per "
+          f"slice), {base['LDSM']} LDSM, {base['LDGSTS']} LDGSTS")
+    assert f["spill_stores"] == 0 and f["spill_loads"] == 0, f["log"]
+    assert f["registers"] <= 128, f["log"]
+    assert base["HMMA"] == per_slice, base
+    assert ops["LDGSTS.E.BYPASS.128"] >= (bm + bn) * 4 // ((bm // tm) * (bn // tn)), ops
+    assert base["LDSM"] == (tm // 2) * 2 * a_kc + (tn // 4) * 2 * b_kc, base
+    assert base["FFMA"] == 0, base
+
+
 # -- on a real GPU only ---------------------------------------------------------------------
 _GPU_CODE = """
 import numpy as np
@@ -279,18 +322,19 @@ kw = dict(strides=2, pads_begin=1, pads_end=0)
 calls = [("convolution", (x, w)), ("convolution_backprop_data", (dy, w, (20, 20))),
          ("convolution_backprop_filters", (x, (3, 3), dy))]
 worst = 0.0
-for name, args in calls:
+for (name, args), (strategy, variant) in [(c, e) for c in calls for e in
+                                          ((None, "tf32-async"), ("gemm[tf32]", "tf32"))]:
     fn = getattr(numbaconv, name)
     dev = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
-    p = numbaconv.plan(name, *dev, **kw, precision="tf32")
-    assert (p.strategy, p.variant) == ("gemm", "tf32"), str(p)
-    got = fn(*dev, **kw, precision="tf32").copy_to_host().astype(np.float64)
+    p = numbaconv.plan(name, *dev, **kw, precision="tf32", strategy=strategy)
+    assert (p.strategy, p.variant) == ("gemm", variant), str(p)
+    got = fn(*dev, **kw, precision="tf32", strategy=strategy).copy_to_host().astype(np.float64)
     a64 = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args)
     ref = fn(*a64, **kw)
     ref_abs = fn(*(np.abs(a) if isinstance(a, np.ndarray) else a for a in a64), **kw)
     err = normalized_error(got, ref, ref_abs)
-    print(name, err)
-    assert err <= TF32_TOLERANCE, (name, err)
+    print(name, variant, err)
+    assert err <= TF32_TOLERANCE, (name, variant, err)
     worst = max(worst, err)
 print(f"worst {worst:.3g}")
 """

@@ -23,7 +23,9 @@ tests). Operands are PyTorch CUDA tensors passed straight to the public generic 
 Environment: SUITES, LAYERS (comma-separated names), DTYPES, PASSES, PRECISIONS (default
 ``exact``), CALLS, TIME=0 (errors only), KT=0 (no kernel time), PLAN=0 (no plans),
 LOCK=path (several checks side by side: each compiles on its own, and times its rows only
-while it holds this file's lock, so no two processes' timings overlap on the GPU). Example:
+while it holds this file's lock, so no two processes' timings overlap on the GPU),
+CONFIG=NAME=value,... (``numbaconv.config`` settings for this run, integers, e.g.
+``CONFIG=CUDA_TF32_ASYNC=0``). Example:
 ``PRECISIONS=exact,tf32 python tools/gpu_check.py``. Exit status 1 if any error is above
 the tolerance.
 """
@@ -50,6 +52,9 @@ SUITES = os.environ.get("SUITES", "resnet50,mobilenet_v2_dw,resnext3d,conv1d").s
 DTYPES = os.environ.get("DTYPES", "float32").split(",")
 PASSES = os.environ.get("PASSES", "fwd,bwd_d,bwd_w").split(",")
 PRECISIONS = os.environ.get("PRECISIONS", "exact").split(",")
+for _item in filter(None, os.environ.get("CONFIG", "").split(",")):
+    _name, _, _value = _item.partition("=")
+    setattr(numbaconv.config, _name, int(_value))
 
 
 def torch_tf32(on):

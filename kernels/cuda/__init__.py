@@ -8,7 +8,10 @@ index arithmetic folds), cached per process, and compiled lazily at the first la
 eager signature is ever compiled at import.
 
 * :mod:`.gemm`: implicit-GEMM kernels (shared-memory tiles, per-thread register tiles) for
-  the three directions, and the deterministic split reduction of the weight gradient.
+  the three directions, exact float32/float64 and TF32 (``gemm[tf32]``), and the
+  deterministic split reduction of the weight gradient.
+* :mod:`.tf32`: the TF32 implicit GEMMs fed by ``cp.async`` (``gemm[tf32-async]``).
+* :mod:`._ptx`: shared by the two: the intrinsics' inline-PTX code generation.
 * :mod:`.depthwise`: row kernels for depthwise proper (``icg == 1``: source rows staged in
   shared memory, a row of results and the filter in registers), and one-element-per-thread
   kernels, channels across threads, correct for any grouping.

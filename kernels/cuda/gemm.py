@@ -30,10 +30,12 @@ pixel once per tap (forward, backward data) or per output row (weights). float16
 reaches them: the backend widens it to float32 once, on the device.
 """
 import functools
-import inspect
 
-from numba import config as _nconfig
-from numba import cuda, float32, float64, int32, int64, uint32, uint64
+from numba import cuda, float32, float64, int64, uint32, uint64
+
+from . import _ptx
+from ._ptx import (ALIGN, LAUNCH_BOUNDS, VECTOR, WIDTH,  # noqa: F401
+                   index_type, tf32_round_py)
 
 
 # -- vector loads and stores in shared memory ------------------------------------------------
@@ -45,110 +47,7 @@ from numba import cuda, float32, float64, int32, int64, uint32, uint64
 # ``ALIGN``-aligned and index them in whole words. Under the CUDA simulator
 # (``NUMBA_ENABLE_CUDASIM=1``) they are plain functions with the same result, so the
 # kernels call them unchanged there.
-
-#: Elements per 16-byte word.
-WIDTH = {"float32": 4, "float64": 2}
-
-
-def _takes(fn, name):
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-
-
-#: Alignment (bytes) of the shared tiles read by :func:`load16`; None in the simulator,
-#: which does not take the ``alignment=`` argument of ``cuda.shared.array``.
-ALIGN = None if _nconfig.ENABLE_CUDASIM else 16
-#: Whether 16-byte shared loads are used: the simulator (same results), and numba-cuda,
-#: whose ``cuda.shared.array`` takes ``alignment=``; numba's own older CUDA target does
-#: not, and its kernels read shared memory one element at a time.
-VECTOR = ALIGN is None or _takes(cuda.shared.array, "alignment")
-#: Whether ``cuda.jit`` takes ``launch_bounds=`` (numba-cuda).
-LAUNCH_BOUNDS = ALIGN is not None and _takes(cuda.jit, "launch_bounds")
-
-
-def _load16_py(a, i):
-    if a.dtype.itemsize == 4:
-        return (a[i], a[i + 1], a[i + 2], a[i + 3])
-    return (a[i], a[i + 1])
-
-
-def _load8_py(a, i):
-    return (a[i], a[i + 1])
-
-
-def _store16_py(a, i, v):
-    for q in range(len(v)):
-        a[i + q] = v[q]
-
-
-if _nconfig.ENABLE_CUDASIM:
-    load16, load8, store16 = _load16_py, _load8_py, _store16_py
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    def _vector_pointer(context, builder, aty, ary, idx, n):
-        elt = context.get_data_type(aty.dtype)
-        ptr = builder.gep(builder.bitcast(ary.data, elt.as_pointer()), [idx], inbounds=True)
-        return builder.bitcast(ptr, ir.VectorType(elt, n).as_pointer())
-
-    def _vector_load(nbytes):
-        """An intrinsic reading ``nbytes`` (16 or 8) bytes of a 1-D C-contiguous float
-        array from element ``i`` on, as one vector load (``i`` aligned to ``nbytes``)."""
-        @intrinsic
-        def load(typingctx, a, i):
-            if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
-                    and a.dtype in (types.float32, types.float64)
-                    and isinstance(i, types.Integer) and nbytes * 8 >= a.dtype.bitwidth):
-                return None
-            n = nbytes * 8 // a.dtype.bitwidth
-            sig = types.UniTuple(a.dtype, n)(a, i)
-
-            def codegen(context, builder, sig, args):
-                aty, ity = sig.args
-                ary = context.make_array(aty)(context, builder, args[0])
-                idx = context.cast(builder, args[1], ity, types.intp)
-                vec = builder.load(_vector_pointer(context, builder, aty, ary, idx, n),
-                                   align=nbytes)
-                vals = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
-                        for k in range(n)]
-                return context.make_tuple(builder, sig.return_type, vals)
-
-            return sig, codegen
-        return load
-
-    load16, load8 = _vector_load(16), _vector_load(8)
-
-    @intrinsic
-    def store16(typingctx, a, i, v):
-        """``a[i:i + n] = v``: one 16-byte vector store of a tuple of 4 float32 (2 float64)."""
-        if not (isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C"
-                and a.dtype in (types.float32, types.float64)
-                and isinstance(i, types.Integer) and isinstance(v, types.UniTuple)
-                and v.dtype == a.dtype and v.count * a.dtype.bitwidth == 128):
-            return None
-        sig = types.void(a, i, v)
-
-        def codegen(context, builder, sig, args):
-            aty, ity, vty = sig.args
-            ary = context.make_array(aty)(context, builder, args[0])
-            idx = context.cast(builder, args[1], ity, types.intp)
-            elt = context.get_data_type(aty.dtype)
-            vec = ir.Constant(ir.VectorType(elt, vty.count), ir.Undefined)
-            for k in range(vty.count):
-                vec = builder.insert_element(vec, builder.extract_value(args[2], k),
-                                             ir.Constant(ir.IntType(32), k))
-            builder.store(vec, _vector_pointer(context, builder, aty, ary, idx, vty.count),
-                          align=16)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-
-# -- TF32 tensor cores -----------------------------------------------------------------------
+#
 # ``tf32_round(v)``: ``v`` rounded to TF32 (10 explicit mantissa bits, round to nearest, ties
 # away from zero: PTX ``cvt.rna.tf32.f32``), as a float32 whose low 13 bits are zero.
 # ``mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)``: one warp-wide
@@ -156,95 +55,40 @@ else:
 # and D 16x8 float32), each lane passing its fragments (PTX ISA, "Matrix Fragments for
 # mma.m16n8k8": lane ``l``, ``g = l // 4``, ``t = l % 4``: ``a_r = A[g + 8*(r%2),
 # t + 4*(r//2)]``, ``b_r = B[t + 4*r, g]``, ``c_r = C[g + 8*(r//2), 2*t + r%2]``); returns
-# the lane's four elements of D. Both are inline PTX from Numba intrinsics. Under the
-# simulator ``tf32_round`` is a NumPy function with the same result, and the TF32 multiply
-# of a slice reads each thread's rows and columns from shared memory itself (a lane cannot
-# see another's registers there).
+# the lane's four elements of D. All are inline PTX from Numba intrinsics whose code
+# generation is :mod:`._ptx`'s. Under the simulator ``tf32_round`` is a NumPy function with
+# the same result, and the TF32 multiply of a slice reads each thread's rows and columns
+# from shared memory itself (a lane cannot see another's registers there).
 
-
-def tf32_round_py(v):
-    """``cvt.rna.tf32.f32`` in NumPy: round the magnitude's bits at bit 13, ties away."""
-    import numpy as np
-    b = np.asarray(v, np.float32).view(np.uint32)
-    exp_all_ones = (b & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
-    r = np.where(exp_all_ones, b, (b + np.uint32(0x1000)) & np.uint32(0xFFFFE000))
-    out = r.astype(np.uint32).view(np.float32)
-    return out if out.shape else np.float32(out[()])
-
-
-if _nconfig.ENABLE_CUDASIM:
+if _ptx.SIM:
+    load16, load8, store16 = _ptx.load16_py, _ptx.load8_py, _ptx.store16_py
     tf32_round = tf32_round_py
     mma_tf32 = None
 else:
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def load16(typingctx, a, i):
+        return _ptx.vector_load(16, a, i)
+
+    @intrinsic
+    def load8(typingctx, a, i):
+        return _ptx.vector_load(8, a, i)
+
+    @intrinsic
+    def store16(typingctx, a, i, v):
+        return _ptx.store16(a, i, v)
+
     @intrinsic
     def tf32_round(typingctx, v):
-        if v != types.float32:
-            return None
-        sig = types.float32(v)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(i32, [ir.FloatType()]),
-                               "cvt.rna.tf32.f32 $0, $1;", "=r,f", side_effect=False)
-            return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
-
-        return sig, codegen
+        return _ptx.tf32_round(v)
 
     @intrinsic
     def mma_tf32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        args = (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-        if any(a != types.float32 for a in args):
-            return None
-        sig = types.UniTuple(types.float32, 4)(*args)
-
-        def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            ab = [builder.bitcast(v, i32) for v in args[:6]]  # TF32 bits in b32 registers
-            fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
-            asm = ir.InlineAsm(
-                fty, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", side_effect=False)
-            d = builder.call(asm, ab + list(args[6:]))
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_value(d, k) for k in range(4)])
-
-        return sig, codegen
+        return _ptx.mma_tf32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
 
 _TYPES = {"float32": float32, "float64": float64}
-
-
-def axis_phase(q, s, d, p, k, n_in):
-    """One axis of stride phase ``q``: ``(t0, tstep, nt, c0, ostep, j0, nj)``.
-
-    Taps ``t0 + u*tstep`` (``u < nt``) feed the inputs ``i = s*j + q - p``
-    (``j0 <= j < j0 + nj``) from outputs ``o = j - c0 - u*ostep``. The host's copy (the
-    planner sizes the grid with it) of the code :func:`bwd_d_gemm` inlines.
-    """
-    a = s
-    b = d
-    while b != 0:
-        a, b = b, a % b
-    tstep = s // a
-    ostep = d // a
-    t0 = -1
-    for t in range(tstep):
-        if (t * d) % s == q:
-            t0 = t
-            break
-    nt = 0
-    c0 = 0
-    if t0 >= 0 and t0 < k:
-        nt = (k - t0 + tstep - 1) // tstep
-        c0 = (t0 * d - q) // s
-    j0 = (p - q + s - 1) // s
-    nj = (n_in + p - q + s - 1) // s - j0
-    if nj < 0:
-        nj = 0
-    return t0, tstep, nt, c0, ostep, j0, nj
-
-
 
 
 def _check(bm, bn, bk, tm, tn):
@@ -275,12 +119,6 @@ def loader(contiguous, other, threads):
     ``contiguous``, so a chunk never crosses a row)."""
     ch = next(c for c in (4, 3, 2, 1) if contiguous % c == 0)
     return ch, -(-(contiguous * other) // (threads * ch))
-
-
-def index_type(*sizes):
-    """int32 for the kernels' per-thread offsets where every array of the problem has fewer
-    than 2**31 elements (half the registers of int64), else int64."""
-    return int32 if max(sizes) < 2 ** 31 else int64
 
 
 def tile_constants(dtype, bm, bn, bk, tm, tn):
@@ -468,7 +306,7 @@ def scheme(dtype, bm, bn, bk, tm, tn, precision="exact"):
         wn0 = (w % WXN) * WN
         return t * PA + wm0 + 2 * G4 * g, t * PB + wn0 + g, wm0 + 2 * G4 * g, wn0 + 2 * t
 
-    if _nconfig.ENABLE_CUDASIM:
+    if _ptx.SIM:
         def slice_tc(As, Bs, ao, bo, ra, rb, acc):
             # each thread's own elements of D = A . B + C, from shared memory (k in order)
             tid = cuda.threadIdx.x

@@ -65,6 +65,11 @@ DEFAULTS = {
     # is not set (8: two blocks per SM; 16: two k8 steps per slice, one block per SM);
     # None: per direction, TF32_BLOCK_K
     "CUDA_TF32_BLOCK_K": None,
+    # precision="tf32": the cp.async-fed tensor-core kernels (kernels.cuda.tf32) where they
+    # take the problem (1), or always the register-staged ones of kernels.cuda.gemm (0)
+    "CUDA_TF32_ASYNC": 1,
+    # ... and their slices in flight (2 or 3; None: 3 where they fit in 48 KiB)
+    "CUDA_TF32_STAGES": None,
 }
 
 #: The TF32 tiles' least K slice per direction (``CUDA_TF32_BLOCK_K`` unset): backward data,
@@ -252,7 +257,7 @@ def as_device_array(value, name):
 # -- the launch plan -------------------------------------------------------------------------
 def _phase_rows(p):
     """Largest number of input positions of one stride phase, per axis."""
-    from ..kernels.cuda.gemm import axis_phase
+    from ..kernels.cuda._ptx import axis_phase
     return [max(axis_phase(q, s, d, b, k, n)[6] for q in range(s))
             for s, d, b, k, n in zip(p.stride, p.dilation, p.pad_begin, p.ksz, p.isz)]
 
@@ -373,31 +378,11 @@ def plan_tiles(problem, kernel=None):
         t = {"kernel": "gemm", "block_m": bm, "block_n": bn, "block_k": bk, "thread_m": tm,
              "thread_n": tn, "threads": threads, "shared_bytes": shared, "splits": 1,
              "phases": 1}
-        if p.direction != "bwd_w":
-            if p.direction == "bwd_d":
-                t["phases"] = math.prod(p.stride)
-                taps = math.prod(max(axis_taps(s, d, k)) for s, d, k
-                                 in zip(p.stride, p.dilation, p.ksz))
-                slices = taps * _cdiv(p.ocg, bk)
-            else:
-                slices = math.prod(p.ksz) * _cdiv(p.icg, bk)
-            base = max(1, _cdiv(M, bm) * _cdiv(N, bn) * z)
-            splits = 1
-            if base < cfg("CUDA_MIN_BLOCKS"):
-                splits = min(_cdiv(cfg("CUDA_MIN_BLOCKS"), base),
-                             slices // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
-                             MAX_GRID_YZ // max(1, z))
-            t["splits"] = splits = max(1, splits)
-            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
-        else:
-            # K runs in chunks of bk pixels of one output row (see kernels.cuda.gemm)
-            chunks = p.mb * p.osz[0] * p.osz[1] * _cdiv(p.osz[2], bk)
-            base = max(1, _cdiv(M, bm) * _cdiv(N, bn) * z)
-            splits = min(_cdiv(target, base),
-                         chunks // max(1, _cdiv(cfg("CUDA_SPLIT_MIN_PIXELS"), bk)),
-                         cfg("CUDA_MAX_SPLITS"), MAX_GRID_YZ // max(1, p.g))
-            t["splits"] = splits = max(1, splits)
-            t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
+        if p.direction == "bwd_d":
+            t["phases"] = math.prod(p.stride)
+        # the weight gradient's K runs in chunks of bk pixels of one output row (see
+        # kernels.cuda.gemm)
+        _split_k(t, p, (M, N, z), p.mb * p.osz[0] * p.osz[1] * _cdiv(p.osz[2], bk))
         return t
     patch = depthwise_patch(p) if cfg("CUDA_DEPTHWISE_PATCH") else None
     if patch is not None:
@@ -624,10 +609,12 @@ def gpu_plan(problem, strategy=None):
     tiles = plan_tiles(exact if entry == "gemm[cuda]" else problem, kernel)
     variant = "cuda-depthwise" if kernel == "direct" else "cuda"
     declined = ()
-    if entry == "gemm[tf32]":
+    if entry in ("gemm[tf32-async]", "gemm[tf32]"):
         why = tf32_declines(problem, tiles)
+        if why is None and entry == "gemm[tf32-async]":
+            why = async_declines(problem, tiles)
         if why is not None:
-            raise ValueError(f"strategy: 'gemm[tf32]' declines {problem.descriptor()} on the "
+            raise ValueError(f"strategy: {entry!r} declines {problem.descriptor()} on the "
                              f"GPU: {why}")
     if entry == "gemm[cuda]" and problem.precision == "tf32":
         reason += "; exact float32 (gemm[cuda] forced)"
@@ -636,8 +623,15 @@ def gpu_plan(problem, strategy=None):
         if why is None:
             variant, reason = "tf32", (reason + "; precision='tf32': tensor cores (mma.sync "
                                        "m16n8k8, TF32 operands, float32 sums)")
+            fed = async_declines(problem, tiles) if entry != "gemm[tf32]" else "forced"
+            if fed is None:
+                variant, tiles = "tf32-async", async_tiles(problem, tiles)
+                reason += ", operands copied to shared memory by cp.async"
+            elif entry != "gemm[tf32]":
+                declined = (("gemm[tf32-async]", fed),)
+                reason += f", operands staged in registers (gemm[tf32-async] declines: {fed})"
         else:
-            declined = (("gemm[tf32]", why),)
+            declined = (("gemm[tf32-async]", why), ("gemm[tf32]", why))
             reason += f"; exact float32 (gemm[tf32] declines: {why})"
             tiles = plan_tiles(exact, kernel)  # (the exact kernels' own tile)
     return {"strategy": kernel, "variant": variant, "tiles": tiles,
@@ -646,9 +640,77 @@ def gpu_plan(problem, strategy=None):
 
 
 #: The GPU's planner entries, best first, as ``Plan.strategy[Plan.variant]`` names them:
-#: ``gemm[tf32]`` (``precision="tf32"`` only), ``gemm[cuda]``, ``direct[rows]`` and
-#: ``direct[cuda-depthwise]`` (the row kernels' plans carry ``variant: rows`` in their tiles).
-GPU_ENTRIES = ("gemm[tf32]", "gemm[cuda]", "direct[cuda-depthwise]")
+#: ``gemm[tf32-async]`` and ``gemm[tf32]`` (``precision="tf32"`` only: the tensor-core
+#: GEMMs with operands copied by ``cp.async``, and staged in registers), ``gemm[cuda]``,
+#: ``direct[cuda-depthwise]`` (the patch and row kernels' plans carry ``variant: patch`` /
+#: ``rows`` in their tiles).
+GPU_ENTRIES = ("gemm[tf32-async]", "gemm[tf32]", "gemm[cuda]", "direct[cuda-depthwise]")
+
+
+def async_declines(problem, tiles):
+    """None where the ``gemm[tf32-async]`` entry (:mod:`..kernels.cuda.tf32`) takes
+    ``problem`` with the TF32 GEMM's ``tiles``, else why not: channels no multiple of 4 (its
+    16-byte copies run along them), a tile it does not take, ``config.CUDA_BLOCK_K`` set
+    (its K slice is 16), ``config.CUDA_TF32_ASYNC`` off."""
+    if not cfg("CUDA_TF32_ASYNC"):
+        return "config.CUDA_TF32_ASYNC is off"
+    if cfg("CUDA_BLOCK_K") is not None:
+        return "config.CUDA_BLOCK_K is set (its K slices are 16 deep)"
+    from ..kernels.cuda import tf32
+    p = problem
+    bm, bn, tm, tn = (tiles[k] for k in ("block_m", "block_n", "thread_m", "thread_n"))
+    why = tf32.reason(p.direction, _geo(p)[0], bm, bn, tm, tn)
+    if why is None:
+        nst = cfg("CUDA_TF32_STAGES") or tf32.stages(p.direction, bm, bn)
+        if tf32.shared_bytes(p.direction, bm, bn, nst) > MAX_STATIC_SHARED:
+            why = f"{nst} stages of a {bm}x{bn} tile exceed 48 KiB of shared memory"
+    return why
+
+
+def async_tiles(problem, tiles):
+    """``tiles`` of the TF32 GEMM for the ``gemm[tf32-async]`` kernels (where
+    :func:`async_declines` is None): K slices of 16, ``loader: "cp.async"``, ``stages``
+    (``config.CUDA_TF32_STAGES`` or :func:`..kernels.cuda.tf32.stages`), their shared
+    memory and split count."""
+    from ..kernels.cuda import tf32
+    p = problem
+    bm, bn = tiles["block_m"], tiles["block_n"]
+    nst = cfg("CUDA_TF32_STAGES") or tf32.stages(p.direction, bm, bn)
+    t = dict(tiles, block_k=tf32.BK, loader="cp.async", stages=nst,
+             shared_bytes=tf32.shared_bytes(p.direction, bm, bn, nst))
+    # the weight gradient's K runs over the flat output pixels, 16 at a time
+    return _split_k(t, p, _gemm_mnk(p), _cdiv(p.mb * math.prod(p.osz), tf32.BK))
+
+
+def _split_k(t, p, mnk, chunks):
+    """Set ``t["splits"]`` and ``t["grid"]`` of GEMM tiles ``t`` for ``p`` (``mnk``:
+    :func:`_gemm_mnk`): forward and backward data split K (slices of ``block_k``) where
+    the grid has fewer than ``CUDA_MIN_BLOCKS`` blocks, into ranges of at least
+    ``CUDA_SPLIT_MIN_SLICES`` slices; the weight gradient splits its ``chunks`` (of
+    ``block_k`` pixels) towards ``CUDA_TARGET_BLOCKS`` blocks, each split at least
+    ``CUDA_SPLIT_MIN_PIXELS`` pixels. Returns ``t``."""
+    M, N, z = mnk
+    bm, bn, bk = t["block_m"], t["block_n"], t["block_k"]
+    base = max(1, _cdiv(M, bm) * _cdiv(N, bn) * z)
+    if p.direction == "bwd_w":
+        splits = min(_cdiv(cfg("CUDA_TARGET_BLOCKS"), base),
+                     chunks // max(1, _cdiv(cfg("CUDA_SPLIT_MIN_PIXELS"), bk)),
+                     cfg("CUDA_MAX_SPLITS"), MAX_GRID_YZ // max(1, p.g))
+    else:
+        if p.direction == "bwd_d":
+            taps = math.prod(max(axis_taps(s, d, k)) for s, d, k
+                             in zip(p.stride, p.dilation, p.ksz))
+            slices = taps * _cdiv(p.ocg, bk)
+        else:
+            slices = math.prod(p.ksz) * _cdiv(p.icg, bk)
+        splits = 1
+        if base < cfg("CUDA_MIN_BLOCKS"):
+            splits = min(_cdiv(cfg("CUDA_MIN_BLOCKS"), base),
+                         slices // cfg("CUDA_SPLIT_MIN_SLICES"), cfg("CUDA_MAX_SPLITS"),
+                         MAX_GRID_YZ // max(1, z))
+    t["splits"] = splits = max(1, splits)
+    t["grid"] = (max(1, _cdiv(M, bm)), max(1, _cdiv(N, bn)), max(1, z * splits))
+    return t
 
 
 def tf32_declines(problem, tiles):
@@ -1034,7 +1096,15 @@ class _Prepared:
         self.extra = ()
         flat = t["kernel"] == "gemm" or t.get("variant") in ("rows", "patch")
         cp = p.compute_dtype
-        if t["kernel"] == "gemm":
+        if t["kernel"] == "gemm" and plan.variant == "tf32-async":
+            from ..kernels.cuda import tf32
+            tile = (t["block_m"], t["block_n"], t["thread_m"], t["thread_n"])
+            self.kern = {"fwd": tf32.fwd_tf32, "bwd_d": tf32.bwd_d_tf32,
+                         "bwd_w": tf32.bwd_w_tf32}[p.direction](*tile, geo, splits,
+                                                                  t["stages"])
+            names = {"fwd": ("x", "w"), "bwd_d": ("dy", "w"), "bwd_w": ("x", "dy")}[p.direction]
+            self.res_view, self.part_view = (n,), (splits * n,)
+        elif t["kernel"] == "gemm":
             tile = (t["block_m"], t["block_n"], t["block_k"], t["thread_m"], t["thread_n"])
             self.kern = {"fwd": gemm.fwd_gemm, "bwd_d": gemm.bwd_d_gemm,
                          "bwd_w": gemm.bwd_w_gemm}[p.direction](
