@@ -77,7 +77,7 @@ import sys
 
 from . import config, runtime
 from .problem import ConvProblem
-from .strategies import label, small
+from .strategies import label, small, small_limit
 from .strategies.direct import DIRECT
 
 #: ``strategy=`` with a family name runs that family's first accepting entry, best first.
@@ -104,9 +104,10 @@ def compile_guard(strategy, problem):
     problems do not pay a heavy strategy's compile time, and the NumPy entry, which
     compiles nothing, serves small problems only (``config.SMALL_FLOPS``)."""
     if strategy.compile_heavy and small(problem):
-        return R_SMALL.format(mflop=problem.flops / 1e6, limit=config.SMALL_FLOPS / 1e6)
+        return R_SMALL.format(mflop=problem.flops / 1e6, limit=small_limit(problem) / 1e6)
     if strategy.small_only and not small(problem):
-        return R_NOT_SMALL.format(mflop=problem.flops / 1e6, limit=config.SMALL_FLOPS / 1e6)
+        return R_NOT_SMALL.format(mflop=problem.flops / 1e6,
+                                  limit=small_limit(problem) / 1e6)
     return None
 
 
@@ -157,7 +158,7 @@ PLAN_CACHE_SIZE = 512
 
 def _settings():
     return (config.GEMM_ENGINE, config.GEMM_SLAB_BYTES, config.GEMM_MIN_ROWS,
-            config.GEMM_WORKERS, config.SMALL_FLOPS)
+            config.GEMM_WORKERS, config.SMALL_FLOPS, config.SMALL_DEPTHWISE_FLOPS)
 
 
 #: Called by :func:`clear_plan_cache` after the plans are dropped: the front end registers

@@ -102,6 +102,35 @@ def test_the_guard_passes_over_heavy_entries_for_small_problems_only():
     assert plan.declined[1][0] == "numpy" and "not a small problem" in plan.declined[1][1]
 
 
+def test_depthwise_problems_are_small_below_their_own_limit(monkeypatch):
+    """Depthwise layers leave NumPy at ``config.SMALL_DEPTHWISE_FLOPS`` (0.25 MFLOP): a
+    0.45 MFLOP one (8x7x7x64) runs on a compiled depthwise entry, with ``numpy[depthwise]``
+    declined as not small, and computes right; a 0.07 MFLOP one stays on NumPy; a dense
+    layer of the same size stays small; ``SMALL_DEPTHWISE_FLOPS = 0`` falls back to
+    ``SMALL_FLOPS``."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 7, 7, 64)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 1, 64)).astype(np.float32)
+    kw = dict(strides=1, pads_begin=1, pads_end=1, groups=64)
+    plan = nc.plan("convolution_backprop_data", x, w, (7, 7), **kw)
+    assert plan.strategy == "direct" and plan.variant.startswith("depthwise"), str(plan)
+    assert plan.declined[0] == ("numpy[depthwise]", planner.R_NOT_SMALL.format(
+        mflop=0.451584, limit=0.25))
+    got = nc.convolution_backprop_data(x, w, (7, 7), **kw)
+    want = R.conv_bwd_data_ref(x.astype(np.float64), w.astype(np.float64), (7, 7), 1, 1, 1,
+                               1, 64)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+    tiny = np.ones((2, 16, 16, 8), np.float32)
+    assert nc.plan("convolution", tiny, np.ones((3, 3, 1, 8), np.float32), strides=1,
+                   pads_begin=1, pads_end=1, groups=8).variant == "depthwise"  # numpy's
+    dense = np.ones((8, 7, 7, 8), np.float32)
+    assert nc.plan("convolution", dense, np.ones((3, 3, 8, 8), np.float32), strides=1,
+                   pads_begin=1, pads_end=1).strategy == "numpy"
+    monkeypatch.setattr(config, "SMALL_DEPTHWISE_FLOPS", 0)
+    planner.clear_plan_cache()
+    assert nc.plan("convolution_backprop_data", x, w, (7, 7), **kw).strategy == "numpy"
+
+
 def test_tuning_a_small_problem_times_no_heavy_entry(monkeypatch):
     from numbaconv import tune
     seen = []

@@ -82,9 +82,19 @@ class Strategy:
 
 def small(p):
     """Whether ``p`` is a small problem: below ``config.SMALL_FLOPS``, it runs on strategies
-    and engines whose kernels compile in about a second."""
+    and engines whose kernels compile in about a second. A depthwise problem (one channel
+    per group) is small only below ``config.SMALL_DEPTHWISE_FLOPS``: its compiled kernels
+    take about 2 s to compile and are 3-20 times faster than NumPy from there on."""
+    return 0 < p.flops < small_limit(p)
+
+
+def small_limit(p):
+    """The FLOPs below which ``p`` is small (see :func:`small`); 0: none is."""
     from .. import config
-    return 0 < p.flops < config.SMALL_FLOPS
+    limit = config.SMALL_FLOPS
+    if limit and p.g == p.ic and p.g > 1 and config.SMALL_DEPTHWISE_FLOPS:
+        limit = min(limit, config.SMALL_DEPTHWISE_FLOPS)
+    return limit
 
 
 def label(s):
