@@ -696,7 +696,7 @@ def test_gpu_entry_labels_force_that_entry(fake):
         numbaconv.conv2d(x, w, 1, "SAME", strategy="gemm[tf32]")
 
 
-def test_tf32_async_entry(fake, monkeypatch):
+def test_tf32_async_entry(fake, monkeypatch, request):
     """``precision="tf32"`` plans ``gemm[tf32-async]`` (kernels.cuda.tf32) where its
     16-byte copies can run along the channels, else ``gemm[tf32]`` with the reason;
     ``strategy="gemm[tf32-async]"`` forces it (a ValueError naming it where it declines),
@@ -706,8 +706,16 @@ def test_tf32_async_entry(fake, monkeypatch):
 
     import numbaconv
     from numbaconv import config
+    from numbaconv.kernels.cuda import _ptx
 
     tf32 = dataclasses.replace(_problem(), precision="tf32")
+    # numba's own CUDA target (no aligned shared arrays, no launch bounds) cannot build them
+    monkeypatch.setattr(_ptx, "VECTOR", False)
+    plan = planner.make_plan(tf32, device="cuda")
+    assert plan.variant == "tf32" and "numba-cuda" in plan.declined[0][1]
+    monkeypatch.setattr(_ptx, "VECTOR", True)  # (numba-cuda's; the kernels are faked here)
+    planner.clear_plan_cache()
+    request.addfinalizer(planner.clear_plan_cache)  # (plans made under the patch)
     for strategy in (None, "gemm[tf32-async]"):
         plan = planner.make_plan(tf32, strategy=strategy, device="cuda")
         assert (plan.strategy, plan.variant) == ("gemm", "tf32-async"), strategy

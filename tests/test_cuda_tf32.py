@@ -137,10 +137,16 @@ def test_fragment_offsets_match_the_ptx_layout(tile):
         assert placed == list(range(wm0, wm0 + WM)), warp  # a permutation of the rows
 
 
-def test_planner_names_the_tf32_entry():
+def test_planner_names_the_tf32_entry(monkeypatch, request):
     from numbaconv.backends import cuda as backend
     from numbaconv import planner
+    from numbaconv.kernels.cuda import _ptx
     import dataclasses
+
+    # the cp.async kernels need numba-cuda's target (the simulator's counts as one)
+    monkeypatch.setattr(_ptx, "VECTOR", True)
+    planner.clear_plan_cache()
+    request.addfinalizer(planner.clear_plan_cache)  # (plans made under the patch)
 
     p = ConvProblem("fwd", 8, 1, 64, 64, (1, 14, 14), (1, 3, 3), (1, 14, 14), (1, 1, 1),
                     (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, "float32")

@@ -162,6 +162,9 @@ def reason(direction, geo, bm, bn, tm, tn):
     ``(bm, bn, tm, tn)``, else why not: the channels that the 16-byte chunks run along
     must be multiples of 4, the tile whole m16n8k8 warp tiles (pairs of n8 tiles where B
     is K-contiguous), its chunks a whole number per thread."""
+    if not _ptx.VECTOR:
+        return ("numba's own CUDA target declares no aligned shared arrays: these kernels "
+                "need numba-cuda (the cuda12/cuda13 extras)")
     mb, g, icg, ocg = geo[:4]
     need = {"fwd": (("input", icg), ("output", ocg)), "bwd_d": (("output", ocg),),
             "bwd_w": (("input", icg), ("output", ocg))}[direction]
