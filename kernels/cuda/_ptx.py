@@ -52,8 +52,8 @@ def axis_phase(q, s, d, p, k, n_in):
 
     Taps ``t0 + u*tstep`` (``u < nt``) feed the inputs ``i = s*j + q - p``
     (``j0 <= j < j0 + nj``) from outputs ``o = j - c0 - u*ostep``: the planner sizes
-    backward data's grid with it, :func:`..tf32.bwd_d_tf32` takes its table as a constant,
-    and :func:`..gemm.bwd_d_gemm` inlines the same code.
+    backward data's grid with it, and backward data's kernels take the table of
+    :func:`phase_table` as a constant.
     """
     a = s
     b = d
@@ -76,6 +76,20 @@ def axis_phase(q, s, d, p, k, n_in):
     if nj < 0:
         nj = 0
     return t0, tstep, nt, c0, ostep, j0, nj
+
+
+def phase_table(geo):
+    """Per stride phase ``q`` of backward data (``q_d, q_h, q_w`` row-major) of the 22-int
+    geometry ``geo``: :func:`axis_phase` of the depth, height and width axes, flattened (21
+    ints). Backward data's GEMM kernels take it as a compile-time constant and read their
+    block's phase from it."""
+    (mb, g, icg, ocg, id_, ih, iw, kd, kh, kw, od, oh, ow, sd, sh, sw, dd, dh, dw, pd, ph,
+     pw) = geo
+    return tuple(
+        sum((axis_phase(qa, s, d, pa, k, n) for qa, s, d, pa, k, n in zip(
+            (q // (sw * sh), (q // sw) % sh, q % sw), (sd, sh, sw), (dd, dh, dw),
+            (pd, ph, pw), (kd, kh, kw), (id_, ih, iw))), ())
+        for q in range(sd * sh * sw))
 
 
 # -- the simulator's twins -------------------------------------------------------------------

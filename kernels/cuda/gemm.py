@@ -601,11 +601,7 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
     mma_slice = SCH["slice"]
     ASZ, BSZ = 2 * bk * PA, 2 * bk * PB
     AE, BE = ANP * ACH, BNP * BCH
-    KS = (KD, KH, KW)
-    SS = (SD, SH, SW)
-    DS = (DD, DH, DW)
-    PS = (PD, PH, PW)
-    IS = (ID, IH, IW)
+    PHASES = _ptx.phase_table(geo)
 
     def bwd_d_gemm(dy, w, dx):
         if ALIGNED:  # (a compile-time constant: numba drops the other branch)
@@ -637,34 +633,12 @@ def bwd_d_gemm(dtype, bm, bn, bk, tm, tn, geo, nsplit=1, precision="exact"):
         q_w = q % SW
         q_h = (q // SW) % SH
         q_d = q // (SW * SH)
-        # axis_phase(q, s, d, p, k, i) per axis, inlined; phs[a] = t0 tstep nt c0 ostep j0 nj
+        # the phase's taps and pixels per axis (_ptx.phase_table, worked out on the host);
+        # phs[a] = t0 tstep nt c0 ostep j0 nj
         phs = cuda.local.array((3, 7), int64)
         for a in range(3):
-            qa = q_w if a == 2 else (q_h if a == 1 else q_d)
-            s = SS[a]
-            d = DS[a]
-            u = s
-            v = d
-            while v != 0:
-                u, v = v, u % v
-            tstep = s // u
-            t0 = -1
-            for t in range(tstep):
-                if (t * d) % s == qa:
-                    t0 = t
-                    break
-            phs[a, 0] = t0
-            phs[a, 1] = tstep
-            phs[a, 2] = 0
-            phs[a, 3] = 0
-            phs[a, 4] = d // u
-            if t0 >= 0 and t0 < KS[a]:
-                phs[a, 2] = (KS[a] - t0 + tstep - 1) // tstep
-                phs[a, 3] = (t0 * d - qa) // s
-            j0 = (PS[a] - qa + s - 1) // s
-            phs[a, 5] = j0
-            nj = (IS[a] + PS[a] - qa + s - 1) // s - j0
-            phs[a, 6] = nj if nj > 0 else 0  # (the builtin max would be a device function)
+            for f in range(7):
+                phs[a, f] = PHASES[q][a * 7 + f]
         t0d, tsd, ntd, c0d, osd, j0d, njd = phs[0, 0], phs[0, 1], phs[0, 2], phs[0, 3], phs[0, 4], phs[0, 5], phs[0, 6]
         t0h, tsh, nth, c0h, osh, j0h, njh = phs[1, 0], phs[1, 1], phs[1, 2], phs[1, 3], phs[1, 4], phs[1, 5], phs[1, 6]
         t0w, tsw, ntw, c0w, osw, j0w, njw = phs[2, 0], phs[2, 1], phs[2, 2], phs[2, 3], phs[2, 4], phs[2, 5], phs[2, 6]

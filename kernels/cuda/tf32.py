@@ -327,14 +327,13 @@ def core(bm, bn, tm, tn, a_kc, b_kc):
             store16(buf, i, (tf32_round_hi(v[0]), tf32_round_hi(v[1]), tf32_round_hi(v[2]),
                              tf32_round_hi(v[3])))
 
-    return dict(nt=nt, asz=ASZ, bsz=BSZ, anp=ANP, bnp=BNP, ach=ACH, bch=BCH,
+    return dict(nt=nt, asz=ASZ, bsz=BSZ, anp=ANP, bnp=BNP,
                 a_chunk=dj(kc_chunk if a_kc else a_mn_chunk),
                 b_chunk=dj(kc_chunk if b_kc else b_mn_chunk),
                 a_put=dj(kc_put if a_kc else a_mn_put),
                 b_put=dj(kc_put if b_kc else b_mn_put),
                 mma=dj(mma), row_of=dj(row_of), col_of=dj(col_of),
-                lane_offsets=dj(lane_offsets), rnd_chunk=dj(rnd_chunk),
-                a_word=a_word, b_word=b_word)
+                lane_offsets=dj(lane_offsets), rnd_chunk=dj(rnd_chunk))
 
 
 def launch_bounds(threads):
@@ -567,12 +566,7 @@ def bwd_d_tf32(bm, bn, tm, tn, geo, nsplit=1, nstages=None):
     SAZ, SBZ = S * ASZ, S * BSZ
     advance = _advance(bm, bn, tm, tn, True, True, S)
     issue = _ISSUE
-    # per stride phase q (q_d, q_h, q_w row-major): axis_phase of each axis, flattened
-    PHASES = tuple(
-        sum((_ptx.axis_phase(qa, s, d, pa, k, n) for qa, s, d, pa, k, n in zip(
-            (q // (SW * SH), (q // SW) % SH, q % SW), (SD, SH, SW), (DD, DH, DW),
-            (PD, PH, PW), (KD, KH, KW), (ID, IH, IW))), ())
-        for q in range(NPH))
+    PHASES = _ptx.phase_table(geo)
 
     def bwd_d_tf32(dy, w, dx):
         if ALIGNED:
@@ -603,7 +597,7 @@ def bwd_d_tf32(bm, bn, tm, tn, geo, nsplit=1, nstages=None):
         q_w = q % SW
         q_h = (q // SW) % SH
         q_d = q // (SW * SH)
-        # the phase's taps and pixels per axis (_ptx.axis_phase, worked out on the host)
+        # the phase's taps and pixels per axis (_ptx.phase_table, worked out on the host)
         phs = cuda.local.array((3, 7), int64)
         for a in range(3):
             for f in range(7):
