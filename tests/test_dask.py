@@ -384,6 +384,22 @@ def test_weight_gradient_graph_is_partials_and_the_tree():
     assert dw.__dask_keys__() == [[[[(dw.name, 0, 0, 0, 0)]]]]
 
 
+def test_dask_floor_graph_has_the_weight_gradients_shape(client):
+    """The benchmark's floor (Dask's own time per computation) times the weight gradient's
+    graph with zeros for partials: the same tasks, and it computes zeros."""
+    from numbaconv.dask.bench import floor_graph
+    X = da.ones((16, 6, 6, 2), F32, chunks=(4, 6, 6, 2))
+    DY = da.ones((16, 6, 6, 3), F32, chunks=(4, 6, 6, 3))
+    G = floor_graph(X, DY, (3, 3, 2, 3))
+    dw = ncd.conv2d_backprop_filter(X, [3, 3, 2, 3], DY, 1, "SAME")
+    floor_layer = dict(G.__dask_graph__().layers[G.name])
+    dw_layer = dict(dw.__dask_graph__().layers[dw.name])
+    assert len(floor_layer) == len(dw_layer) == 5
+    assert G.shape == dw.shape and G.chunks == dw.chunks
+    got = client.compute(G).result()
+    np.testing.assert_array_equal(got, np.zeros((3, 3, 2, 3), F32))
+
+
 def test_split_every_is_checked(monkeypatch):
     x, w, dy, X, DY = _arrays()
     for bad in (1, 0, 2.5, True, "8"):

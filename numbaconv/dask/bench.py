@@ -85,6 +85,50 @@ def _make(n):
     return np.ones(n, np.uint8)
 
 
+class _ZeroPartial:
+    """A stand-in for a weight-gradient partial: reads its chunks, returns zeros of the
+    weight gradient's shape (no numbaconv call)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def __call__(self, *blocks):
+        return np.zeros(self.shape, np.float32)
+
+
+def floor_graph(X, DY, dw_shape):
+    """The weight gradient's graph over the batch chunks of ``X`` and ``DY`` (chunked along
+    the batch only), each partial replaced by zeros of ``dw_shape``: a Dask array."""
+    from ._graph import _array, sum_tree, token_of
+    name = "floor-dw-" + token_of(X.name, DY.name, dw_shape)
+    dsk, keys = {}, []
+    tail = (0,) * (X.ndim - 1)
+    for i in range(len(X.chunks[0])):
+        keys.append(("floor-partials-" + name, i))
+        dsk[keys[-1]] = (_ZeroPartial(dw_shape), (X.name, i, *tail), (DY.name, i, *tail))
+    out_key = (name,) + (0,) * len(dw_shape)
+    if len(keys) == 1:
+        dsk[out_key] = dsk.pop(keys[0])
+    else:
+        sum_tree(keys, out_key, "floor-sum-" + name, dsk, 8)
+    return _array(name, dsk, [X, DY], tuple((d,) for d in dw_shape), np.float32)
+
+
+def dask_floor(client, batch=64, chunk=16, dw_shape=(3, 3, 128, 128), repeat=3):
+    """Dask's own time per computation on this cluster, with no numbaconv call in it: a
+    no-op task submitted and its result fetched; and the weight gradient's graph with
+    every partial replaced by zeros of its shape (one task per batch chunk of the
+    persisted operands, the same :func:`~numbaconv.dask._graph.sum_tree`, the result
+    fetched to the client). No computation of that shape finishes faster here."""
+    import dask.array as da
+    X = da.zeros((batch, 28, 28, 128), np.float32, chunks=(chunk, 28, 28, 128)).persist()
+    DY = (X + 1).persist()
+    G = floor_graph(X, DY, dw_shape)
+    t_graph = _best(lambda: client.compute(G).result(), repeat)
+    t_noop = _best(lambda: client.submit(len, [0], pure=False).result(), repeat)
+    return dict(batch=batch, chunk=chunk, noop_s=t_noop, graph_s=t_graph)
+
+
 def transfer_rate(client, nbytes=64 << 20, repeat=3):
     """Bytes per second one worker receives from another (and the fixed cost of a move)."""
     addrs = sorted(client.scheduler_info()["workers"])
@@ -322,6 +366,9 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="threads per worker")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64, help="res3a's batch (default 64)")
+    ap.add_argument("--chunk", type=int, default=16,
+                    help="res3a's batch chunk (default 16)")
     ap.add_argument("--volume-gib", type=float, default=1.0)
     ap.add_argument("--volume-repeat", type=int, default=1,
                     help="timed runs of the volume (each a minute or more at 1 GiB)")
@@ -343,7 +390,13 @@ def main(argv=None):
                       f"({r['bytes'] >> 20} MiB in {r['seconds'] * 1e3:.1f} ms; a 1 KiB move "
                       f"{r['fixed_s'] * 1e3:.2f} ms)", flush=True)
             if "res3a" in only:
-                r = out["res3a"] = res3a(client, repeat=args.repeat)
+                f = out["floor"] = dask_floor(client, args.batch, args.chunk,
+                                              repeat=max(args.repeat, 5))
+                print(f"Dask's floor: a no-op task {f['noop_s'] * 1e3:.1f} ms; the weight "
+                      f"gradient's graph ({args.batch // args.chunk} chunks) with zeros for "
+                      f"partials {f['graph_s'] * 1e3:.1f} ms", flush=True)
+                r = out["res3a"] = res3a(client, batch=args.batch, chunk=args.chunk,
+                                         repeat=args.repeat)
                 print(f"res3a_branch2b bwd_w batch {r['batch']} in chunks of {r['chunk']}: "
                       f"cluster {r['cluster_s']:.3f} s, one process {r['single_s']:.3f} s "
                       f"({r['plan']}): overhead {r['overhead'] * 100:+.0f}%, relative "
@@ -351,6 +404,9 @@ def main(argv=None):
                 print(f"  a block of {r['chunk']}: {r['block_in_worker_s'] * 1e3:.1f} ms in "
                       f"each worker (all at once), {r['block_1thread_s'] * 1e3:.1f} ms here on "
                       f"one thread", flush=True)
+                print(f"  beyond Dask's floor: {r['cluster_s'] - f['graph_s']:.3f} s, "
+                      f"{(r['cluster_s'] - f['graph_s']) / r['single_s'] - 1:+.0%} against "
+                      f"one process", flush=True)
         finally:
             client.close()
             cluster.close()
