@@ -36,6 +36,12 @@ CASES = [
     (8, 256, 256, (3, 5, 6), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (1, 1, 1)),
     # 3-D, 8 in / 16 out per group, kernel 1 along d, width 2 (fewer pixels than a tile)
     (16, 128, 256, (2, 4, 2), (1, 3, 3), (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1)),
+    # 2-D, 16 groups of 16x16 over 7-pixel rows (ResNeXt's 7x7 layers): seven-pixel
+    # tiles in every pass that gathers (TILE_D7 on AVX-512 hosts)
+    (16, 256, 256, (3, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    # 2-D stride 2 over 14-pixel rows (ResNeXt's layer4_0, small): backward data's two
+    # stride phases of 7 pixels each; 3 out per group: 3 channels of the forward's tiles
+    (16, 160, 48, (2, 14), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
 ]
 IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
        f"s{'x'.join(map(str, c[5]))}d{'x'.join(map(str, c[6]))}" for c in CASES]
@@ -70,6 +76,24 @@ def test_grouped_kernels_match_reference(case, direction, dtype):
     assert _run(direction, case, dtype) <= tolerance(dtype)
 
 
+def test_row_tiles_cover_rows_with_the_fewest_products():
+    """The gather tile per row: seven-pixel tiles for seven-pixel rows of three or more
+    channels on AVX-512 hosts, else the six- or five-pixel tile that wastes least, pixel by
+    pixel for rows narrower than a tile."""
+    k = grouped._kernels()
+    P, NV = k.TILE_D
+    if k.HAS_D7:
+        assert k.row_tile(7, 16) == (7, 3, 3)
+        assert k.row_tile(7, 32) == (7, 3, 3)
+        assert k.row_tile(9, 3) == (7, 3, 3)   # not 27 one-vector tiles
+        assert k.row_tile(14, 16) == (P - 1, NV, 1)  # 15 pixels x 16 beat 14 x 18
+        assert k.row_tile(28, 16) == (P, NV, 2)
+    else:
+        assert k.row_tile(7, 16)[2] in (1, 2)
+    assert k.row_tile(3, 16) == (1, 1, 0)
+    assert k.row_tile(7, 2) == (1, 1, 0)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grouped_bwd_w_small_blocks(dtype, monkeypatch):
     """Backward weights in blocks of a few pixels: many column blocks with a partial last
@@ -91,7 +115,8 @@ def test_grouped_three_groups(monkeypatch):
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])
-@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[7]], ids=[IDS[0], IDS[4], IDS[7]])
+@pytest.mark.parametrize("case", [CASES[0], CASES[4], CASES[7], CASES[9]],
+                         ids=[IDS[0], IDS[4], IDS[7], IDS[9]])
 def test_grouped_float16_converts_in_the_kernels(case, direction):
     """float16 data is widened as it is copied to group-minor, and forward and backward
     data round their tiles as they store them: bit for bit float32's result on the

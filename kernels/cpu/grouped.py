@@ -58,6 +58,14 @@ TILE_D = (6, 4) if VECTOR_BYTES == 64 else (5, 2)
 #: (18 computed) or three 5-pixel ones (15). Seven rows (7 x 4 accumulators, 4 B vectors and
 #: an A vector: 33 registers) spill and run at half speed.
 TILE_D5 = (TILE_D[0] - 1, TILE_D[1])
+#: A seven-pixel gather tile of three vectors (21 accumulators, 3 B vectors and an A
+#: vector: 25 registers, AVX-512 only), for seven-pixel rows: ResNeXt's 7x7 layers and
+#: the stride phases of its 14-pixel rows, which the 6- and 5-pixel tiles cover with 12
+#: or 10 computed pixels. The row driver takes it where it computes at most
+#: ``D7_SHARE`` of the pixel-channel products the better of the other two does.
+TILE_D7 = (7, 3) if VECTOR_BYTES == 64 else TILE_D5
+HAS_D7 = VECTOR_BYTES == 64
+D7_SHARE = 0.9
 TILE_W = (4, 4) if VECTOR_BYTES == 64 else (2, 4)
 
 
@@ -135,7 +143,7 @@ def _micro_body(builder, context, dtype, args, P, NV, to_last, vbytes, half=Fals
                 width *= 2
             big = vals[0]
             if half:  # round once, as float16 bits (vcvtps2ph)
-                n = NV * vl
+                n = big.type.count  # NV * VL, or more where an odd NV was padded
                 big = builder.bitcast(builder.fptrunc(big, ir.VectorType(ir.HalfType(), n)),
                                       ir.VectorType(ir.IntType(16), n))
             undef = ir.Constant(big.type, ir.Undefined)
@@ -472,6 +480,8 @@ def _pack_row(w, out, pos, taps, g, transposed, vl, r):
 _tile_d = _micro(TILE_D[0], TILE_D[1], True)
 _tile_d5 = _micro(TILE_D5[0], TILE_D5[1], True)
 _tile_dd = _micro(1, 1, True)
+_tile_d7 = _micro(TILE_D7[0], TILE_D7[1], True)
+_tile_d7h = _micro(TILE_D7[0], TILE_D7[1], True, HALF_BYTES)
 _tile_w = _micro(TILE_W[0], TILE_W[1], False)
 _tile_w1 = _micro(1, 1, False)
 _tile_dh = _micro(TILE_D[0], TILE_D[1], True, HALF_BYTES)
@@ -483,9 +493,15 @@ _tile_w1h = _micro(1, 1, False, HALF_BYTES)
 
 @helper
 def _gather_tile(rows, full, a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, work):
-    """A ``TILE_D`` tile (``rows`` 2), a ``TILE_D5`` one (``rows`` 1) or a 1 x 1 one
-    (``rows`` 0), stored channels-last, on full or half vectors."""
-    if rows == 2:
+    """A ``TILE_D7`` tile (``rows`` 3), a ``TILE_D`` one (``rows`` 2), a ``TILE_D5`` one
+    (``rows`` 1) or a 1 x 1 one (``rows`` 0), stored channels-last, on full or half
+    vectors."""
+    if rows == 3:
+        if full:
+            _tile_d7(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+        else:
+            _tile_d7h(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
+    elif rows == 2:
         if full:
             _tile_d(a, b, c, segs, ns, ars, acs, bcs, crs, ccs, nl, 0, work)
         else:
@@ -515,28 +531,48 @@ def _sum_tile(whole, full, a, b, c, segs, ns, ars, acs, bcs, crs, work):
         _tile_w1h(a, b, c, segs, ns, ars, acs, bcs, crs, 0, 0, 1, work)
 
 
+@helper
+def row_tile(npix, nout):
+    """``(pixels, vectors, rows)`` of the gather tile for a row of ``npix`` pixels and
+    ``nout`` channels (``rows`` as :func:`_gather_tile` takes it; 0: pixel by pixel): the
+    one that computes the fewest pixel-channel products (tiles overlap at the ends),
+    ``TILE_D7`` only where it computes at most ``D7_SHARE`` of the others' best."""
+    P, NV, rows = TILE_D[0], TILE_D[1], 2
+    P5 = TILE_D5[0]
+    if -(-npix // P5) * P5 < -(-npix // P) * P:
+        P, rows = P5, 1
+    best = -(-npix // P) * P * (-(-nout // NV) * NV)
+    if npix < P or nout < NV:  # pixel by pixel: one vector per product
+        best = npix * nout * NV * P
+        rows = 0
+    if HAS_D7 and npix >= TILE_D7[0] and nout >= TILE_D7[1]:
+        P7, NV7 = TILE_D7[0], TILE_D7[1]
+        if -(-npix // P7) * P7 * (-(-nout // NV7) * NV7) <= D7_SHARE * best:
+            P, NV, rows = P7, NV7, 3
+    if rows == 0:
+        P, NV = 1, 1
+    return P, NV, rows
+
+
 @separate("void(int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, "
           "int64, int64, int64, int64, {W}[::1])",
           float32=dict(W="float32"), float64=dict(W="float64"), float16=dict(W="uint16"))
 def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, it, work):
     """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
-    groups, in ``TILE_D`` or ``TILE_D5`` tiles (whichever computes fewer pixels; the last
-    tile of a row or of the channels overlaps the one before it, recomputing a few pixels:
-    tiles are stored, not added) stored channels-last. B's channel vectors are contiguous
+    groups, in the tiles :func:`row_tile` picks (``TILE_D``, ``TILE_D5`` or ``TILE_D7``,
+    whichever computes the fewest products; the last tile of a row or of the channels
+    overlaps the one before it, recomputing a few: tiles are stored, not added) stored
+    channels-last. B's channel vectors are contiguous
     (``vl`` apart: the full or the half vector width). ResNeXt-3D conv_3d:6 (14-pixel rows,
     2 threads, float32): 1.51 -> 1.35 ms with 5-pixel tiles; conv_3d:12 (two 14-pixel
     phases) 2.18 -> 1.99 ms. ``it``: the bytes of A's and B's elements; C's are
     ``work``'s (float16 bits where ``work`` is uint16). Compiled on its own (the forward
     and backward-data row drivers call it through ``tiles``, their first argument: one
     compile for both, and a unit of its own for a first call's helper process)."""
-    NV = TILE_D[1]
     itc = work.itemsize
     full = vl * it == VECTOR_BYTES
-    P, P5 = TILE_D[0], TILE_D5[0]
-    rows = 2
-    if -(-npix // P5) * P5 < -(-npix // P) * P:
-        P, rows = P5, 1
-    if npix >= P and nout >= NV:
+    P, NV, rows = row_tile(npix, nout)
+    if rows > 0:
         j = 0
         while j < npix:
             jj = min(j, npix - P)
