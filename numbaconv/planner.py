@@ -52,12 +52,15 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
 * ``gemm[split-k]``: 1x1 at stride 1 without pads, when the engine is Numba's;
 * ``gemm[claimed]``: 1x1 at stride 1 (grouped: one GEMM per group), W^T within half of L2,
   the Numba engine;
-* ``gemm[identity]``: any other 1x1 GEMM on the arrays themselves (no packing);
+* ``gemm[identity]``: any other 1x1 GEMM on the arrays themselves (no packing), also
+  forward into and backward data from fewer than 8 channels (a few result columns, on
+  BLAS: ``_gemm_common.narrow_blas``);
 * ``gemm[per-tap]``: <= 512 rows per stride phase, several taps;
 * ``gemm[split-dw]``: several workers, a short reduction into a dW at least as large as
   its packed columns;
 * ``gemm[slabs]``: im2col slabs, any problem with >= 8 result columns per GEMM (groups of
-  >= 16 channels), as every ``gemm`` entry requires;
+  >= 16 channels), as every ``gemm`` entry requires, and forward passes into fewer
+  output channels of one group (on BLAS);
 * ``gemm[col2im]``: one group, < 8 input channels, >= 16 taps x channels;
 * ``direct[narrow]``: backward weights, one group, < 8 output channels, at least as many
   input channels, a partial dW within 16 KiB (heads: channels of the input innermost);

@@ -308,9 +308,10 @@ def test_direct_is_last_and_accepts_everything():
 def test_gemm_declines_with_reason():
     x = np.zeros((1, 8, 8, 3), np.float32)
     dy = np.zeros((1, 8, 8, 16), np.float32)
-    w = np.zeros((1, 1, 3, 16), np.float32)
-    # 3 input channels: the phase GEMMs decline (3 columns), and so does col2im (3 taps x
-    # channels); a 3x3 kernel would give col2im 27 columns (tests/test_col2im.py)
+    w = np.zeros((1, 2, 3, 16), np.float32)
+    # 3 input channels: the phase GEMMs decline (3 columns), and so does col2im (2 taps x 3
+    # channels); a 3x3 kernel would give col2im 27 columns (tests/test_col2im.py), a 1x1
+    # kernel gemm[identity] (test_narrow_results_run_as_blas_gemms)
     with pytest.raises(ValueError, match=r"gemm.*declines.*gemm\[slabs\]: result has 3 column"):
         nc.conv2d_backprop_input(x.shape, w, dy, 1, "SAME", strategy="gemm")
     # depthwise: batched 1x1-channel GEMMs are declined
@@ -466,6 +467,48 @@ def test_grouped_takes_strided_weight_gradient_of_wide_groups():
     plan = nc.plan("convolution_backprop_filters", x, (3, 3, 3), dy, strides=2,
                    pads_begin=1, pads_end=1, groups=8, strategy="direct")
     assert (plan.strategy, plan.variant) == ("direct", "grouped"), plan
+
+
+# (ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end): forward passes
+# into fewer than 8 output channels (1x1 heads, 3x3 output layers, strided, dilated,
+# 1-D and 3-D) and 1x1 backward data into fewer than 8 input channels (PointNet's first
+# layer): BLAS GEMMs with a few result columns.
+NARROW_GEMM_CASES = [
+    ("fwd", (64, 2, (9, 10), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "identity"),
+    ("fwd", (16, 3, (9, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "slabs"),
+    ("fwd", (12, 1, (10, 9), (3, 3), (2, 1), (1, 2), (1, 0), (2, 1)), "slabs"),
+    ("fwd", (8, 7, (23,), (5,), (1,), (1,), (2,), (2,)), "slabs"),
+    ("fwd", (6, 4, (4, 5, 6), (3, 1, 2), (1, 2, 1), (1, 1, 1), (1, 0, 1), (1, 0, 0)), "slabs"),
+    ("bwd_d", (3, 64, (41,), (1,), (1,), (1,), (0,), (0,)), "identity"),
+    ("bwd_d", (2, 16, (7, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "identity"),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("direction,case,variant", NARROW_GEMM_CASES,
+                         ids=[f"{d}-ic{c[0]}oc{c[1]}k{'x'.join(map(str, c[3]))}"
+                              for d, c, _ in NARROW_GEMM_CASES])
+def test_narrow_results_run_as_blas_gemms(direction, case, variant, dtype, monkeypatch):
+    """A forward pass into a few output channels, and 1x1 backward data into a few input
+    channels, plan a BLAS GEMM (``direct`` vectorised over those few channels ran 5-10x
+    slower; docs/performance.md, "Few result columns") and match the float64 reference;
+    with the Numba engine forced the GEMMs decline with that reason and ``direct`` runs."""
+    ic, oc, isz, k, st, dl, pb, pe = case
+    x = np.zeros((2, *isz, ic), np.float32)
+    w = np.zeros((*k, ic, oc), np.float32)
+    kw = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    dy = np.zeros(nc.convolution(x, w, **kw).shape, np.float32)
+    args = ("convolution", x, w) if direction == "fwd" else (
+        "convolution_backprop_data", dy, w, isz)
+    plan = nc.plan(*args, **kw)
+    assert (plan.strategy, plan.variant, plan.tiles["engine"]) == ("gemm", variant, "blas"), \
+        str(plan)
+    err = _run(direction, (1, *case), dtype, f"gemm[{variant}]", np.random.default_rng(3))
+    assert err <= R.TOLERANCE[dtype]
+    monkeypatch.setattr(config, "GEMM_ENGINE", "numba")
+    with pytest.raises(ValueError, match=r"column\(s\) per GEMM \(< 8\): served on the BLAS"):
+        nc.plan(*args, strategy=f"gemm[{variant}]", **kw)
+    assert nc.plan(*args, **kw).strategy == "direct"
 
 
 # (ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end): few output

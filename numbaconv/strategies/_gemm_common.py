@@ -24,6 +24,37 @@ R_GROUPS = "{g} groups of {icg}x{ocg} channels: batched small GEMMs (< %d per gr
     MIN_GROUP_CHANNELS)
 
 
+#: Result columns below ``MIN_N`` that a BLAS GEMM still serves (see :func:`narrow_blas`).
+R_NARROW_ENGINE = ("result has {n} column(s) per GEMM (< %d): served on the BLAS engine "
+                   "only (GEMM_ENGINE={cfg!r})" % MIN_N)
+
+
+def narrow_blas(p):
+    """Whether ``p``'s GEMM has fewer than ``MIN_N`` result columns and still runs best as a
+    BLAS GEMM: forward convolutions with few output channels (a segmentation or depth head,
+    the last layer of a super-resolution net: ``direct`` vectorises over those few
+    channels and ran 5-10x slower than the im2col GEMM) and 1x1 backward data into few
+    input channels on the arrays themselves (PointNet's first layer). At these widths the
+    GEMM is bound by reading its operands, where BLAS streams; backward data with more
+    taps has ``gemm[col2im]``, weight gradients ``direct[narrow]`` and ``gemm[patch-t]``.
+    One group only."""
+    if p.g != 1:
+        return False
+    n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
+    return n < MIN_N and (p.direction == "fwd" or (p.direction == "bwd_d" and identity(p)))
+
+
+def narrow_guard(p):
+    """:func:`gemm_guard` for the entries that take :func:`narrow_blas` problems (on the
+    BLAS engine)."""
+    if narrow_blas(p):
+        if config.GEMM_ENGINE == "numba":
+            n = p.ocg if p.direction == "fwd" else p.icg
+            return R_NARROW_ENGINE.format(n=n, cfg=config.GEMM_ENGINE)
+        return None
+    return gemm_guard(p)
+
+
 def gemm_guard(p):
     """The reason every GEMM of ``p``'s direction declines it, or None: too few result
     columns, or groups too narrow for batched GEMMs."""
@@ -132,6 +163,8 @@ def choose_engine(p, machine):
     if e in ("numba", "blas"):
         return e
     if small(p):  # the BLAS engine compiles in a second, the Numba engine in 5-10
+        return "blas"
+    if narrow_blas(p):  # a few result columns: BLAS streams the operands
         return "blas"
     from ..kernels.cpu.ukernel import VECTOR_BYTES
     short_1x1 = (p.direction == "bwd_d" and (p.g == 1 or grouped_identity(p))

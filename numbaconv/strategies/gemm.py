@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize, small, streams
-from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard,
+from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard, narrow_guard,
                            grouped_identity, identity, kernel_taps, numba_engine_tiles,
                            packed_wt_elems, run_tasks, split_m_engine, stride_phases,
                            sum_partials, tap_runs, task_workers)
@@ -678,7 +678,7 @@ class GemmIdentity(_Gemm):
     packed = False
 
     def accepts(self, p):
-        return gemm_guard(p) or _not_identity(p)
+        return narrow_guard(p) or _not_identity(p)
 
     def tiles(self, p, machine):
         engine, engine_tiles, workers = _engine_setup(p, machine)
@@ -775,6 +775,9 @@ class GemmSlabs(_Gemm):
     in a multiple of the workers so that they finish together."""
 
     variant = "slabs"
+
+    def accepts(self, p):
+        return narrow_guard(p)
 
     def tiles(self, p, machine):
         _, engine_tiles, workers = _engine_setup(p, machine)
