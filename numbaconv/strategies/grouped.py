@@ -12,11 +12,18 @@ import math
 import numpy as np
 
 from . import canonical_shapes, geo, itemsize, result_dtype, w_padding
+from ._gemm_common import gemm_guard
 from .. import memory
 from .direct import Direct
 
-#: Below this many groups the group-minor vector is too short to pay for the transposes.
+#: Below this many groups the group-minor vector is too short to pay for the transposes,
+#: where per-group GEMMs take the problem; where they decline it too (fewer than 16
+#: channels per group), the grouped kernels still run 2-9x faster than the plain loop
+#: nest (2 to 4 groups of 2-16 channels, docs/performance.md, "Few groups of few
+#: channels"), unless the channels a gather tile runs along number fewer than
+#: ``MIN_TILE_CHANNELS`` (the tiles then go pixel by pixel).
 MIN_GROUPS = 8
+MIN_TILE_CHANNELS = 3
 #: Above this many channels per group, GEMMs per group are efficient enough.
 MAX_GROUP_CHANNELS = 64
 #: Backward weights sums each tile over blocks of output pixels whose x and dy vectors (one
@@ -28,7 +35,10 @@ BWD_W_MIN_PIXELS = 32
 
 R_NOT_GROUPED = "not grouped (groups {g})"
 R_DEPTHWISE = "depthwise (groups == channels): the depthwise variant is simpler"
-R_FEW_GROUPS = "{g} groups: vectors across groups shorter than %d lanes" % MIN_GROUPS
+R_FEW_GROUPS = ("{g} groups: vectors across groups shorter than %d lanes, and the "
+                "per-group GEMMs take it" % MIN_GROUPS)
+R_FEW_TILE_CHANNELS = ("{g} groups of {c} {what} channels (< %d): pixel-by-pixel tiles over "
+                       "vectors of %s groups" % (MIN_TILE_CHANNELS, "fewer than %d" % MIN_GROUPS))
 R_WIDE_GROUPS = "{icg}x{ocg} channels per group: per-group GEMMs are efficient (> %d)" % (
     MAX_GROUP_CHANNELS)
 
@@ -134,7 +144,12 @@ class GroupedDirect(Direct):
         if p.g == p.ic:
             return R_DEPTHWISE
         if p.g < MIN_GROUPS:
-            return R_FEW_GROUPS.format(g=p.g)
+            if gemm_guard(p) is None:
+                return R_FEW_GROUPS.format(g=p.g)
+            what, c = {"fwd": ("output", p.ocg), "bwd_d": ("input", p.icg)}.get(
+                p.direction, ("", MIN_TILE_CHANNELS))
+            if c < MIN_TILE_CHANNELS:
+                return R_FEW_TILE_CHANNELS.format(g=p.g, c=c, what=what)
         if max(p.icg, p.ocg) > MAX_GROUP_CHANNELS:
             return R_WIDE_GROUPS.format(icg=p.icg, ocg=p.ocg)
         return None
