@@ -30,7 +30,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   nothing to compile); below that limit the planner also passes over every entry whose
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
-* ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise);
+* ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise); 2-7 groups where
+  every GEMM declines them (< 16 channels per group);
 * ``gemm[patch-t]``: >= 16 input and <= 48 output channels per group (<= 128 over short
   rows, 1x1 and 5x5 over <= 64 inputs; <= 512 for large 3-D volumes; groups: whole
   vectors and tile rows of them; one group: >= 32 outputs in tiles of 12 only over rows
