@@ -122,7 +122,7 @@ FEW_GROUP_CASES = [
                               for c in FEW_GROUP_CASES])
 def test_few_groups_of_few_channels_plan_the_grouped_kernels(case, direction):
     """2 to 7 groups of fewer than 16 channels: every GEMM declines them, and the grouped
-    kernels, though their vectors of groups are mostly empty lanes, run 2-9x faster than
+    kernels, though their vectors of groups are mostly empty lanes, are 2-9x faster than
     the plain loop nest; planned by default and matching the reference."""
     g, ic, oc, isz, k, st, dl, pb, pe = case
     x = np.zeros((2, *isz, ic), np.float32)
