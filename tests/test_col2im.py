@@ -119,10 +119,12 @@ def test_col2im_is_the_default_for_the_stem_shape():
 def test_col2im_declines_with_reasons():
     """Forcing ``gemm`` where both variants decline names each with its reason."""
     dy = np.zeros((1, 8, 8, 16), np.float32)
+    # (a 1x1 kernel would be gemm[identity]'s: tests/test_strategies.py,
+    # test_narrow_results_run_as_blas_gemms)
     with pytest.raises(ValueError, match=r"declines.*gemm\[col2im\]: taps x input "
-                                         r"channels = 3 \(< 16\)"):
-        nc.convolution_backprop_data(dy, np.zeros((1, 1, 3, 16), np.float32), (8, 8),
-                                     strides=1, strategy="gemm")
+                                         r"channels = 6 \(< 16\)"):
+        nc.convolution_backprop_data(dy[:, :, :7], np.zeros((1, 2, 3, 16), np.float32),
+                                     (8, 8), strides=1, strategy="gemm")
     with pytest.raises(ValueError, match=r"gemm\[col2im\]: grouped \(2 groups\)"):
         nc.convolution_backprop_data(dy, np.zeros((3, 3, 2, 16), np.float32), (8, 8),
                                      strides=1, pads_begin=1, pads_end=1, groups=2,
