@@ -230,7 +230,15 @@ def _run_case(case):
     return None
 
 
+#: Run first by every child that may run kernels in the simulator (see tests/_cudasim.py).
+_SIM_PRELUDE = ("import sys; sys.path.insert(0, 'tests'); import _cudasim; "
+                "_cudasim.lock_shared_arrays()\n")
+
+
 def _child(group):
+    sys.path.insert(0, os.path.dirname(HERE))
+    import _cudasim
+    _cudasim.lock_shared_arrays()
     failures = []
     for case in _groups()[group]:
         why = _run_case(case)
@@ -311,7 +319,8 @@ def test_public_ops_take_device_arrays():
     """The public ops, called with device arrays (the simulator's without a GPU), match the
     same calls with NumPy arrays: the front ends' parsing of device arrays included; the
     memoised calls that follow (new arrays, ``out=``) give the same bits."""
-    r = subprocess.run([sys.executable, "-c", _API_CODE], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _SIM_PRELUDE + _API_CODE], capture_output=True,
+                       text=True,
                        env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     worst = float(r.stdout.split()[-1])
@@ -430,7 +439,8 @@ def test_memoised_calls_replay_launches():
     kernels and the result on it; a dropped result's memory serves the next call, a
     view of a result keeps it. On a GPU the memoised calls replay their recorded
     launches through the driver (checked); in the simulator they take the general path."""
-    r = subprocess.run([sys.executable, "-c", _REPLAY_CODE], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _SIM_PRELUDE + _REPLAY_CODE], capture_output=True,
+                       text=True,
                        env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
@@ -474,7 +484,8 @@ def test_public_stream_keyword_on_device():
     """``stream=`` through the public ops with device arrays (the simulator's without a
     GPU): the result belongs to the given numba stream and matches the host call; an
     object that is no stream is a TypeError naming ``stream``."""
-    r = subprocess.run([sys.executable, "-c", _STREAM_CODE], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _SIM_PRELUDE + _STREAM_CODE], capture_output=True,
+                       text=True,
                        env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
@@ -505,6 +516,45 @@ else:
     if r.stdout.strip() == "GPU":
         pytest.skip("a GPU is present")
     assert r.stdout.strip() == "RuntimeError", r.stdout + r.stderr
+
+
+def test_simulator_shared_arrays_are_one_per_block_line():
+    """The children's fix for the simulator (tests/_cudasim.py): threads of a block that
+    ask for the same shared array at the same time get one array. Without it, two
+    threads that both miss the simulator's lookup get two (forced here by a slow
+    ``np.empty``), and a correct kernel computes a wrong result in the simulator."""
+    kernelapi = pytest.importorskip("numba.cuda.simulator.kernelapi")
+    import threading
+    import time
+    sys.path.insert(0, os.path.dirname(HERE))
+    import _cudasim
+
+    def arrays(cls, module):
+        shared = cls(0)
+        got, start = [], threading.Barrier(4)
+        slow = lambda *a, **k: (time.sleep(0.02), np.empty(*a, **k))[1]  # noqa: E731
+
+        def thread():
+            start.wait()
+            got.append(shared.array((4,), np.float32))
+
+        old = module.np
+        module.np = types.SimpleNamespace(empty=slow, frombuffer=np.frombuffer)
+        try:
+            ts = [threading.Thread(target=thread) for _ in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        finally:
+            module.np = old
+        return len({id(a) for a in got})
+
+    plain = type("Plain", (kernelapi.FakeCUDAShared,), {})
+    assert arrays(plain, kernelapi) > 1  # the simulator's own lookup races
+    locked = type("Locked", (kernelapi.FakeCUDAShared,), {})
+    _cudasim.lock_shared_arrays(locked)
+    assert arrays(locked, _cudasim) == 1
 
 
 def test_import_needs_no_cuda():
