@@ -47,8 +47,9 @@ IDS = [f"g{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c
        f"s{'x'.join(map(str, c[5]))}d{'x'.join(map(str, c[6]))}" for c in CASES]
 
 
-def _run(direction, case, dtype, mb=2, seed=0):
-    """The normalised error (docs/contract.md section 10) of the grouped variant, forced, on one case."""
+def _run(direction, case, dtype, mb=2, seed=0, strategy="direct"):
+    """The normalised error (docs/contract.md section 10) of the grouped variant, forced, on
+    one case (``strategy=None``: of the planner's choice)."""
     g, ic, oc, isz, k, st, dl, pb, pe = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
@@ -56,14 +57,14 @@ def _run(direction, case, dtype, mb=2, seed=0):
     geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe, groups=g)
     dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
     attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
-                 strategy="direct")
+                 strategy=strategy)
     call, ref = {"fwd": (("convolution", (x, w)), (conv_fwd_ref, x, w)),
                  "bwd_d": (("convolution_backprop_data", (dy, w, isz)),
                            (conv_bwd_data_ref, dy, w, isz)),
                  "bwd_w": (("convolution_backprop_filters", (x, k, dy)),
                            (conv_bwd_filter_ref, x, dy, k))}[direction]
     plan = nc.plan(call[0], *call[1], **attrs)
-    assert (plan.strategy, plan.variant) == ("direct", "grouped")
+    assert strategy is None or (plan.strategy, plan.variant) == ("direct", "grouped")
     got = getattr(nc, call[0])(*call[1], **attrs)
     assert got.dtype == np.dtype(dtype)
     return normalized_error(got, *ref, **geom)
@@ -123,7 +124,9 @@ FEW_GROUP_CASES = [
 def test_few_groups_of_few_channels_plan_the_grouped_kernels(case, direction):
     """2 to 7 groups of fewer than 16 channels: every GEMM declines them, and the grouped
     kernels, though their vectors of groups are mostly empty lanes, are 2-9x faster than
-    the plain loop nest; planned by default and matching the reference."""
+    the plain loop nest; planned by default and matching the reference. (Weight gradients
+    of at most 4 such groups take per-group GEMMs instead:
+    test_few_groups_weight_gradient_takes_per_group_gemms.)"""
     g, ic, oc, isz, k, st, dl, pb, pe = case
     x = np.zeros((2, *isz, ic), np.float32)
     w = np.zeros((*k, ic // g, oc), np.float32)
@@ -132,14 +135,37 @@ def test_few_groups_of_few_channels_plan_the_grouped_kernels(case, direction):
     args = {"fwd": ("convolution", x, w), "bwd_d": ("convolution_backprop_data", dy, w, isz),
             "bwd_w": ("convolution_backprop_filters", x, k, dy)}[direction]
     plan = nc.plan(*args, **kw)
-    assert (plan.strategy, plan.variant) == ("direct", "grouped"), str(plan)
-    assert _run(direction, case, "float32") <= tolerance("float32")
+    from numbaconv.strategies import _gemm_common
+    if direction == "bwd_w" and _gemm_common.gemm_guard(plan.problem) is None:
+        assert plan.strategy == "gemm" and g < _gemm_common.FEW_GROUPS_W, str(plan)
+    else:
+        assert (plan.strategy, plan.variant) == ("direct", "grouped"), str(plan)
+    assert _run(direction, case, "float32", strategy=None) <= tolerance("float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_few_groups_weight_gradient_takes_per_group_gemms(dtype):
+    """Weight gradients of 2 to 4 groups of 2-15 channels run per-group GEMMs, where the
+    grouped kernels' vectors would be at least half empty (2 groups of 2 -> 16 channels,
+    5x5: 3.2-4.7 ms against 9-16 ms); 6 groups stay on the grouped kernels."""
+    case = (2, 4, 32, (9, 10), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2))
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    x = np.zeros((2, *isz, ic), np.float32)
+    dy = np.zeros((2, *isz, oc), np.float32)
+    kw = dict(strides=st, pads_begin=pb, pads_end=pe, groups=g)
+    plan = nc.plan("convolution_backprop_filters", x, k, dy, **kw)
+    assert plan.strategy == "gemm", str(plan)
+    err = _run("bwd_w", case, dtype, strategy=None)
+    assert err <= tolerance(dtype)
+    plan6 = nc.plan("convolution_backprop_filters", np.zeros((2, 9, 10, 24), np.float32),
+                    (3, 3), np.zeros((2, 9, 10, 72), np.float32), strides=1, pads_begin=1,
+                    pads_end=1, groups=6)
+    assert (plan6.strategy, plan6.variant) == ("direct", "grouped"), str(plan6)
 
 
 def test_few_groups_stay_where_gemms_or_the_loop_nest_do_better():
     """Groups of 16 or more channels stay on the per-group GEMMs (ShuffleNet's 3 groups);
     a gather over 2 channels per group would go pixel by pixel and stays on ``direct``."""
-    x = np.zeros((2, 14, 14, 60), np.float32)
     w = np.zeros((1, 1, 20, 240), np.float32)
     plan = nc.plan("convolution_backprop_data", np.zeros((2, 14, 14, 240), np.float32), w,
                    (14, 14), strides=1, groups=3)

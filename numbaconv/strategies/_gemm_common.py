@@ -61,9 +61,22 @@ def gemm_guard(p):
     n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
     if n < MIN_N:
         return R_SMALL_N.format(n=n)
-    if p.g > 1 and min(p.icg, p.ocg) < MIN_GROUP_CHANNELS:
+    if p.g > 1 and min(p.icg, p.ocg) < MIN_GROUP_CHANNELS and not _few_groups_w(p):
         return R_GROUPS.format(g=p.g, icg=p.icg, ocg=p.ocg)
     return None
+
+
+#: Weight gradients of fewer groups than this (the grouped kernels' vectors of groups
+#: would be at least half empty lanes) take per-group GEMMs down to
+#: ``FEW_GROUPS_W_MIN_CHANNELS`` channels per group (docs/performance.md, "Few groups of
+#: few channels"; 6 groups of 4 -> 12 ran faster on the grouped kernels).
+FEW_GROUPS_W = 5
+FEW_GROUPS_W_MIN_CHANNELS = 2
+
+
+def _few_groups_w(p):
+    return (p.direction == "bwd_w" and p.g < FEW_GROUPS_W
+            and min(p.icg, p.ocg) >= FEW_GROUPS_W_MIN_CHANNELS)
 
 
 def kernel_taps(p):
