@@ -4,8 +4,8 @@ The simulator gives the threads of a block one array per ``cuda.shared.array`` s
 looked up in a dict and created on a miss (``FakeCUDAShared.array``: get, then ``np.empty``,
 then set). Its threads are Python threads, so two of them can both miss and each work on
 an array of its own: a tile loaded by one thread is then not seen by the others, and a
-kernel that is correct on a GPU gives a wrong result, rarely and at random (seen once in CI:
-the split-K backward-data GEMM, error 0.26). :func:`lock_shared_arrays` makes the lookup
+kernel that is correct on a GPU gives a wrong result, rarely and at random (the split-K
+backward-data GEMM, for one). :func:`lock_shared_arrays` makes the lookup
 and the creation one step under a lock. Nothing changes on a GPU or in numbaconv itself.
 """
 import sys

@@ -123,8 +123,8 @@ FEW_GROUP_CASES = [
                               for c in FEW_GROUP_CASES])
 def test_few_groups_of_few_channels_plan_the_grouped_kernels(case, direction):
     """2 to 7 groups of fewer than 16 channels: every GEMM declines them, and the grouped
-    kernels, though their vectors of groups are mostly empty lanes, are 2-9x faster than
-    the plain loop nest; planned by default and matching the reference. (Weight gradients
+    kernels, though their vectors of groups are mostly empty lanes, are faster than the
+    plain loop nest; planned by default and matching the reference. (Weight gradients
     of at most 4 such groups take per-group GEMMs instead:
     test_few_groups_weight_gradient_takes_per_group_gemms.)"""
     g, ic, oc, isz, k, st, dl, pb, pe = case
@@ -146,8 +146,8 @@ def test_few_groups_of_few_channels_plan_the_grouped_kernels(case, direction):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_few_groups_weight_gradient_takes_per_group_gemms(dtype):
     """Weight gradients of 2 to 4 groups of 2-15 channels run per-group GEMMs, where the
-    grouped kernels' vectors would be at least half empty (2 groups of 2 -> 16 channels,
-    5x5: 3.2-4.7 ms against 9-16 ms); 6 groups stay on the grouped kernels."""
+    grouped kernels' vectors would be at least half empty; 6 groups stay on the grouped
+    kernels (docs/performance.md, "Few groups of few channels")."""
     case = (2, 4, 32, (9, 10), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2))
     g, ic, oc, isz, k, st, dl, pb, pe = case
     x = np.zeros((2, *isz, ic), np.float32)

@@ -490,7 +490,7 @@ NARROW_GEMM_CASES = [
                               for d, c, _ in NARROW_GEMM_CASES])
 def test_narrow_results_run_as_blas_gemms(direction, case, variant, dtype, monkeypatch):
     """A forward pass into a few output channels, and 1x1 backward data into a few input
-    channels, plan a BLAS GEMM (``direct`` vectorised over those few channels ran 5-10x
+    channels, plan a BLAS GEMM (``direct`` vectorised over those few channels is far
     slower; docs/performance.md, "Few result columns") and match the float64 reference;
     with the Numba engine forced the GEMMs decline with that reason and ``direct`` runs."""
     ic, oc, isz, k, st, dl, pb, pe = case

@@ -33,11 +33,11 @@ def narrow_blas(p):
     """Whether ``p``'s GEMM has fewer than ``MIN_N`` result columns and still runs best as a
     BLAS GEMM: forward convolutions with few output channels (a segmentation or depth head,
     the last layer of a super-resolution net: ``direct`` vectorises over those few
-    channels and ran 5-10x slower than the im2col GEMM) and 1x1 backward data into few
+    channels, far slower than the im2col GEMM) and 1x1 backward data into few
     input channels on the arrays themselves (PointNet's first layer). At these widths the
     GEMM is bound by reading its operands, where BLAS streams; backward data with more
     taps has ``gemm[col2im]``, weight gradients ``direct[narrow]`` and ``gemm[patch-t]``.
-    One group only."""
+    One group only. Measured in docs/performance.md, "Few result columns"."""
     if p.g != 1:
         return False
     n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
@@ -68,8 +68,8 @@ def gemm_guard(p):
 
 #: Weight gradients of fewer groups than this (the grouped kernels' vectors of groups
 #: would be at least half empty lanes) take per-group GEMMs down to
-#: ``FEW_GROUPS_W_MIN_CHANNELS`` channels per group (docs/performance.md, "Few groups of
-#: few channels"; 6 groups of 4 -> 12 ran faster on the grouped kernels).
+#: ``FEW_GROUPS_W_MIN_CHANNELS`` channels per group; from this many groups the grouped
+#: kernels keep them (docs/performance.md, "Few groups of few channels").
 FEW_GROUPS_W = 5
 FEW_GROUPS_W_MIN_CHANNELS = 2
 

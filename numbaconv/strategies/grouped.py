@@ -18,10 +18,10 @@ from .direct import Direct
 
 #: Below this many groups the group-minor vector is too short to pay for the transposes,
 #: where per-group GEMMs take the problem; where they decline it too (fewer than 16
-#: channels per group), the grouped kernels are still 2-9x faster than the plain loop
-#: nest (2 to 4 groups of 2-16 channels, docs/performance.md, "Few groups of few
-#: channels"), unless the channels a gather tile runs along number fewer than
-#: ``MIN_TILE_CHANNELS`` (the tiles then go pixel by pixel).
+#: channels per group), the grouped kernels are still faster than the plain loop nest
+#: (docs/performance.md, "Few groups of few channels"), unless the channels a gather
+#: tile runs along number fewer than ``MIN_TILE_CHANNELS`` (the tiles then go pixel by
+#: pixel).
 MIN_GROUPS = 8
 MIN_TILE_CHANNELS = 3
 #: Above this many channels per group, GEMMs per group are efficient enough.
