@@ -40,8 +40,8 @@ def narrow_blas(p):
     One group only. Measured in docs/performance.md, "Few result columns"."""
     if p.g != 1:
         return False
-    n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
-    return n < MIN_N and (p.direction == "fwd" or (p.direction == "bwd_d" and identity(p)))
+    return result_columns(p) < MIN_N and (
+        p.direction == "fwd" or (p.direction == "bwd_d" and identity(p)))
 
 
 def narrow_guard(p):
@@ -49,16 +49,20 @@ def narrow_guard(p):
     BLAS engine)."""
     if narrow_blas(p):
         if config.GEMM_ENGINE == "numba":
-            n = p.ocg if p.direction == "fwd" else p.icg
-            return R_NARROW_ENGINE.format(n=n, cfg=config.GEMM_ENGINE)
+            return R_NARROW_ENGINE.format(n=result_columns(p), cfg=config.GEMM_ENGINE)
         return None
     return gemm_guard(p)
+
+
+def result_columns(p):
+    """Columns of the result of ``p``'s GEMMs, per group: the channels the result has."""
+    return p.icg if p.direction == "bwd_d" else p.ocg
 
 
 def gemm_guard(p):
     """The reason every GEMM of ``p``'s direction declines it, or None: too few result
     columns, or groups too narrow for batched GEMMs."""
-    n = {"fwd": p.ocg, "bwd_d": p.icg, "bwd_w": p.ocg}[p.direction]
+    n = result_columns(p)
     if n < MIN_N:
         return R_SMALL_N.format(n=n)
     if p.g > 1 and min(p.icg, p.ocg) < MIN_GROUP_CHANNELS and not _few_groups_w(p):

@@ -39,10 +39,10 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, itemsize, small, streams
-from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard, narrow_guard,
-                           grouped_identity, identity, kernel_taps, numba_engine_tiles,
-                           packed_wt_elems, run_tasks, split_m_engine, stride_phases,
-                           sum_partials, tap_runs, task_workers)
+from ._gemm_common import (Buffers, Multiply, choose_engine, claims, gemm_guard,
+                           grouped_identity, identity, kernel_taps, narrow_guard,
+                           numba_engine_tiles, packed_wt_elems, run_tasks, split_m_engine,
+                           stride_phases, sum_partials, tap_runs, task_workers)
 from .. import config, memory
 
 

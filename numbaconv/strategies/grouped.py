@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from . import canonical_shapes, geo, itemsize, result_dtype, w_padding
-from ._gemm_common import gemm_guard
+from ._gemm_common import gemm_guard, result_columns
 from .. import memory
 from .direct import Direct
 
@@ -38,7 +38,7 @@ R_DEPTHWISE = "depthwise (groups == channels): the depthwise variant is simpler"
 R_FEW_GROUPS = ("{g} groups: vectors across groups shorter than %d lanes, and the "
                 "per-group GEMMs take it" % MIN_GROUPS)
 R_FEW_TILE_CHANNELS = ("{g} groups of {c} {what} channels (< %d): pixel-by-pixel tiles over "
-                       "vectors of %s groups" % (MIN_TILE_CHANNELS, "fewer than %d" % MIN_GROUPS))
+                       "vectors of fewer than %d groups" % (MIN_TILE_CHANNELS, MIN_GROUPS))
 R_WIDE_GROUPS = "{icg}x{ocg} channels per group: per-group GEMMs are efficient (> %d)" % (
     MAX_GROUP_CHANNELS)
 
@@ -146,9 +146,10 @@ class GroupedDirect(Direct):
         if p.g < MIN_GROUPS:
             if gemm_guard(p) is None:
                 return R_FEW_GROUPS.format(g=p.g)
-            what, c = {"fwd": ("output", p.ocg), "bwd_d": ("input", p.icg)}.get(
-                p.direction, ("", MIN_TILE_CHANNELS))
-            if c < MIN_TILE_CHANNELS:
+            # forward and backward data gather along their result's channels
+            c = result_columns(p)
+            if p.direction != "bwd_w" and c < MIN_TILE_CHANNELS:
+                what = "input" if p.direction == "bwd_d" else "output"
                 return R_FEW_TILE_CHANNELS.format(g=p.g, c=c, what=what)
         if max(p.icg, p.ocg) > MAX_GROUP_CHANNELS:
             return R_WIDE_GROUPS.format(icg=p.icg, ocg=p.ocg)
