@@ -167,32 +167,44 @@ class Separate:
     instead of calling a null address. The helper must not return a value.
     """
 
-    def __init__(self, fn, variants, noalias=False):
+    def __init__(self, fn, variants, noalias=False, parallel=False):
         from numba.core import sigutils
         self.__name__ = fn.__name__
-        self.dispatcher = _compile(fn, False)
+        self.dispatcher = _compile(fn, parallel)
         self.dispatcher.is_kernel = True  # called for its effect, from Python too
         if noalias and not numba.config.DISABLE_JIT:
             _no_alias(self.dispatcher)
         self.names = tuple(variants)
         self.signatures = tuple(sigutils._parse_signature_string(s)
                                 if isinstance(s, str) else s for s in variants.values())
-        self._table = np.zeros(len(self.names), np.int64)
+        # the variants' addresses, then the shared launcher's (for ``prange``)
+        self._table = np.zeros(len(self.names) + 1, np.int64)
         self.call = _separate_call(self)
 
+    def address(self, i):
+        """Variant ``i``'s address, compiling it (or loading it from the disk cache) first;
+        0 during a helper process's walk, which only notes it (compiled later)."""
+        sig = self.signatures[i]
+        if _ahead.walking():
+            _ahead.record(self.dispatcher, sig)
+            return 0
+        self.dispatcher.compile(sig)
+        cres = self.dispatcher.overloads[tuple(sig.args)]
+        return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
     def table(self, *names):
-        """The address table with the variants ``names`` compiled (each compiled once)."""
+        """The address table with the variants ``names`` compiled (each compiled once),
+        and the shared parallel launcher that :meth:`prange` calls."""
         t = self._table
         for name in names:
+            if name not in self.names:
+                raise ValueError(f"{self.__name__}: no variant {name!r}; its variants are "
+                                 f"{list(self.names)}")
             i = self.names.index(name)
             if t[i] == 0:
-                sig = self.signatures[i]
-                if _ahead.walking():  # a helper process's walk: noted, compiled later
-                    _ahead.record(self.dispatcher, sig)
-                    continue
-                self.dispatcher.compile(sig)
-                cres = self.dispatcher.overloads[tuple(sig.args)]
-                t[i] = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+                t[i] = self.address(i)
+        if t[-1] == 0 and self is not _launch.separate:
+            t[-1] = _launch.separate.address(0)
         return t
 
 
@@ -210,7 +222,7 @@ def _no_alias(disp):
     comp._customize_flags = with_noalias
 
 
-def separate(template=None, *, noalias=False, **variants):
+def separate(template=None, *, noalias=False, parallel=False, **variants):
     """Decorate a serial helper that kernels call through its address (:class:`Separate`).
 
     ``variants``: name -> signature; with a ``template``, name -> what to put in it
@@ -228,7 +240,7 @@ def separate(template=None, *, noalias=False, **variants):
                     for name, v in variants.items()}
 
     def wrap(fn):
-        sep = Separate(fn, variants, noalias)
+        sep = Separate(fn, variants, noalias, parallel)
         call = sep.call
         call.table = sep.table
         call.dispatcher = sep.dispatcher
@@ -251,38 +263,58 @@ def _fits(actual, declared):
     return actual == declared
 
 
-def _separate_call(sep):
-    from llvmlite import ir
-    from numba.core import cgutils, types
+def _variant(sep, args, what, index=False):
+    """``(k, signature, name)`` of ``sep``'s first variant whose declared types ``args``
+    fit (followed by an integer index where ``index``); else a typing error."""
+    from numba.core import types
     from numba.core.errors import TypingError
+    extra = 1 if index else 0
+    for k, sig in enumerate(sep.signatures):
+        if (len(sig.args) == len(args) + extra and all(map(_fits, args, sig.args))
+                and (not index or isinstance(sig.args[-1], types.Integer))):
+            return k, sig, sep.names[k]
+    raise TypingError(f"{what}: no variant of {list(sep.names)} takes "
+                      f"({', '.join(map(str, args))}{', index' if index else ''})")
+
+
+def _cast_args(context, builder, star, args, target):
+    """The values of the star-args tuple ``star`` cast to ``target``'s declared types."""
+    from numba.core import cgutils, types
+    vals = cgutils.unpack_tuple(builder, star, len(args))
+    return [v if isinstance(d, types.Array) else context.cast(builder, v, a, d)
+            for v, a, d in zip(vals, args, target.args)]
+
+
+def _table_entry(context, builder, arr, j, message):
+    """Entry ``j`` of the address table ``arr``; ``RuntimeError(message)`` where it is 0."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    addr = builder.load(builder.gep(arr.data, [ir.Constant(ir.IntType(64), j)]))
+    with cgutils.if_unlikely(builder, builder.icmp_signed(
+            "==", addr, ir.Constant(addr.type, 0))):
+        context.call_conv.return_user_exc(builder, RuntimeError, (message,))
+    return addr
+
+
+def _not_compiled(sep, what, name):
+    return (f"{sep.__name__}: {what} is not compiled; call {sep.__name__}.table({name!r}) "
+            "before the kernel")
+
+
+def _separate_call(sep):
+    from numba.core import cgutils, types
     from numba.extending import intrinsic
 
     @intrinsic
     def call(typingctx, table, *args):
-        for k, sig in enumerate(sep.signatures):
-            if len(sig.args) == len(args) and all(map(_fits, args, sig.args)):
-                break
-        else:
-            raise TypingError(f"{sep.__name__}: no variant of {list(sep.names)} takes "
-                              f"({', '.join(map(str, args))})")
-        target = sep.signatures[k]
-        name = sep.names[k]
+        k, target, name = _variant(sep, args, sep.__name__)
 
         def codegen(context, builder, signature, llargs):
             tab, star = llargs
-            vals = cgutils.unpack_tuple(builder, star, len(args))
-            cast = []
-            for v, a, d in zip(vals, args, target.args):
-                cast.append(v if isinstance(d, types.Array) else
-                            context.cast(builder, v, a, d))
+            cast = _cast_args(context, builder, star, args, target)
             arr = context.make_array(signature.args[0])(context, builder, tab)
-            addr = builder.load(builder.gep(arr.data, [ir.Constant(ir.IntType(64), k)]))
-            with cgutils.if_unlikely(builder, builder.icmp_signed(
-                    "==", addr, ir.Constant(addr.type, 0))):
-                context.call_conv.return_user_exc(
-                    builder, RuntimeError,
-                    (f"{sep.__name__}: variant {name!r} is not compiled; call "
-                     f"{sep.__name__}.table({name!r}) before the kernel",))
+            addr = _table_entry(context, builder, arr, k,
+                                _not_compiled(sep, f"variant {name!r}", name))
             fnty = context.call_conv.get_function_type(target.return_type, target.args)
             fn = builder.inttoptr(addr, fnty.as_pointer())
             status, _ = context.call_conv.call_function(builder, fn, target.return_type,
@@ -294,3 +326,123 @@ def _separate_call(sep):
         return types.none(table, types.StarArgTuple(args)), codegen
 
     return call
+
+
+def _trampoline_call():
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def jump(typingctx, fn, i, ctx):
+        """``fn(i, ctx)``: a trampoline of :data:`par_for` at address ``fn``."""
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            fnty = ir.FunctionType(ir.VoidType(), [i64, i64])
+            builder.call(builder.inttoptr(args[0], fnty.as_pointer()), list(args[1:]))
+            return context.get_dummy_value()
+
+        return types.void(types.int64, types.int64, types.int64), codegen
+
+    return jump
+
+
+_jump = _trampoline_call()
+
+
+def _par_for():
+    """``par_for(helper, table, n, *args)``: ``helper(table, *args, i)`` for every ``i`` in
+    ``range(n)``, in parallel, from a serial kernel (``helper`` a :func:`separate` one).
+
+    Numba compiles every function with a ``prange`` loop into a parfor: the loop body
+    outlined into a function of its own, a gufunc wrapper and a threading-layer wrapper,
+    each a code library that runs LLVM's passes over everything linked into it; about
+    half a second of compile time per kernel, however small the body. Here one parallel
+    loop (:func:`_launch`) serves every kernel: the call stores its arguments in a block on
+    the caller's stack and passes the launcher the address of a trampoline, emitted in the
+    caller's module, that loads them and calls the variant with the iteration's index
+    (its last argument). Iterations are split over the threads as a ``prange`` in the
+    kernel would split them. An iteration that raises sets a flag the call checks once
+    the loop is over, and raises ``RuntimeError``."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.core.errors import TypingError
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def par_for(typingctx, row, table, n, *args):
+        try:
+            sep = row.templates[0].key.separate
+        except (AttributeError, IndexError):
+            raise TypingError(f"par_for: {row} is not a separate helper") from None
+        k, target, name = _variant(sep, args, f"par_for({sep.__name__})", index=True)
+        nvar = len(sep.names)
+
+        def codegen(context, builder, signature, llargs):
+            _, tab, count, star = llargs
+            i64 = ir.IntType(64)
+            cast = _cast_args(context, builder, star, args, target)
+            count = context.cast(builder, count, signature.args[2], types.int64)
+            arr = context.make_array(signature.args[1])(context, builder, tab)
+            body = _table_entry(context, builder, arr, k,
+                                _not_compiled(sep, f"variant {name!r}", name))
+            launcher = _table_entry(context, builder, arr, nvar,
+                                    _not_compiled(sep, "the parallel launcher", name))
+            argtys = [context.get_value_type(t) for t in target.args[:-1]]
+            ctxty = ir.LiteralStructType([i64, i64] + argtys)
+            ctx = cgutils.alloca_once(builder, ctxty)
+            zero32 = ir.Constant(ir.IntType(32), 0)
+
+            def slot(b, p, j):
+                return b.gep(p, [zero32, ir.Constant(ir.IntType(32), j)])
+
+            builder.store(body, slot(builder, ctx, 0))
+            builder.store(ir.Constant(i64, 0), slot(builder, ctx, 1))
+            for j, v in enumerate(cast):
+                builder.store(v, slot(builder, ctx, 2 + j))
+            fnty = context.call_conv.get_function_type(target.return_type, target.args)
+            tname = f"numbaconv_prange_{sep.dispatcher.py_func.__qualname__}_{name}"
+            tramp = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i64, i64]), tname)
+            if tramp.is_declaration:
+                tramp.linkage = "internal"
+                tb = ir.IRBuilder(tramp.append_basic_block("entry"))
+                index, cp = tramp.args
+                p = tb.inttoptr(cp, ctxty.as_pointer())
+                fn = tb.inttoptr(tb.load(slot(tb, p, 0)), fnty.as_pointer())
+                vals = [tb.load(slot(tb, p, 2 + j)) for j in range(len(argtys))]
+                vals.append(context.cast(tb, index, types.int64, target.args[-1]))
+                status, _ = context.call_conv.call_function(tb, fn, target.return_type,
+                                                            target.args, vals)
+                with cgutils.if_unlikely(tb, status.is_error):
+                    tb.store(ir.Constant(i64, 1), slot(tb, p, 1))
+                tb.ret_void()
+            lsig = _launch.separate.signatures[0]
+            lty = context.call_conv.get_function_type(lsig.return_type, lsig.args)
+            status, _ = context.call_conv.call_function(
+                builder, builder.inttoptr(launcher, lty.as_pointer()), lsig.return_type,
+                lsig.args, [builder.ptrtoint(tramp, i64), count, builder.ptrtoint(ctx, i64)])
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            failed = builder.icmp_signed("!=", builder.load(slot(builder, ctx, 1)),
+                                         ir.Constant(i64, 0))
+            with cgutils.if_unlikely(builder, failed):
+                context.call_conv.return_user_exc(
+                    builder, RuntimeError,
+                    (f"{sep.__name__}: a parallel iteration raised an exception",))
+            return context.get_dummy_value()
+
+        return types.none(row, table, n, types.StarArgTuple(args)), codegen
+
+    return par_for
+
+
+par_for = _par_for()
+
+
+@separate("void(int64, int64, int64)", parallel=True, run="run")
+def _launch(fn, n, ctx):
+    """The one parallel loop every kernel runs its iterations through: ``fn(i, ctx)`` for
+    ``i`` in ``prange(n)`` (see :data:`par_for`)."""
+    for i in numba.prange(n):
+        _jump(fn, i, ctx)

@@ -9,7 +9,7 @@ import pytest
 from numba import prange
 from numba.core.errors import TypingError
 
-from numbaconv._jit import helper, kernel, separate, specialise
+from numbaconv._jit import helper, kernel, par_for, separate, specialise
 
 
 @separate("void({T}[:, ::1], {T}[::1], int64, int64)", f32="float32", f64="float64")
@@ -63,7 +63,8 @@ def test_arguments_that_fit_no_variant_are_a_typing_error():
     with pytest.raises(TypingError, match=r"_row_sums: no variant of \['f32', 'f64'\]"):
         _row_sums_of_ints(_row_sums.table("f64"), np.ones((4, 3), np.int64),
                           np.zeros(4, np.int64))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"_row_sums: no variant 'f16'; its variants are "
+                                         r"\['f32', 'f64'\]"):
         _row_sums.table("f16")
 
 
@@ -160,3 +161,79 @@ def test_specialised_copies_compile_their_own_branch_and_load_from_the_cache(tmp
     first, second = _cache_stats_in_two_processes(code, tmp_path)
     assert first == ["0", "2"]
     assert second == ["2", "0"]
+
+
+# -- par_for: one shared parallel loop for every kernel -----------------------------------
+@separate("void({T}[:, ::1], {T}[::1], int64[::1], int64)", f32="float32", f64="float64")
+def _one_row(a, out, seen, r):
+    acc = 0.0
+    for j in range(a.shape[1]):
+        acc += a[r, j]
+    out[r] = acc
+    seen[r] += 1
+
+
+@kernel(parallel=False)
+def _rows_par_for(fns, a, out, seen):
+    par_for(_one_row, fns, a.shape[0], a, out, seen)
+
+
+@pytest.mark.parametrize("dtype, name", [(np.float32, "f32"), (np.float64, "f64")])
+@pytest.mark.parametrize("rows", [0, 1, 2, 7, 64])
+def test_par_for_runs_every_index_once_with_the_variant_of_its_arguments(dtype, name,
+                                                                          rows):
+    import numba
+    a = np.random.default_rng(rows).standard_normal((rows, 5)).astype(dtype)
+    for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        numba.set_num_threads(threads)
+        try:
+            out = np.full(rows, np.nan, dtype)
+            seen = np.zeros(rows, np.int64)
+            _rows_par_for(_one_row.table(name), a, out, seen)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        assert seen.tolist() == [1] * rows
+        np.testing.assert_allclose(out, a.astype(np.float64).sum(1), rtol=1e-5)
+
+
+@separate("void(int64[::1], int64)", i64="int64")
+def _fails_at_three(seen, r):
+    if r == 3:
+        raise ValueError("three")
+    seen[r] = 1
+
+
+@kernel(parallel=False)
+def _failing_par_for(fns, seen):
+    par_for(_fails_at_three, fns, seen.shape[0], seen)
+
+
+def test_par_for_raises_when_an_iteration_raised():
+    seen = np.zeros(8, np.int64)
+    with pytest.raises(RuntimeError, match="_fails_at_three: a parallel iteration raised"):
+        _failing_par_for(_fails_at_three.table("i64"), seen)
+    assert seen[3] == 0 and seen.sum() == 7   # the others ran
+
+
+def test_par_for_without_a_compiled_variant_or_launcher_raises():
+    a = np.ones((4, 3))
+    none = np.zeros(3, np.int64)
+    with pytest.raises(RuntimeError, match=r"_one_row: variant 'f64' is not compiled"):
+        _rows_par_for(none, a, np.zeros(4), np.zeros(4, np.int64))
+    no_launcher = _one_row.table("f64").copy()
+    no_launcher[-1] = 0
+    with pytest.raises(RuntimeError, match="_one_row: the parallel launcher is not compiled"):
+        _rows_par_for(no_launcher, a, np.zeros(4), np.zeros(4, np.int64))
+
+
+@kernel(parallel=False)
+def _par_for_of_a_helper(fns, n):
+    par_for(_count, fns, n, 1)
+
+
+def test_par_for_of_anything_but_a_separate_helper_is_a_typing_error():
+    with pytest.raises(TypingError, match="is not a separate helper"):
+        _par_for_of_a_helper(_one_row.table("f64"), 3)
+    with pytest.raises(TypingError, match=r"par_for\(_one_row\): no variant"):
+        _rows_par_for(_one_row.table("f64"), np.ones((2, 2), np.int64),
+                      np.zeros(2), np.zeros(2, np.int64))

@@ -27,11 +27,10 @@ Integer bits throughout: Numba has no bfloat16 type, so arrays are ``uint16`` (a
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import kernel, separate
+from numbaconv._jit import kernel, par_for, separate
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
 #: broadcast fit AVX-512's 32 registers.
@@ -110,118 +109,165 @@ def _micro(typingctx, a, lda, b, c, ldc, k2, beta):
     return sig, codegen
 
 
-@kernel
 def pack_pairs(b, bp):
     """``bp[q, p, j] = B[2p, q*NR + j] | B[2p+1, q*NR + j] << 16`` (zero past B's edges) for
     ``b`` a 2-D ``uint16`` array of any strides (bfloat16 bits) and ``bp`` ``uint32``
-    ``[ceil(N/NR), ceil(K/2), NR]``."""
+    ``[ceil(N/NR), ceil(K/2), NR]``, C-contiguous."""
+    pack_pairs_kernel(_pack_row.table("bf16" if b.flags.c_contiguous else "bf16_strided"), b,
+                      bp)
+
+
+@kernel(parallel=False)
+def pack_pairs_kernel(fns, b, bp):
+    """:func:`pack_pairs` with its address table, in parallel over the rows ``(q, p)`` of
+    ``bp``."""
+    par_for(_pack_row, fns, bp.shape[0] * bp.shape[1], b, bp)
+
+
+@separate("void(uint16[:, {L}], uint32[:, :, ::1], int64)", noalias=True,
+          bf16=dict(L="::1"), bf16_strided=dict(L=":"))
+def _pack_row(b, bp, t):
+    """Row ``t`` (flat over ``(q, p)``) of :func:`pack_pairs`' ``bp`` (a C-contiguous ``b``
+    read as such, else through its strides)."""
     K, N = b.shape
-    npan, k2 = bp.shape[0], bp.shape[1]
-    for t in prange(npan * k2):
-        q = t // k2
-        p = t - q * k2
-        for j in range(NR):
-            col = q * NR + j
-            lo = np.uint32(0)
-            hi = np.uint32(0)
-            if col < N:
-                lo = np.uint32(b[2 * p, col])
-                if 2 * p + 1 < K:
-                    hi = np.uint32(b[2 * p + 1, col])
-            bp[q, p, j] = lo | (hi << np.uint32(16))
+    k2 = bp.shape[1]
+    q = t // k2
+    p = t - q * k2
+    for j in range(NR):
+        col = q * NR + j
+        lo = np.uint32(0)
+        hi = np.uint32(0)
+        if col < N:
+            lo = np.uint32(b[2 * p, col])
+            if 2 * p + 1 < K:
+                hi = np.uint32(b[2 * p + 1, col])
+        bp[q, p, j] = lo | (hi << np.uint32(16))
 
 
-@kernel
 def im2col(src, rows, out, geo, sign):
-    """Rows of A from ``src`` (``uint16`` ``[mb, d, h, w, C]``): row ``m`` of ``out``
-    (``uint16`` ``[M, Kp]``, ``Kp`` the even number at or above ``taps*C``) is output pixel
-    ``m`` of ``rows`` ``(mb, od, oh, ow)``, and holds for each tap ``t`` (row-major over the
-    kernel) the ``C`` channels of the source pixel ``o*s + sign*t*d + off`` on each axis, or
-    zeros outside the source. ``geo``: int64 ``[sd sh sw dd dh dw offd offh offw kd kh kw]``.
-    """
-    mb, od, oh, ow = rows[0], rows[1], rows[2], rows[3]
+    """Rows of A from ``src`` (``uint16`` ``[mb, d, h, w, C]``, C-contiguous): row ``m`` of
+    ``out`` (``uint16`` ``[M, Kp]``, ``Kp`` the even number at or above ``taps*C``) is output
+    pixel ``m`` of ``rows`` ``(mb, od, oh, ow)``, and holds for each tap ``t`` (row-major
+    over the kernel) the ``C`` channels of the source pixel ``o*s + sign*t*d + off`` on each
+    axis, or zeros outside the source. ``geo``: int64
+    ``[sd sh sw dd dh dw offd offh offw kd kh kw]``."""
+    im2col_kernel(_im2col_row.table("bf16"), src, rows, out, geo, sign)
+
+
+@kernel(parallel=False)
+def im2col_kernel(fns, src, rows, out, geo, sign):
+    """:func:`im2col` with its address table, in parallel over the rows of ``out``."""
+    par_for(_im2col_row, fns, rows[0] * rows[1] * rows[2] * rows[3], src, rows, out, geo,
+            sign)
+
+
+@separate(bf16="void(uint16[:, :, :, :, ::1], int64[::1], uint16[:, ::1], int64[::1], int64, "
+               "int64)", noalias=True)
+def _im2col_row(src, rows, out, geo, sign, m):
+    """Row ``m`` of :func:`im2col`'s ``out``."""
+    od, oh, ow = rows[1], rows[2], rows[3]
     _, sdp, shp, swp, C = src.shape
     kp = out.shape[1]
     sd, sh, sw, dd, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
     fd, fh, fw, kd, kh, kw = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
-    for m in prange(mb * od * oh * ow):
-        n = m // (od * oh * ow)
-        r = m - n * (od * oh * ow)
-        z = r // (oh * ow)
-        r -= z * (oh * ow)
-        y = r // ow
-        x = r - y * ow
-        col = 0
-        for a in range(kd):
-            iz = z * sd + sign * a * dd + fd
-            for b in range(kh):
-                iy = y * sh + sign * b * dh + fh
-                for c in range(kw):
-                    ix = x * sw + sign * c * dw + fw
-                    if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
-                        for ch in range(C):
-                            out[m, col + ch] = src[n, iz, iy, ix, ch]
-                    else:
-                        for ch in range(C):
-                            out[m, col + ch] = 0
-                    col += C
-        for ch in range(col, kp):
-            out[m, ch] = 0
+    n = m // (od * oh * ow)
+    r = m - n * (od * oh * ow)
+    z = r // (oh * ow)
+    r -= z * (oh * ow)
+    y = r // ow
+    x = r - y * ow
+    row = out[m]
+    col = 0
+    for a in range(kd):
+        iz = z * sd + sign * a * dd + fd
+        for b in range(kh):
+            iy = y * sh + sign * b * dh + fh
+            for c in range(kw):
+                ix = x * sw + sign * c * dw + fw
+                dst = row[col:col + C]
+                if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
+                    px = src[n, iz, iy, ix]
+                    for ch in range(C):
+                        dst[ch] = px[ch]
+                else:
+                    for ch in range(C):
+                        dst[ch] = 0
+                col += C
+    for ch in range(col, kp):
+        row[ch] = 0
 
 
 #: Pixels per block of :func:`im2col_t`.
 PIXELS = 64
 
 
-@kernel
 def im2col_t(src, rows, out, geo):
     """:func:`im2col` transposed (``sign`` 1): ``out`` ``uint16`` ``[taps*C, Me]`` (``Me``
     the even number at or above the ``M`` output pixels; the column past them zero) holds in
     row ``t*C + c`` channel ``c`` of the pixel tap ``t`` meets, for every output pixel: the
     left operand of a weight gradient, its reduction over pixels contiguous in pairs."""
+    im2col_t_kernel(_im2col_t_block.table("bf16"), src, rows, out, geo)
+
+
+@kernel(parallel=False)
+def im2col_t_kernel(fns, src, rows, out, geo):
+    """:func:`im2col_t` with its address table, in parallel over (tap, block of ``PIXELS``
+    output pixels)."""
+    M = rows[0] * rows[1] * rows[2] * rows[3]
+    par_for(_im2col_t_block, fns, geo[9] * geo[10] * geo[11] * ((M + PIXELS - 1) // PIXELS),
+            src, rows, out, geo)
+
+
+@separate(bf16="void(uint16[:, :, :, :, ::1], int64[::1], uint16[:, ::1], int64[::1], int64)",
+          noalias=True)
+def _im2col_t_block(src, rows, out, geo, tb):
+    """(Tap, block of pixels) ``tb`` of :func:`im2col_t`."""
     mb, od, oh, ow = rows[0], rows[1], rows[2], rows[3]
     _, sdp, shp, swp, C = src.shape
     me = out.shape[1]
     sd, sh, sw, dd, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-    fd, fh, fw, kd, kh, kw = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
+    fd, fh, fw, kh, kw = geo[6], geo[7], geo[8], geo[10], geo[11]
     M = mb * od * oh * ow
     nblk = (M + PIXELS - 1) // PIXELS
     flat = src.reshape(-1)
-    for tb in prange(kd * kh * kw * nblk):
-        t = tb // nblk
-        m0 = (tb - t * nblk) * PIXELS
-        m1 = min(M, m0 + PIXELS)
-        a = t // (kh * kw)
-        b = (t - a * kh * kw) // kw
-        c = t - a * kh * kw - b * kw
-        offs = np.empty(PIXELS, np.int64)
-        for m in range(m0, m1):
-            n = m // (od * oh * ow)
-            r = m - n * (od * oh * ow)
-            z = r // (oh * ow)
-            r -= z * (oh * ow)
-            y = r // ow
-            x = r - y * ow
-            iz = z * sd + a * dd + fd
-            iy = y * sh + b * dh + fh
-            ix = x * sw + c * dw + fw
-            if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
-                offs[m - m0] = (((n * sdp + iz) * shp + iy) * swp + ix) * C
-            else:
-                offs[m - m0] = -1
-        for ch in range(C):
-            row = t * C + ch
-            for j in range(m1 - m0):
-                o = offs[j]
-                out[row, m0 + j] = flat[o + ch] if o >= 0 else 0
-            if m1 == M and me > M:
-                out[row, M] = 0
+    t = tb // nblk
+    m0 = (tb - t * nblk) * PIXELS
+    m1 = min(M, m0 + PIXELS)
+    a = t // (kh * kw)
+    b = (t - a * kh * kw) // kw
+    c = t - a * kh * kw - b * kw
+    offs = np.empty(PIXELS, np.int64)
+    for m in range(m0, m1):
+        n = m // (od * oh * ow)
+        r = m - n * (od * oh * ow)
+        z = r // (oh * ow)
+        r -= z * (oh * ow)
+        y = r // ow
+        x = r - y * ow
+        iz = z * sd + a * dd + fd
+        iy = y * sh + b * dh + fh
+        ix = x * sw + c * dw + fw
+        if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
+            offs[m - m0] = (((n * sdp + iz) * shp + iy) * swp + ix) * C
+        else:
+            offs[m - m0] = -1
+    for ch in range(C):
+        row = t * C + ch
+        for j in range(m1 - m0):
+            o = offs[j]
+            out[row, m0 + j] = flat[o + ch] if o >= 0 else 0
+        if m1 == M and me > M:
+            out[row, M] = 0
 
 
-@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint32[:, ::1], "
-               "float32[:, ::1], int64, int64, int64)")
-def _block(a, bp, c, wa, wc, r0, r1, kc2):
-    """Rows ``r0 .. r1 - 1`` of ``C = A @ B`` (see :func:`gemm`)."""
+@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], int64, int64, "
+               "int64)")
+def _block(a, bp, c, kc2, mc, blk):
+    """Block ``blk`` of ``mc`` rows of ``C = A @ B`` (see :func:`gemm_kernel`)."""
+    M = a.shape[0]
+    r0, r1 = blk * mc, min(M, (blk + 1) * mc)
+    wa = np.zeros((MR, kc2), np.uint32)
+    wc = np.zeros((MR, NR), np.float32)
     K2 = a.shape[1]
     N = c.shape[1]
     npan = bp.shape[0]
@@ -262,15 +308,10 @@ def gemm(a, bp, c, kc2, mc):
     gemm_kernel(_block.table("bf16"), a, bp, c, kc2, mc)
 
 
-@kernel
+@kernel(parallel=False)
 def gemm_kernel(fns, a, bp, c, kc2, mc):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
     threads; the reduction runs in blocks of ``kc2`` pairs."""
-    M = a.shape[0]
-    nblk = (M + mc - 1) // mc
-    for blk in prange(nblk):
-        wa = np.zeros((MR, kc2), np.uint32)
-        wc = np.zeros((MR, NR), np.float32)
-        _block(fns, a, bp, c, wa, wc, blk * mc, min(M, (blk + 1) * mc), kc2)
+    par_for(_block, fns, (a.shape[0] + mc - 1) // mc, a, bp, c, kc2, mc)

@@ -1,13 +1,13 @@
 """float16 <-> float32 and bfloat16 <-> float32 conversion of whole arrays, in SIMD.
 
-float16 operands are computed in float32 (docs/contract.md section 5): the backend widens them once on the way in
-and rounds the result once on the way out. NumPy's casts between the two run about half
-a billion elements a second here (3.2 M elements: 6.1 ms up, 10.2 ms down, against 1.4 ms
-for a float32 copy), which made float16 calls up to 8x slower than float32 ones. Numba's
-CPU target has no float16 type, so the arrays are handed over as ``uint16`` views and
-converted through LLVM's ``half`` type: ``fpext`` and ``fptrunc`` on 8-wide vectors,
-which x86's F16C turns into ``vcvtph2ps`` / ``vcvtps2ph`` (IEEE round-to-nearest-even,
-infinities, NaNs and subnormals exactly as NumPy's casts).
+float16 operands are computed in float32 (docs/contract.md section 5): the backend widens
+them once on the way in and rounds the result once on the way out. NumPy's casts between
+the two run about half a billion elements a second here (3.2 M elements: 6.1 ms up,
+10.2 ms down, against 1.4 ms for a float32 copy), which made float16 calls up to 8x
+slower than float32 ones. Numba's CPU target has no float16 type, so the arrays are
+handed over as ``uint16`` views and converted through LLVM's ``half`` type: ``fpext`` and
+``fptrunc`` on 8-wide vectors, which x86's F16C turns into ``vcvtph2ps`` / ``vcvtps2ph``
+(IEEE round-to-nearest-even, infinities, NaNs and subnormals exactly as NumPy's casts).
 
 :func:`available` says whether the host has F16C; without it (LLVM would call a
 soft-float helper the JIT may not link) the backend keeps NumPy's casts.
@@ -24,11 +24,10 @@ float16 took 0.60 ms with it, 1.52 ms with the serial one (float32: 0.47 ms); Re
 res4b_branch2a weight gradient 5.03 -> 4.09 ms, res2a_branch2a's 1.44 -> 1.24.
 """
 from llvmlite import ir
-from numba import prange
 from numba.core import types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel
+from numbaconv._jit import helper, kernel, par_for, separate
 from numbaconv.kernels.cpu._host import F16C
 
 #: Elements per SIMD step (one 256-bit vector of float32).
@@ -106,14 +105,24 @@ def convert(src, dst, up):
     _convert(src.ctypes.data, dst.ctypes.data, 0, src.size, up)
 
 
-@kernel
 def convert_parallel(src, dst, up):
     """:func:`convert` in blocks of ``BLOCK`` elements on every thread."""
-    n = src.size
-    ps, pd = src.ctypes.data, dst.ctypes.data
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        _convert(ps, pd, b * BLOCK, min(n, (b + 1) * BLOCK), up)
+    convert_parallel_kernel(_convert_block.table("up" if up else "down"), src, dst, up)
 
+
+@kernel(parallel=False)
+def convert_parallel_kernel(fns, src, dst, up):
+    """:func:`convert_parallel` with its address table."""
+    par_for(_convert_block, fns, (src.size + BLOCK - 1) // BLOCK, src, dst, up)
+
+
+@separate("void({S}[::1], {D}[::1], boolean, int64)", noalias=True,
+          up=dict(S="uint16", D="float32"), down=dict(S="float32", D="uint16"))
+def _convert_block(src, dst, up, b):
+    """Block ``b`` of :func:`convert_parallel`: float16 bits (``uint16``) -> float32 when
+    ``up``, else float32 -> float16 bits."""
+    _convert(src.ctypes.data, dst.ctypes.data, b * BLOCK, min(src.size, (b + 1) * BLOCK),
+             up)
 
 
 # -- bfloat16 -------------------------------------------------------------------------------------
@@ -203,10 +212,22 @@ def convert_bf16(src, dst, up):
     _convert_bf16(src.ctypes.data, dst.ctypes.data, 0, src.size, up)
 
 
-@kernel
 def convert_bf16_parallel(src, dst, up):
     """:func:`convert_bf16` in blocks of ``BLOCK`` elements on every thread."""
-    n = src.size
-    ps, pd = src.ctypes.data, dst.ctypes.data
-    for b in prange((n + BLOCK - 1) // BLOCK):
-        _convert_bf16(ps, pd, b * BLOCK, min(n, (b + 1) * BLOCK), up)
+    convert_bf16_parallel_kernel(_convert_bf16_block.table("up" if up else "down"), src, dst,
+                                 up)
+
+
+@kernel(parallel=False)
+def convert_bf16_parallel_kernel(fns, src, dst, up):
+    """:func:`convert_bf16_parallel` with its address table."""
+    par_for(_convert_bf16_block, fns, (src.size + BLOCK - 1) // BLOCK, src, dst, up)
+
+
+@separate("void({S}[::1], {D}[::1], boolean, int64)", noalias=True,
+          up=dict(S="uint16", D="uint32"), down=dict(S="uint32", D="uint16"))
+def _convert_bf16_block(src, dst, up, b):
+    """Block ``b`` of :func:`convert_bf16_parallel`: bfloat16 bits (``uint16``) -> float32
+    bits (``uint32``) when ``up``, else float32 bits -> bfloat16 bits, rounded."""
+    _convert_bf16(src.ctypes.data, dst.ctypes.data, b * BLOCK,
+                  min(src.size, (b + 1) * BLOCK), up)

@@ -13,13 +13,11 @@ Here: the general loop nests and the nine-term 3x3 kernels. Multiplier 1 has its
 kernels: the span kernels (:mod:`.depthwise_spans`) and the 3x3 row kernels
 (:mod:`.depthwise_rows`).
 """
-from numba import prange
+from numbaconv._jit import kernel, par_for, separate
 
-from numbaconv._jit import kernel, separate
-
-#: The general row drivers' signature (each a separate helper under a small parallel
-#: kernel, so that Numba's parallel passes never see the loop nest; see
-#: :mod:`numbaconv.kernels.cpu.direct`): three 5-D arrays, the geometry, a row.
+#: The general row drivers' signature (each a separate helper that a serial kernel runs
+#: over its rows in parallel through ``par_for``, so that Numba's parallel passes never see
+#: the loop nest): three 5-D arrays, the geometry, a row.
 _SIG5 = "void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)"
 
 
@@ -28,17 +26,16 @@ def fwd_depthwise(x, w, y, geo):
     fwd_depthwise_kernel(_fwd_row.table(y.dtype.name), x, w, y, geo)
 
 
-@kernel
+@kernel(parallel=False)
 def fwd_depthwise_kernel(fns, x, w, y, geo):
     """:func:`fwd_depthwise` with its address table, in parallel over the output rows."""
-    for r in prange(geo[0] * geo[10] * geo[11]):
-        _fwd_row(fns, x, w, y, geo, r)
+    par_for(_fwd_row, fns, geo[0] * geo[10] * geo[11], x, w, y, geo)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
 def _fwd_row(x, w, y, geo, r):
     """Output row ``r`` of :func:`fwd_depthwise`."""
-    mb, C, m = geo[0], geo[1], geo[3]
+    C, m = geo[1], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -72,17 +69,16 @@ def bwd_d_depthwise(dy, w, dx, geo):
     bwd_d_depthwise_kernel(_bwd_d_row.table(dx.dtype.name), dy, w, dx, geo)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_depthwise_kernel(fns, dy, w, dx, geo):
     """:func:`bwd_d_depthwise` with its address table, in parallel over the input rows."""
-    for r in prange(geo[0] * geo[4] * geo[5]):
-        _bwd_d_row(fns, dy, w, dx, geo, r)
+    par_for(_bwd_d_row, fns, geo[0] * geo[4] * geo[5], dy, w, dx, geo)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
 def _bwd_d_row(dy, w, dx, geo, r):
     """Input row ``r`` of :func:`bwd_d_depthwise`."""
-    mb, C, m = geo[0], geo[1], geo[3]
+    C, m = geo[1], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -125,11 +121,10 @@ def bwd_w_depthwise(x, dy, part, geo):
     bwd_w_depthwise_kernel(_bwd_w_chunk.table(part.dtype.name), x, dy, part, geo)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_depthwise_kernel(fns, x, dy, part, geo):
     """:func:`bwd_w_depthwise` with its address table, in parallel over the chunks."""
-    for ch in prange(part.shape[0]):
-        _bwd_w_chunk(fns, x, dy, part, geo, ch)
+    par_for(_bwd_w_chunk, fns, part.shape[0], x, dy, part, geo)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], "
@@ -174,7 +169,7 @@ def fwd_depthwise_3x3(x, w, y, geo):
     fwd_depthwise_3x3_kernel(_fwd3_row.table(y.dtype.name), x, w, y, geo)
 
 
-@kernel
+@kernel(parallel=False)
 def fwd_depthwise_3x3_kernel(fns, x, w, y, geo):
     """y = depthwise conv(x, w) for 3x3 filters (kd = 1, multiplier 1), any stride/dilation.
 
@@ -182,15 +177,14 @@ def fwd_depthwise_3x3_kernel(fns, x, w, y, geo):
     channel lives in a vector register and y is written once (instead of read and written
     per tap); border pixels take the checked per-tap loop.
     """
-    for r in prange(geo[0] * geo[10] * geo[11]):
-        _fwd3_row(fns, x, w, y, geo, r)
+    par_for(_fwd3_row, fns, geo[0] * geo[10] * geo[11], x, w, y, geo)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[::1], int64)", float32="float32", float64="float64")
 def _fwd3_row(x, w, y, geo, r):
     """Output row ``r`` (flat over ``mb, od, oh``) of :func:`fwd_depthwise_3x3_kernel`."""
-    mb, C = geo[0], geo[1]
+    C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
     sd, sh, sw = geo[13], geo[14], geo[15]
@@ -240,7 +234,7 @@ def bwd_d_depthwise_3x3(dy, w, dx, geo):
     bwd_d_depthwise_3x3_kernel(_bwd_d3_row.table(dx.dtype.name), dy, w, dx, geo)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_depthwise_3x3_kernel(fns, dy, w, dx, geo):
     """dx = depthwise conv^T(dy, w) for 3x3 filters at stride 1 (kd = 1, multiplier 1).
 
@@ -248,15 +242,14 @@ def bwd_d_depthwise_3x3_kernel(fns, dy, w, dx, geo):
     with the taps reversed: dx[i] = sum_t dy[i + p - t*d] * w[t]; interior pixels sum the
     nine terms in one expression (see :func:`fwd_depthwise_3x3`).
     """
-    for r in prange(geo[0] * geo[4] * geo[5]):
-        _bwd_d3_row(fns, dy, w, dx, geo, r)
+    par_for(_bwd_d3_row, fns, geo[0] * geo[4] * geo[5], dy, w, dx, geo)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[::1], int64)", float32="float32", float64="float64")
 def _bwd_d3_row(dy, w, dx, geo, r):
     """Input row ``r`` (flat over ``mb, id, ih``) of :func:`bwd_d_depthwise_3x3_kernel`."""
-    mb, C = geo[0], geo[1]
+    C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
     dh, dw = geo[17], geo[18]

@@ -24,17 +24,17 @@ with fewer row taps in range are their own compiled variants (one to three row t
 no multiply is spent on padding. Channels beyond the last whole vector run the same code
 with masked loads and stores. The inner loops are LLVM IR through
 ``numba.extending.intrinsic``, as the span kernels are (the loop vectoriser keeps
-accumulators in memory); the row drivers are serial helpers under a one-line prange.
+accumulators in memory); the row drivers are separate serial helpers that the serial
+kernels run over their chunks of rows in parallel through ``par_for``.
 
 Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[1, 3, 3, 1, C]``.
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate, specialise
+from numbaconv._jit import helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import (Operand, at, compute_type, fma_fn, ir_types, lane_range,
                                        table)
@@ -405,10 +405,13 @@ _SW = 0
 _ROW3 = _ROW2 = _ROW1 = None
 
 
-def _bwd_d_rows(rt, dy, w, dx, geo, r0, r1, prefetch, stream, head):
-    """dX rows ``r0 .. r1 - 1`` (see :func:`bwd_d_depthwise_3x3_rows`), column stride
-    ``_SW``; the row kernels over 3, 2 and 1 dY rows (``_ROW3``, ``_ROW2``, ``_ROW1``, each
-    compiled apart) through the address tables ``rt[0]``, ``rt[1]``, ``rt[2]``."""
+def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, stream, head, chunk):
+    """The dX rows of chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_rows_kernel`), column
+    stride ``_SW``; the row kernels over 3, 2 and 1 dY rows (``_ROW3``, ``_ROW2``,
+    ``_ROW1``, each compiled apart) through the address tables ``rt[0]``, ``rt[1]``,
+    ``rt[2]``. With ``stream``, an ``sfence`` after the chunk's streamed stores."""
+    rows = geo[0] * geo[4] * geo[5]
+    r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -456,6 +459,8 @@ def _bwd_d_rows(rt, dy, w, dx, geo, r0, r1, prefetch, stream, head):
             _ROW2(rt[1], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
         else:
             _ROW1(rt[2], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
+    if stream:
+        _sfence()
 
 
 def variant(a):
@@ -496,7 +501,7 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
                       head)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, stream=False,
                       head=0, place=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
@@ -511,7 +516,6 @@ def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, s
     read the filter from a copy whose vectors past ``head`` channels start on vector
     boundaries, as dY's and dX's then do (9 x C elements, copied here: a copy in Python
     took 8 us of a 60 us call)."""
-    rows = geo[0] * geo[4] * geo[5]
     it = dx.itemsize
     C = geo[1]
     head = min(max(head, 0) % (VECTOR_BYTES // max(it, 4)), C)  # less than a vector
@@ -522,26 +526,27 @@ def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, s
     if place:
         buf = np.empty(n + VECTOR_BYTES // itw, w.dtype)
         s = (-(buf.ctypes.data + head * itw)) % VECTOR_BYTES // itw
-        buf[s:s + n] = w.reshape(-1)
+        wf = w.reshape(-1)
+        for i in range(n):  # a loop: slice assignment compiles NumPy's shape-error messages
+            buf[s + i] = wf[i]
     else:
         buf = w.reshape(-1)
         s = 0
     wp = buf[s:s + n]
-    for chunk in prange(nchunks):
-        r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
-        if geo[15] == 1:
-            _bwd_d_rows_s1(fns1, rt1, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0,
-                           head)
-        else:
-            _bwd_d_rows_s2(fns2, rt2, dy, wp, dx, geo, r0, r1, prefetch, 1 if nt else 0,
-                           head)
-        if nt:
-            _sfence()
+    if geo[15] == 1:
+        par_for(_bwd_d_rows_s1, fns1, nchunks, rt1, dy, wp, dx, geo, nchunks, prefetch,
+                1 if nt else 0, head)
+    else:
+        par_for(_bwd_d_rows_s2, fns2, nchunks, rt2, dy, wp, dx, geo, nchunks, prefetch,
+                1 if nt else 0, head)
 
 
-def _bwd_w_rows(x, dy, part, geo, ch, r0, r1, prefetch, head):
-    """dY rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here); with
-    ``prefetch``, each next row's operands are prefetched."""
+def _bwd_w_rows(x, dy, part, geo, prefetch, head, ch):
+    """The dY rows of chunk ``ch`` (of ``part.shape[0]``) into the partial dW ``part[ch]``
+    (zeroed here); with ``prefetch``, each next row's operands are prefetched."""
+    rows = geo[0] * geo[10] * geo[11]
+    nchunks = part.shape[0]
+    r0, r1 = rows * ch // nchunks, rows * (ch + 1) // nchunks
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -615,7 +620,7 @@ def _reduce_chunks(part, dwt):
         df[i] = acc
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_rows_kernel(fns1, fns2, x, dy, part, dwt, geo, prefetch, head=0):
     """dwt (``[1, 3, 3, 1, C]``) = dW of a 3x3 depthwise convolution, multiplier 1, kernel
     depth 1, column stride 1 or 2, column dilation 1 (any row stride, row dilation and
@@ -624,27 +629,21 @@ def bwd_w_rows_kernel(fns1, fns2, x, dy, part, dwt, geo, prefetch, head=0):
     row's operands into L2 while a row computes (see :func:`_prefetch`). ``head``:
     channels before the first whole vector (see :func:`row_head`; any value is correct,
     taken modulo the vector's lanes)."""
-    rows = geo[0] * geo[10] * geo[11]
-    nchunks = part.shape[0]
     head = min(max(head, 0) % (VECTOR_BYTES // max(x.itemsize, 4)), geo[1])
-    for ch in prange(nchunks):
-        r0, r1 = rows * ch // nchunks, rows * (ch + 1) // nchunks
-        if geo[15] == 1:
-            _bwd_w_rows_s1(fns1, x, dy, part, geo, ch, r0, r1, prefetch, head)
-        else:
-            _bwd_w_rows_s2(fns2, x, dy, part, geo, ch, r0, r1, prefetch, head)
+    if geo[15] == 1:
+        par_for(_bwd_w_rows_s1, fns1, part.shape[0], x, dy, part, geo, prefetch, head)
+    else:
+        par_for(_bwd_w_rows_s2, fns2, part.shape[0], x, dy, part, geo, prefetch, head)
     _reduce_chunks(part, dwt)
 
 
 # The separate row drivers, one copy per column stride (compiled apart from the kernels,
 # once per dtype; a plan compiles only its stride's copy).
-_D_SIGS = dict(
-    float32="void(int64[:, ::1], float32[:, :, :, :, ::1], float32[::1], float32[:, :, :, :, ::1], "
-            "int64[::1], int64, int64, int64, int64, int64)",
-    float64="void(int64[:, ::1], float64[:, :, :, :, ::1], float64[::1], float64[:, :, :, :, ::1], "
-            "int64[::1], int64, int64, int64, int64, int64)",
-    float16="void(int64[:, ::1], uint16[:, :, :, :, ::1], float32[::1], uint16[:, :, :, :, ::1], "
-            "int64[::1], int64, int64, int64, int64, int64)")
+#: Data ``{X}`` (float16 as bits), filter or partial dW ``{P}``, per variant.
+_VARIANTS = dict(float32=dict(X="float32", P="float32"), float64=dict(X="float64", P="float64"),
+                 float16=dict(X="uint16", P="float32"))
+_D_SIG = ("void(int64[:, ::1], {X}[:, :, :, :, ::1], {P}[::1], {X}[:, :, :, :, ::1], "
+          "int64[::1], int64, int64, int64, int64, int64)")
 
 
 def _d_row(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work):
@@ -663,16 +662,11 @@ _d_rows = {S: [separate(_R_SIG, **_R_VARIANTS)(specialise(_d_row, f"{n}s{S}", _R
                for n, row in ((3, r3), (2, r2), (1, r1))]
            for S, (r3, r2, r1) in ((1, (_drow3s1, _drow2s1, _drow1s1)),
                                    (2, (_drow3s2, _drow2s2, _drow1s2)))}
-_W_SIGS = dict(
-    float32="void(float32[:, :, :, :, ::1], float32[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float64="void(float64[:, :, :, :, ::1], float64[:, :, :, :, ::1], float64[:, :, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)",
-    float16="void(uint16[:, :, :, :, ::1], uint16[:, :, :, :, ::1], float32[:, :, :, :, :, ::1], int64[::1], "
-            "int64, int64, int64, int64, int64)")
-_bwd_d_rows_s1 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s1", _SW=1, _ROW3=_d_rows[1][0],
-                                                _ROW2=_d_rows[1][1], _ROW1=_d_rows[1][2]))
-_bwd_d_rows_s2 = separate(**_D_SIGS)(specialise(_bwd_d_rows, "s2", _SW=2, _ROW3=_d_rows[2][0],
-                                                _ROW2=_d_rows[2][1], _ROW1=_d_rows[2][2]))
-_bwd_w_rows_s1 = separate(**_W_SIGS)(specialise(_bwd_w_rows, "s1", _SW=1))
-_bwd_w_rows_s2 = separate(**_W_SIGS)(specialise(_bwd_w_rows, "s2", _SW=2))
+_W_SIG = ("void({X}[:, :, :, :, ::1], {X}[:, :, :, :, ::1], {P}[:, :, :, :, :, ::1], "
+          "int64[::1], int64, int64, int64)")
+_bwd_d_rows_s1 = separate(_D_SIG, **_VARIANTS)(specialise(
+    _bwd_d_rows, "s1", _SW=1, _ROW3=_d_rows[1][0], _ROW2=_d_rows[1][1], _ROW1=_d_rows[1][2]))
+_bwd_d_rows_s2 = separate(_D_SIG, **_VARIANTS)(specialise(
+    _bwd_d_rows, "s2", _SW=2, _ROW3=_d_rows[2][0], _ROW2=_d_rows[2][1], _ROW1=_d_rows[2][2]))
+_bwd_w_rows_s1 = separate(_W_SIG, **_VARIANTS)(specialise(_bwd_w_rows, "s1", _SW=1))
+_bwd_w_rows_s2 = separate(_W_SIG, **_VARIANTS)(specialise(_bwd_w_rows, "s2", _SW=2))

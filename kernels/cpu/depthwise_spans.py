@@ -5,11 +5,10 @@ Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[kd, kh, kw, 1,
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate, specialise
+from numbaconv._jit import helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io, table
 
@@ -41,8 +40,8 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 #   ranges of dY rows with private partials, zeroed and reduced inside the kernel.
 #
 # Channels beyond the last whole vector run the same code with masked loads and stores.
-# The drivers are serial helpers called from a one-line prange, which keeps the parallel
-# region (slow to compile) small.
+# The drivers are separate serial helpers that serial kernels run over their chunks of
+# rows in parallel through ``par_for`` (no parallel region of their own to compile).
 # ---------------------------------------------------------------------------------------
 
 #: Pixels per block of a span (backward data, backward weights): a block's slices of the
@@ -404,8 +403,8 @@ def _store_zero(typingctx, base, index, work):
     return sig, codegen
 
 
-def _bwd_d_rows(dy, w, dx, geo, r0, r1):
-    """Rows ``r0 .. r1 - 1`` of dX (see :func:`bwd_d_depthwise_m1`)."""
+def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
+    """The rows of dX in chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_m1_kernel`)."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -413,6 +412,8 @@ def _bwd_d_rows(dy, w, dx, geo, r0, r1):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * id_ * ih
+    r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     it = dx.itemsize
     dyb, wb, dxb = dy.ctypes.data, w.ctypes.data, dx.ctypes.data
     nq = min(sw, iw)
@@ -506,23 +507,21 @@ def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
     bwd_d_m1_kernel(rows.table(dx.dtype.name), dy, w, dx, geo, nchunks)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_m1_kernel(fns, dy, w, dx, geo, nchunks):
     """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
     padding. Per dX row: the row taps that reach it; per column stride phase of the row:
     its column taps; the phase's interior (every column tap in range) is one span, its
     border pixels spans of one pixel. Threads take ``nchunks`` contiguous ranges of rows
-    (the loop nest is a serial helper: the parallel region stays small to compile)."""
-    rows = geo[0] * geo[4] * geo[5]
-    for chunk in prange(nchunks):
-        _bwd_d_rows(fns, dy, w, dx, geo, rows * chunk // nchunks,
-                    rows * (chunk + 1) // nchunks)
+    (the loop nest is a separate serial helper, run over the chunks by ``par_for``)."""
+    par_for(_bwd_d_rows, fns, nchunks, dy, w, dx, geo, nchunks)
 
 
-@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], int64[::1], int64, int64, "
+@separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], int64[::1], "
           "int64)", float32="float32", float64="float64")
-def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
-    """Output rows ``r0 .. r1 - 1`` into the partial dW ``part[ch]`` (zeroed here)."""
+def _bwd_w_rows(x, dy, part, geo, ch):
+    """The output rows of chunk ``ch`` (of ``part.shape[0]``) into the partial dW
+    ``part[ch]`` (zeroed here)."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -530,6 +529,9 @@ def _bwd_w_rows(x, dy, part, geo, ch, r0, r1):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    nchunks = part.shape[0]
+    r0, r1 = rows * ch // nchunks, rows * (ch + 1) // nchunks
     it = x.itemsize
     xb, dyb, pb = x.ctypes.data, dy.ctypes.data, part.ctypes.data
     T = kd * kh * kw
@@ -600,16 +602,12 @@ def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
     bwd_w_m1_kernel(_bwd_w_rows.table(part.dtype.name), x, dy, part, dwt, geo)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_m1_kernel(fns, x, dy, part, dwt, geo):
     """dwt (``[kd, kh, kw, 1, C]``) = dW of multiplier 1, any kernel, stride, dilation and
     padding. part[j] (scratch, ``[nchunks, kd, kh, kw, 1, C]``): chunk j's sum over its
     contiguous range of output rows, zeroed and reduced here. Per dY row, the row taps in
     range; its interior (every column tap in range) is one span, border pixels spans of
-    one (the loop nest is a serial helper: the parallel region stays small to compile)."""
-    rows = geo[0] * geo[10] * geo[11]
-    nchunks = part.shape[0]
-    for ch in prange(nchunks):
-        _bwd_w_rows(fns, x, dy, part, geo, ch, rows * ch // nchunks,
-                    rows * (ch + 1) // nchunks)
+    one (the loop nest is a separate serial helper, run over the chunks by ``par_for``)."""
+    par_for(_bwd_w_rows, fns, part.shape[0], x, dy, part, geo)
     reduce_chunks(part, dwt)

@@ -2,19 +2,21 @@
 
 Coordinates: an output position ``o`` and a tap ``t`` read input position
 ``i = o*s - p + t*d`` (per axis; ``p`` is the leading pad). The three kernels are the
-forward pass and its two adjoints written as gathers, so no two iterations of a
-``prange`` ever write the same element:
+forward pass and its two adjoints written as gathers, so no two parallel iterations ever
+write the same element:
 
 * forward:        y[n, o, k]  = sum_{t, c} x[n, o*s - p + t*d, c] * w[t, c, k]
-* backward data:  dx[n, i, c] = sum_{t, k : (i + p - t*d) % s == 0} dy[n, (i+p-t*d)/s, k] * w[t, c, k]
+* backward data:  dx[n, i, c] = sum_{t, k : (i + p - t*d) % s == 0}
+                                  dy[n, (i+p-t*d)/s, k] * w[t, c, k]
 * backward weights: dw[t, c, k] = sum_{n, o} x[n, o*s - p + t*d, c] * dy[n, o, k], each thread
   summing a contiguous range of output rows into its own partial ``dw``; the partials are
   reduced once, in a fixed order, afterwards (deterministic for a given thread count).
 
 The innermost loop always runs over contiguous channels (output channels of a group).
-Each row (or chunk) is a separate helper (``numbaconv._jit.separate``) under a small
-parallel kernel: Numba's parallel passes then never see the loop nest, which compiled in
-about two thirds of the time (1.1-1.4 s against 1.9-2.0 s for the forward pass).
+Each row (or chunk) is a separate helper (``numbaconv._jit.separate``) that a small serial
+kernel runs on every thread through the shared launcher ``numbaconv._jit.par_for``:
+Numba's parallel passes never see the loop nest, and no kernel compiles a parallel region
+of its own.
 
 Each kernel computes a block of rows (``r0 .. r1 - 1`` of the rows it runs over; for the
 weight gradient block ``blk`` of ``nblk`` of every chunk's rows), so that a long call can
@@ -24,12 +26,13 @@ rows into its partial in the same order as one launch does, so any blocking give
 same bits.
 """
 import numpy as np
-from numba import prange
 
-from numbaconv._jit import kernel, separate
+from numbaconv._jit import kernel, par_for, separate
 
-#: The row drivers' signature: three 5-D arrays of the compute dtype, the geometry, a row.
-_SIG5 = "void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)"
+#: The row drivers' signature: three 5-D arrays of the compute dtype, the geometry, the
+#: block's first row and the row within the block.
+_SIG5 = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], "
+         "int64, int64)")
 
 
 def fwd_direct(x, w, y, geo, r0, r1):
@@ -38,17 +41,17 @@ def fwd_direct(x, w, y, geo, r0, r1):
     fwd_direct_kernel(_fwd_row.table(y.dtype.name), x, w, y, geo, r0, r1)
 
 
-@kernel
+@kernel(parallel=False)
 def fwd_direct_kernel(fns, x, w, y, geo, r0, r1):
     """:func:`fwd_direct` with its address table, in parallel over the rows."""
-    for i in prange(r1 - r0):
-        _fwd_row(fns, x, w, y, geo, r0 + i)
+    par_for(_fwd_row, fns, r1 - r0, x, w, y, geo, r0)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
-def _fwd_row(x, w, y, geo, r):
-    """Output row ``r`` of :func:`fwd_direct`."""
-    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+def _fwd_row(x, w, y, geo, r0, i):
+    """Output row ``r0 + i`` of :func:`fwd_direct`."""
+    r = r0 + i
+    g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -84,17 +87,17 @@ def bwd_d_direct(dy, w, dx, geo, r0, r1):
     bwd_d_direct_kernel(_bwd_d_row.table(dx.dtype.name), dy, w, dx, geo, r0, r1)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_direct_kernel(fns, dy, w, dx, geo, r0, r1):
     """:func:`bwd_d_direct` with its address table, in parallel over the rows."""
-    for i in prange(r1 - r0):
-        _bwd_d_row(fns, dy, w, dx, geo, r0 + i)
+    par_for(_bwd_d_row, fns, r1 - r0, dy, w, dx, geo, r0)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
-def _bwd_d_row(dy, w, dx, geo, r):
-    """Input row ``r`` of :func:`bwd_d_direct`."""
-    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+def _bwd_d_row(dy, w, dx, geo, r0, i):
+    """Input row ``r0 + i`` of :func:`bwd_d_direct`."""
+    r = r0 + i
+    g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -143,17 +146,17 @@ def bwd_d_direct_acc(dy, w, dx, geo, r0, r1):
     bwd_d_direct_acc_kernel(_bwd_d_acc_row.table(dx.dtype.name), dy, w, dx, geo, r0, r1)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_direct_acc_kernel(fns, dy, w, dx, geo, r0, r1):
     """:func:`bwd_d_direct_acc` with its address table, in parallel over the rows."""
-    for i in prange(r1 - r0):
-        _bwd_d_acc_row(fns, dy, w, dx, geo, r0 + i)
+    par_for(_bwd_d_acc_row, fns, r1 - r0, dy, w, dx, geo, r0)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
-def _bwd_d_acc_row(dy, w, dx, geo, r):
-    """Input row ``r`` of :func:`bwd_d_direct_acc`."""
-    mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
+def _bwd_d_acc_row(dy, w, dx, geo, r0, i):
+    """Input row ``r0 + i`` of :func:`bwd_d_direct_acc`."""
+    r = r0 + i
+    g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -205,16 +208,15 @@ def bwd_w_direct(x, dy, part, geo, blk, nblk):
     bwd_w_direct_kernel(_bwd_w_chunk.table(part.dtype.name), x, dy, part, geo, blk, nblk)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_direct_kernel(fns, x, dy, part, geo, blk, nblk):
     """:func:`bwd_w_direct` with its address table, in parallel over the chunks."""
-    for j in prange(part.shape[0]):
-        _bwd_w_chunk(fns, x, dy, part, geo, j, blk, nblk)
+    par_for(_bwd_w_chunk, fns, part.shape[0], x, dy, part, geo, blk, nblk)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], "
           "int64[::1], int64, int64, int64)", noalias=True, float32="float32", float64="float64")
-def _bwd_w_chunk(x, dy, part, geo, j, blk, nblk):
+def _bwd_w_chunk(x, dy, part, geo, blk, nblk, j):
     """Block ``blk`` of chunk ``j``'s rows of :func:`bwd_w_direct`."""
     mb, g, icg, ocg = geo[0], geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
@@ -254,16 +256,39 @@ def _bwd_w_chunk(x, dy, part, geo, j, blk, nblk):
                                     pj[t_d, t_h, t_w, c, k] += xv * dy[n, o_d, o_h, o_w, k]
 
 
-@kernel
+#: Elements per iteration of :func:`reduce_partials_kernel`.
+REDUCE_BLOCK = 1 << 12
+
+
 def reduce_partials(part, out):
     """out[...] = sum_j part[j, ...], in a fixed order (flat views, same element count)."""
-    nchunks = part.shape[0]
-    size = out.size
-    for e in prange(size):
-        acc = part[0, e]
-        for j in range(1, nchunks):
-            acc += part[j, e]
-        out[e] = acc
+    reduce_partials_kernel(_reduce_block.table(out.dtype.name), part, out)
+
+
+@kernel(parallel=False)
+def reduce_partials_kernel(fns, part, out):
+    """:func:`reduce_partials` with its address table, in parallel over blocks of
+    ``REDUCE_BLOCK`` elements (each element's sum runs over the partials in order, whatever
+    the blocks)."""
+    par_for(_reduce_block, fns, (out.size + REDUCE_BLOCK - 1) // REDUCE_BLOCK, part, out)
+
+
+@separate("void({T}[:, ::1], {T}[::1], int64)", noalias=True, float32="float32",
+          float64="float64")
+def _reduce_block(part, out, b):
+    """Block ``b`` of :func:`reduce_partials_kernel`'s elements: partial by partial, each
+    added to the block of ``out`` (vectors across the elements; each element's sum in the
+    partials' order)."""
+    e0 = b * REDUCE_BLOCK
+    o = out[e0:min(out.size, e0 + REDUCE_BLOCK)]
+    n = o.size
+    p = part[0, e0:e0 + n]
+    for e in range(n):
+        o[e] = p[e]
+    for j in range(1, part.shape[0]):
+        p = part[j, e0:e0 + n]
+        for e in range(n):
+            o[e] += p[e]
 
 
 def bwd_w_narrow(x, dy, part, geo, blk, nblk):
@@ -277,16 +302,15 @@ def bwd_w_narrow(x, dy, part, geo, blk, nblk):
     bwd_w_narrow_kernel(_narrow_chunk.table(part.dtype.name), x, dy, part, geo, blk, nblk)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_narrow_kernel(fns, x, dy, part, geo, blk, nblk):
     """:func:`bwd_w_narrow` with its address table, in parallel over the chunks."""
-    for j in prange(part.shape[0]):
-        _narrow_chunk(fns, x, dy, part, geo, j, blk, nblk)
+    par_for(_narrow_chunk, fns, part.shape[0], x, dy, part, geo, blk, nblk)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], "
           "int64[::1], int64, int64, int64)", noalias=True, float32="float32", float64="float64")
-def _narrow_chunk(x, dy, part, geo, j, blk, nblk):
+def _narrow_chunk(x, dy, part, geo, blk, nblk, j):
     """Block ``blk`` of chunk ``j``'s rows of :func:`bwd_w_narrow`."""
     mb, icg, ocg = geo[0], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]

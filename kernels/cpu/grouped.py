@@ -40,11 +40,10 @@ pads, ocg, VL]``, forward filter ``[nvg, kd, kh, kw, icg, ocg, VL]``, backward-d
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, par_for, separate
 
 
 #: Bytes of one SIMD register on this host (the lanes of a group vector).
@@ -366,15 +365,13 @@ def to_group_minor(src, dst, g, pl):
     to_group_minor_kernel(_gm_row.table(name), src, dst, g, pl)
 
 
-@kernel
+@kernel(parallel=False)
 def to_group_minor_kernel(fns, src, dst, g, pl):
     """``src [mb, d, h, w, g*C]`` -> ``dst [nvg, mb, d, h, wp, C, VL]``: group ``gi`` in
     lane ``gi % VL`` of vector ``gi // VL``, pixel ``i`` at ``pl + i``, zeros in the padding
     pixels and lanes. A ``src`` of float16 bits (uint16) is widened into a float32 ``dst``
     on the way (no pass of its own)."""
-    rows = src.shape[0] * src.shape[1] * src.shape[2]
-    for r in prange(rows):
-        _gm_row(fns, src, dst, g, pl, r)
+    par_for(_gm_row, fns, src.shape[0] * src.shape[1] * src.shape[2], src, dst, g, pl)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], int64, int64, int64)",
@@ -425,7 +422,7 @@ def pack_filter(w, out, pos, taps, g, transposed, vl):
     pack_filter_kernel(_pack_row.table(w.dtype.name), w, out, pos, taps, g, transposed, vl)
 
 
-@kernel
+@kernel(parallel=False)
 def pack_filter_kernel(fns, w, out, pos, taps, g, transposed, vl):
     """Filter ``w [kd, kh, kw, icg, g*ocg]`` -> the block at ``pos`` of every row of ``out
     [nvg, *]``: ``[kd, kh, len(taps), icg, ocg, VL]``, or ``[..., ocg, icg, VL]`` when
@@ -434,9 +431,8 @@ def pack_filter_kernel(fns, w, out, pos, taps, g, transposed, vl):
     register transposes of ``VL`` groups x 4 channels (a serial element-by-element pass took
     0.35 ms for ResNeXt-3D conv_3d:6's 27 x 16 x 32 x 16 filter, a quarter of its kernel;
     this one 0.04 ms)."""
-    nvg, nj = out.shape[0], taps.shape[0]
-    for r in prange(nvg * w.shape[0] * w.shape[1] * nj):
-        _pack_row(fns, w, out, pos, taps, g, transposed, vl, r)
+    par_for(_pack_row, fns, out.shape[0] * w.shape[0] * w.shape[1] * taps.shape[0], w, out,
+            pos, taps, g, transposed, vl)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, ::1], int64, int64[::1], int64, boolean, "
@@ -446,7 +442,7 @@ def _pack_row(w, out, pos, taps, g, transposed, vl, r):
     kd, kh, kw, icg = w.shape[0], w.shape[1], w.shape[2], w.shape[3]
     row = w.shape[4]
     ocg = row // g
-    nvg, nj = out.shape[0], taps.shape[0]
+    nj = taps.shape[0]
     sc, sk = (1, icg) if transposed else (ocg, 1)  # a filter element's stride in a tap block
     blk = icg * ocg * vl
     it = w.itemsize
@@ -616,7 +612,7 @@ def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
     bwd_w_gm_kernel(_bwd_w_chunk.table(xp.dtype.name), xp, dyg, part, geo, pl, rb, wc)
 
 
-@kernel
+@kernel(parallel=False)
 def fwd_gm_kernel(fns, tiles, xp, wf, y, geo, pl):
     """``y [mb, od, oh, ow, g*ocg]`` = grouped conv(xp, wf) (``xp`` group-minor, padded by
     ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``). With dilation 1 along w, the
@@ -624,15 +620,15 @@ def fwd_gm_kernel(fns, tiles, xp, wf, y, geo, pl):
     contiguous)."""
     rows = geo[0] * geo[10] * geo[11]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * geo[9]), np.int64)
-    for r in prange(rows):
-        _fwd_row(fns, tiles, xp, wf, y, geo, pl, seg_all[r], r)
+    par_for(_fwd_row, fns, rows, tiles, xp, wf, y, geo, pl, seg_all)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64, "
-           "int64[::1], int64)",
+           "int64[:, ::1], int64)",
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
-def _fwd_row(tiles, xp, wf, y, geo, pl, segs, r):
+def _fwd_row(tiles, xp, wf, y, geo, pl, seg_all, r):
+    segs = seg_all[r]
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -671,7 +667,7 @@ def _fwd_row(tiles, xp, wf, y, geo, pl, segs, r):
                    min(vl, g - gv * vl), sw * icg * vl, vl, ocg * vl, oc, ocg, vl, it, work)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_d_gm_kernel(fns, tiles, dyp, wq, dx, geo, qtab, runs):
     """``dx [mb, id, ih, iw, g*icg]`` = grouped conv^T(dyp, w) (``dyp`` group-minor and
     zero-padded along w): per row and stride phase ``q`` along w, a gather over the taps
@@ -681,15 +677,15 @@ def bwd_d_gm_kernel(fns, tiles, dyp, wq, dx, geo, qtab, runs):
     the runs of phase q's taps whose dy pixels follow each other (one segment each)."""
     rows = geo[0] * geo[4] * geo[5]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
-    for r in prange(rows):
-        _bwd_d_row(fns, tiles, dyp, wq, dx, geo, qtab, runs, seg_all[r], r)
+    par_for(_bwd_d_row, fns, rows, tiles, dyp, wq, dx, geo, qtab, runs, seg_all)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], "
-           "int64[:, ::1], int64[:, ::1], int64[::1], int64)",
+           "int64[:, ::1], int64[:, ::1], int64[:, ::1], int64)",
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
-def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, segs, r):
+def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, seg_all, r):
+    segs = seg_all[r]
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh = geo[7], geo[8]
@@ -736,26 +732,27 @@ def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, segs, r):
                        work)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_gm_kernel(fns, xp, dyg, part, geo, pl, rb, wc):
     """``part[j] += ``dW over the output rows of chunk j (``part`` zeroed, ``[chunks, nvg,
     kd, kh, kw, icg, ocg, VL]``; ``xp`` padded by ``pl`` along w, ``dyg`` unpadded). The
     pixels go in blocks of ``rb`` rows x ``wc`` columns (sized to stay in L1); per block and
     tap, every ``TILE_W`` tile of (input x output channels) sums over the block's rows that
     the tap keeps inside the input."""
-    nch = part.shape[0]
-    rows = geo[0] * geo[10] * geo[11]
     # segment lists allocated here, not in the loop: the micro-kernel reads them by address
-    seg_all = np.empty((nch, 3 * rb), np.int64)
-    for ch in prange(nch):
-        _bwd_w_chunk(fns, xp, dyg, part[ch], geo, pl, rb, wc, seg_all[ch],
-                     rows * ch // nch, rows * (ch + 1) // nch)
+    seg_all = np.empty((part.shape[0], 3 * rb), np.int64)
+    par_for(_bwd_w_chunk, fns, part.shape[0], xp, dyg, part, geo, pl, rb, wc, seg_all)
 
 
-@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], int64[::1], int64, int64, int64, "
-           "int64[::1], int64, int64)", float32="float32", float64="float64")
-def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
-    """Output rows ``r0 .. r1`` of :func:`bwd_w_gm` into one partial ``part``."""
+@separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], "
+           "{T}[:, :, :, :, :, :, :, ::1], int64[::1], int64, int64, int64, int64[:, ::1], "
+           "int64)", float32="float32", float64="float64")
+def _bwd_w_chunk(xp, dyg, parts, geo, pl, rb, wc, seg_all, ch):
+    """Chunk ``ch`` of :func:`bwd_w_gm`'s output rows into its partial ``parts[ch]``."""
+    nch = parts.shape[0]
+    rows = geo[0] * geo[10] * geo[11]
+    r0, r1 = rows * ch // nch, rows * (ch + 1) // nch
+    part, segs = parts[ch], seg_all[ch]
     icg, ocg = geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -814,12 +811,24 @@ def _bwd_w_chunk(xp, dyg, part, geo, pl, rb, wc, segs, r0, r1):
                                               sw * icg * vl, ocg * vl, ocg * vl, work)
 
 
-@kernel
 def reduce_w(part, dw):
+    """See :func:`reduce_w_kernel` (its address table added)."""
+    reduce_w_kernel(_reduce_row.table(dw.dtype.name), part, dw)
+
+
+@kernel(parallel=False)
+def reduce_w_kernel(fns, part, dw):
     """``dw [T, icg, g*ocg]`` = the sum over chunks of ``part [chunks, nvg, T, icg, ocg,
     VL]`` (summed into ``part[0]``), in parallel over (tap, input channel), by register
     transposes of 4 channels x ``VL`` groups (serially, element by element, it took 0.26 ms
     of ResNeXt-3D conv_3d:12's weight gradient)."""
+    par_for(_reduce_row, fns, part.shape[2] * part.shape[3], part, dw)
+
+
+@separate("void({T}[:, :, :, :, :, ::1], {T}[:, :, ::1], int64)", float32="float32",
+          float64="float64")
+def _reduce_row(part, dw, tc):
+    """(Tap, input channel) ``tc`` of :func:`reduce_w_kernel`."""
     nch, nvg, T, icg, ocg, vl = part.shape
     g = dw.shape[2] // ocg
     it = dw.itemsize
@@ -828,22 +837,21 @@ def reduce_w(part, dw):
     cs = p1.size // nch
     pp, pd = part.ctypes.data, dw.ctypes.data
     n = ocg * vl
-    for tc in prange(T * icg):
-        for gv in range(nvg):
-            sb = (gv * T * icg + tc) * n
-            for j in range(1, nch):
-                for e in range(n):
-                    p1[sb + e] += p1[j * cs + sb + e]
-            db = tc * g * ocg + gv * vl * ocg
-            nl = min(vl, g - gv * vl)
-            if nl < vl:  # the last, partial vector of groups
-                for l in range(nl):
-                    for k in range(ocg):
-                        d1[db + l * ocg + k] = p1[sb + k * vl + l]
-                continue
-            k = 0
-            while k < ocg:
-                four = k + 4 <= ocg
-                _to_channels(four, full, pp + (sb + k * vl) * it, vl, pd + (db + k) * it, ocg,
-                             dw)
-                k += 4 if four else 1
+    for gv in range(nvg):
+        sb = (gv * T * icg + tc) * n
+        for j in range(1, nch):
+            for e in range(n):
+                p1[sb + e] += p1[j * cs + sb + e]
+        db = tc * g * ocg + gv * vl * ocg
+        nl = min(vl, g - gv * vl)
+        if nl < vl:  # the last, partial vector of groups
+            for l in range(nl):
+                for k in range(ocg):
+                    d1[db + l * ocg + k] = p1[sb + k * vl + l]
+            continue
+        k = 0
+        while k < ocg:
+            four = k + 4 <= ocg
+            _to_channels(four, full, pp + (sb + k * vl) * it, vl, pd + (db + k) * it, ocg,
+                         dw)
+            k += 4 if four else 1

@@ -35,21 +35,21 @@ and :func:`bwd_d_regions_kernel` / :func:`bwd_d_regions_panels_kernel` sum each 
 own taps only, through a micro-kernel variant that finds each tap's filter rows in a
 table (``_micro(nv, btab=True)``) instead of one after the other.
 
-float16 (computed in float32, docs/contract.md section 5): :func:`pad_dy` widens ``dY`` from its float16 bits
-as it pads it, and :func:`bwd_d_phase_half` / :func:`bwd_d_phase_panels_half` compute
-each thread's block (or panel) in float32 scratch that stays in L2 and round it into a
-float16 ``dX`` once it is done, so no float32 ``dX`` is written out and read back.
+float16 (computed in float32, docs/contract.md section 5): :func:`pad_dy` widens ``dY``
+from its float16 bits as it pads it, and :func:`bwd_d_phase_half` /
+:func:`bwd_d_phase_panels_half` compute each thread's block (or panel) in float32 scratch
+that stays in L2 and round it into a float16 ``dX`` once it is done, so no float32 ``dX``
+is written out and read back.
 
 This module is self-contained (see :mod:`numbaconv.kernels`): its micro-kernel is its own
 copy, so that Numba's per-file cache never keeps a stale caller.
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, par_for, separate
 
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
 
@@ -245,24 +245,31 @@ def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
 
 
 def pack_filter(w, taps, out):
-    """See :func:`pack_filter_kernel` (its address table for ``w``'s dtype added)."""
-    pack_filter_kernel(_pack.table(w.dtype.name), w, taps, out)
+    """See :func:`pack_filter_kernel` (its address tables for ``w``'s dtype added)."""
+    name = w.dtype.name
+    pack_filter_kernel(_pack_tap.table(name), _pack.table(name), w, taps, out)
 
 
-@kernel
-def pack_filter_kernel(pack_fn, w, taps, out):
+@kernel(parallel=False)
+def pack_filter_kernel(row_fn, pack_fn, w, taps, out):
     """``out[p, t, k, l] = w[taps[t], p*NR + l, k]`` (0 for channels past ``C``): the
     filter ``w [T, C, K]`` as one phase's ``[panels, len(taps), K, NR]`` B panels (9 taps
-    of 512 x 512 float32 in 1.0 ms on 2 threads, against 1.4-1.7 ms element by element)."""
+    of 512 x 512 float32 in 1.0 ms on 2 threads, against 1.4-1.7 ms element by element),
+    in parallel over (panel, tap)."""
+    par_for(_pack_tap, row_fn, out.shape[0] * out.shape[1], pack_fn, w, taps, out)
+
+
+@separate("void(int64[::1], {T}[:, :, ::1], int64[::1], {T}[:, :, :, ::1], int64)",
+          float32="float32", float64="float64")
+def _pack_tap(pack_fn, w, taps, out, pt):
+    """(Panel, tap) ``pt`` of :func:`pack_filter_kernel`."""
     C, K = w.shape[1], w.shape[2]
-    npan, nt, nr = out.shape[0], out.shape[1], out.shape[3]
-    ws = w.reshape(w.size)
-    od = out.reshape(out.size)
-    for pt in prange(npan * nt):
-        p = pt // nt
-        t = pt % nt
-        tmp = np.empty((TB, TB), w.dtype)
-        _pack(pack_fn, ws, C, K, taps[t], p, nr, od, (p * nt + t) * K * nr, tmp)
+    nt, nr = out.shape[1], out.shape[3]
+    p = pt // nt
+    t = pt % nt
+    tmp = np.empty((TB, TB), w.dtype)
+    _pack(pack_fn, w.reshape(w.size), C, K, taps[t], p, nr, out.reshape(out.size),
+          (p * nt + t) * K * nr, tmp)
 
 
 @helper
@@ -335,13 +342,15 @@ def _sfence(typingctx):
 
 
 def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
-    """See :func:`bwd_d_phase_kernel` (its address table for ``dx``'s dtype added)."""
-    bwd_d_phase_kernel(_tiles.table(dx.dtype.name), dyp, bp, dx, segs, pg, chunk, nblocks,
-                       work, stream)
+    """See :func:`bwd_d_phase_kernel` (its address tables for ``dx``'s dtype added)."""
+    name = dx.dtype.name
+    bwd_d_phase_kernel(_phase_block.table(name), _tiles.table(name), dyp, bp, dx, segs, pg,
+                       chunk, nblocks, work, stream)
 
 
-@kernel
-def bwd_d_phase_kernel(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, stream):
+@kernel(parallel=False)
+def bwd_d_phase_kernel(row_fn, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work,
+                       stream):
     """One stride phase of backward data: ``dx[q + s*j, :] = sum_t dyp[j + b_t, :] @
     Bp[t]`` for every phase pixel ``j`` (see the module docstring), in parallel over
     blocks of row tiles, with the filter packed beforehand (:func:`pack_filter`).
@@ -356,6 +365,22 @@ def bwd_d_phase_kernel(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, st
     one chunk takes every tap (each tile stored once) and every tile row of dX and of
     ``work`` starts on a vector boundary, the tiles are written with non-temporal stores
     (a dX larger than the caches then costs no read for ownership)."""
+    C = pg[14]
+    ntaps = bp.shape[1]
+    it = dx.itemsize
+    nt = (stream and STREAMS and ntaps <= chunk and dx.ctypes.data % VECTOR_BYTES == 0
+          and (C * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
+          and (work.shape[1] * it) % VECTOR_BYTES == 0)
+    par_for(_phase_block, row_fn, nblocks, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks,
+            work, 2 if nt else 0)
+
+
+@separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {T}[:, :, :, :, ::1], "
+          "int64[::1], int64[::1], int64, int64, {T}[:, ::1], int64, int64)",
+          float32="float32", float64="float64")
+def _phase_block(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, first, blk):
+    """Block ``blk`` of row tiles of :func:`bwd_d_phase_kernel` (``first``: the ``beta``
+    of its first chunk of taps)."""
     K, C = pg[7], pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
     ntiles = (P + MR - 1) // MR
@@ -365,72 +390,77 @@ def bwd_d_phase_kernel(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, st
     tpb = (ntiles + nblocks - 1) // nblocks
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     psegs = segs.ctypes.data
-    nt = (stream and STREAMS and ntaps <= chunk and pc % VECTOR_BYTES == 0
-          and (C * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
-          and (work.shape[1] * it) % VECTOR_BYTES == 0)
-    first = 2 if nt else 0
     bflat, wflat = bp.reshape(bp.size), work.reshape(work.size)
-    for blk in prange(nblocks):
-        t0 = blk * tpb
-        t1 = min(ntiles, t0 + tpb)
-        if t0 >= t1:
-            continue
-        nt = t1 - t0
-        offs = np.empty((nt, 2, MR), np.int64)   # per tile: A rows, C rows
-        rel = _rel(work[blk], pc, it)           # scratch rows as offsets from dx
-        _tile_offsets(pg, t0, t1, offs, rel, npan * nr)
-        for p in range(npan):
-            nv = (min(nr, C - p * nr) + vl - 1) // vl
-            cp = pc + p * nr * it
-            for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
-                ns = min(chunk, ntaps - c0)
-                _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, bflat,
-                       ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else first, wflat)
-        if nt:
-            _sfence()
+    t0 = blk * tpb
+    t1 = min(ntiles, t0 + tpb)
+    if t0 >= t1:
+        return
+    nt = t1 - t0
+    offs = np.empty((nt, 2, MR), np.int64)   # per tile: A rows, C rows
+    rel = _rel(work[blk], pc, it)           # scratch rows as offsets from dx
+    _tile_offsets(pg, t0, t1, offs, rel, npan * nr)
+    for p in range(npan):
+        nv = (min(nr, C - p * nr) + vl - 1) // vl
+        cp = pc + p * nr * it
+        for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
+            ns = min(chunk, ntaps - c0)
+            _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, bflat,
+                   ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else first, wflat)
+    if nt:
+        _sfence()
 
 
 def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
     """See :func:`bwd_d_phase_panels_kernel` (its address tables for ``dx``'s dtype
     added)."""
     name = dx.dtype.name
-    bwd_d_phase_panels_kernel(_tiles.table(name), _pack.table(name), dyp, w, taps, dx, segs,
-                              pg, chunk, nr, work)
+    bwd_d_phase_panels_kernel(_phase_panel.table(name), _tiles.table(name), _pack.table(name),
+                              dyp, w, taps, dx, segs, pg, chunk, nr, work)
 
 
-@kernel
-def bwd_d_phase_panels_kernel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk, nr,
-                              work):
+@kernel(parallel=False)
+def bwd_d_phase_panels_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk,
+                              nr, work):
     """:func:`bwd_d_phase` in parallel over the ``NR``-channel panels instead of row blocks,
     each iteration packing its own panel's filter chunk by chunk (``w [T, C, K]``,
     ``taps``: the phase's tap indices) into a local buffer that stays in L2 while every row
     tile of the phase meets it: the filter is read once and never written back, for
     phases with few pixels and a large filter. ``work``: scratch rows ``[1, MR * C_panels]``
     for the rows past the last pixel (each panel writes its own columns)."""
-    K, C = pg[7], pg[14]
+    C = pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
     ntiles = (P + MR - 1) // MR
     npan = (C + nr - 1) // nr
+    offs = np.empty((ntiles, 2, MR), np.int64)
+    _tile_offsets(pg, 0, ntiles, offs, _rel(work, dx.ctypes.data, dx.itemsize), npan * nr)
+    par_for(_phase_panel, row_fn, npan, tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk,
+            nr, work, offs)
+
+
+@separate("void(int64[::1], int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
+          "{T}[:, :, :, :, ::1], int64[::1], int64[::1], int64, int64, {T}[:, ::1], "
+          "int64[:, :, ::1], int64)", float32="float32", float64="float64")
+def _phase_panel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk, nr, work, offs, p):
+    """Panel ``p`` of :func:`bwd_d_phase_panels_kernel` (``offs``: every row tile's A and C
+    row offsets)."""
+    K, C = pg[7], pg[14]
     ntaps = taps.shape[0]
     it = dx.itemsize
     vl = nr // NV
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     psegs = segs.ctypes.data
-    offs = np.empty((ntiles, 2, MR), np.int64)
-    _tile_offsets(pg, 0, ntiles, offs, _rel(work, pc, it), npan * nr)
     ws = w.reshape(w.size)
     wflat = work.reshape(work.size)
-    for p in prange(npan):
-        nv = (min(nr, C - p * nr) + vl - 1) // vl
-        cp = pc + p * nr * it
-        buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
-        tmp = np.empty((TB, TB), dx.dtype)
-        for c0 in range(0, max(ntaps, 1), chunk):      # no taps: one pass storing zeros
-            ns = min(chunk, ntaps - c0)
-            for t in range(ns):
-                _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
-            _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp,
-                   1 if c0 else 0, wflat)
+    nv = (min(nr, C - p * nr) + vl - 1) // vl
+    cp = pc + p * nr * it
+    buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
+    tmp = np.empty((TB, TB), dx.dtype)
+    for c0 in range(0, max(ntaps, 1), chunk):      # no taps: one pass storing zeros
+        ns = min(chunk, ntaps - c0)
+        for t in range(ns):
+            _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+        _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr, cp,
+               1 if c0 else 0, wflat)
 
 
 @separate("void(int64, int64, int64[:, :, ::1], int64, int64, int64, int64, int64, {T}[::1], "
@@ -447,13 +477,15 @@ def _tiles_span(nv, pa, offs, t0, t1, ppairs, ns, K, bmat, boff, nr, cp, beta, w
 
 
 def bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work):
-    """See :func:`bwd_d_regions_kernel` (its address table for ``dx``'s dtype added)."""
-    bwd_d_regions_kernel(_tiles_span.table(dx.dtype.name), dyp, bp, dx, offs, items, rtab,
-                         pairs, epos, chunk, work)
+    """See :func:`bwd_d_regions_kernel` (its address tables for ``dx``'s dtype added)."""
+    name = dx.dtype.name
+    bwd_d_regions_kernel(_regions_item.table(name), _tiles_span.table(name), dyp, bp, dx,
+                         offs, items, rtab, pairs, epos, chunk, work)
 
 
-@kernel
-def bwd_d_regions_kernel(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work):
+@kernel(parallel=False)
+def bwd_d_regions_kernel(row_fn, tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
+                         work):
     """:func:`bwd_d_phase` over regions of the phase grid, each summing only the taps that
     reach inside ``dY`` for every one of its pixels (dilated and heavily padded layers,
     whose border pixels read only padding for some taps: those products add zeros).
@@ -467,6 +499,15 @@ def bwd_d_regions_kernel(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, 
     parallel work, ``(region, t0, t1)`` blocks of row tiles. One micro-kernel call per tile
     and chunk of ``chunk`` tap positions (the filter chunk stays in L2); a region with no
     taps stores zeros."""
+    par_for(_regions_item, row_fn, items.shape[0], tiles_fn, dyp, bp, dx, offs, items, rtab,
+            pairs, epos, chunk, work)
+
+
+@separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {T}[:, :, :, :, ::1], "
+          "int64[:, :, ::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, "
+          "{T}[:, ::1], int64)", float32="float32", float64="float64")
+def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work, ii):
+    """Item ``ii`` (a region's block of row tiles) of :func:`bwd_d_regions_kernel`."""
     npan, ntaps, K, nr = bp.shape[0], bp.shape[1], bp.shape[2], bp.shape[3]
     C = dx.shape[4]
     it = dx.itemsize
@@ -474,47 +515,56 @@ def bwd_d_regions_kernel(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, 
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     pp = pairs.ctypes.data
     bflat, wflat = bp.reshape(bp.size), work.reshape(work.size)
-    for ii in prange(items.shape[0]):
-        r, t0, t1 = items[ii, 0], items[ii, 1], items[ii, 2]
-        e0, ne = rtab[r, 2], rtab[r, 3]
-        for p in range(npan):
-            nv = (min(nr, C - p * nr) + vl - 1) // vl
-            cp = pc + p * nr * it
-            if ne == 0:
-                _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, bflat, 0, nr, cp, 0,
-                            wflat)
-                continue
-            beta = 0
-            j = e0
-            while j < e0 + ne:
-                c1 = (epos[j] // chunk + 1) * chunk
-                j1 = j + 1
-                while j1 < e0 + ne and epos[j1] < c1:
-                    j1 += 1
-                _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, bflat,
-                            p * ntaps * K * nr, nr, cp, beta, wflat)
-                beta = 1
-                j = j1
+    r, t0, t1 = items[ii, 0], items[ii, 1], items[ii, 2]
+    e0, ne = rtab[r, 2], rtab[r, 3]
+    for p in range(npan):
+        nv = (min(nr, C - p * nr) + vl - 1) // vl
+        cp = pc + p * nr * it
+        if ne == 0:
+            _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, bflat, 0, nr, cp, 0,
+                        wflat)
+            continue
+        beta = 0
+        j = e0
+        while j < e0 + ne:
+            c1 = (epos[j] // chunk + 1) * chunk
+            j1 = j + 1
+            while j1 < e0 + ne and epos[j1] < c1:
+                j1 += 1
+            _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, bflat,
+                        p * ntaps * K * nr, nr, cp, beta, wflat)
+            beta = 1
+            j = j1
 
 
 def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work):
     """See :func:`bwd_d_regions_panels_kernel` (its address tables for ``dx``'s dtype
     added)."""
     name = dx.dtype.name
-    bwd_d_regions_panels_kernel(_tiles_span.table(name), _pack.table(name), dyp, w, taps, dx,
-                                offs, rtab, pairs, epos, chunk, nr, work)
+    bwd_d_regions_panels_kernel(_regions_panel.table(name), _tiles_span.table(name),
+                                _pack.table(name), dyp, w, taps, dx, offs, rtab, pairs, epos,
+                                chunk, nr, work)
 
 
-@kernel
-def bwd_d_regions_panels_kernel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs,
-                                epos, chunk, nr, work):
+@kernel(parallel=False)
+def bwd_d_regions_panels_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab,
+                                pairs, epos, chunk, nr, work):
     """:func:`bwd_d_regions_kernel` in parallel over the ``NR``-channel panels, each packing
     its own filter chunk by chunk as :func:`bwd_d_phase_panels_kernel` does (``pairs``' B
     offsets are positions times ``K * NR``: a chunk's buffer stands at ``-c0 * K * NR``);
     every region then sums its taps in the chunk (its first sum stores, later ones add; a
     region with no taps stores zeros)."""
+    par_for(_regions_panel, row_fn, (w.shape[1] + nr - 1) // nr, tiles_fn, pack_fn, dyp, w,
+            taps, dx, offs, rtab, pairs, epos, chunk, nr, work)
+
+
+@separate("void(int64[::1], int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
+          "{T}[:, :, :, :, ::1], int64[:, :, ::1], int64[:, ::1], int64[:, ::1], int64[::1], "
+          "int64, int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
+def _regions_panel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr,
+                   work, p):
+    """Panel ``p`` of :func:`bwd_d_regions_panels_kernel`."""
     C, K = w.shape[1], w.shape[2]
-    npan = (C + nr - 1) // nr
     ntaps = taps.shape[0]
     it = dx.itemsize
     vl = nr // NV
@@ -523,31 +573,30 @@ def bwd_d_regions_panels_kernel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab,
     ws = w.reshape(w.size)
     wflat = work.reshape(work.size)
     nreg = rtab.shape[0]
-    for p in prange(npan):
-        nv = (min(nr, C - p * nr) + vl - 1) // vl
-        cp = pc + p * nr * it
-        buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
-        tmp = np.empty((TB, TB), dx.dtype)
-        for c0 in range(0, max(ntaps, 1), chunk):
-            ns = min(chunk, ntaps - c0)
-            for t in range(ns):
-                _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
-            for r in range(nreg):
-                t0, t1, e0, ne = rtab[r, 0], rtab[r, 1], rtab[r, 2], rtab[r, 3]
-                if ne == 0:
-                    if c0 == 0:
-                        _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, buf, 0, nr, cp,
-                                    0, wflat)
-                    continue
-                j = e0
-                while j < e0 + ne and epos[j] < c0:
-                    j += 1
-                j1 = j
-                while j1 < e0 + ne and epos[j1] < c0 + ns:
-                    j1 += 1
-                if j1 > j:
-                    _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, buf,
-                                -c0 * K * nr, nr, cp, 1 if epos[e0] < c0 else 0, wflat)
+    nv = (min(nr, C - p * nr) + vl - 1) // vl
+    cp = pc + p * nr * it
+    buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
+    tmp = np.empty((TB, TB), dx.dtype)
+    for c0 in range(0, max(ntaps, 1), chunk):
+        ns = min(chunk, ntaps - c0)
+        for t in range(ns):
+            _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+        for r in range(nreg):
+            t0, t1, e0, ne = rtab[r, 0], rtab[r, 1], rtab[r, 2], rtab[r, 3]
+            if ne == 0:
+                if c0 == 0:
+                    _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, buf, 0, nr, cp,
+                                0, wflat)
+                continue
+            j = e0
+            while j < e0 + ne and epos[j] < c0:
+                j += 1
+            j1 = j
+            while j1 < e0 + ne and epos[j1] < c0 + ns:
+                j1 += 1
+            if j1 > j:
+                _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, buf,
+                            -c0 * K * nr, nr, cp, 1 if epos[e0] < c0 else 0, wflat)
 
 
 @helper
@@ -578,11 +627,10 @@ def pad_dy(dy, dyp, lead):
     pad_dy_kernel(_pad_row.table(name), dy, dyp, lead)
 
 
-@kernel
+@kernel(parallel=False)
 def pad_dy_kernel(fns, dy, dyp, lead):
     """:func:`pad_dy` with its address table."""
-    for r in prange(dyp.shape[0] * dyp.shape[1] * dyp.shape[2]):
-        _pad_row(fns, dy, dyp, lead, r)
+    par_for(_pad_row, fns, dyp.shape[0] * dyp.shape[1] * dyp.shape[2], dy, dyp, lead)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)",
@@ -620,19 +668,28 @@ def _pad_row(dy, dyp, lead, r):
 
 
 def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
-    """See :func:`bwd_d_phase_half_kernel` (its address table added)."""
-    bwd_d_phase_half_kernel(_tiles.table("float32"), dyp, bp, dxh, segs, pg, chunk, nth,
-                            work)
+    """See :func:`bwd_d_phase_half_kernel` (its address tables added)."""
+    bwd_d_phase_half_kernel(_phase_share_half.table("float16"), _tiles.table("float32"), dyp,
+                            bp, dxh, segs, pg, chunk, nth, work)
 
 
-@kernel
-def bwd_d_phase_half_kernel(tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work):
+@kernel(parallel=False)
+def bwd_d_phase_half_kernel(row_fn, tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work):
     """:func:`bwd_d_phase` with ``dX`` as float16 bits (``dxh``, uint16): each thread's
     blocks of row tiles are computed in float32 into its own scratch (``work[th]``: ``MR``
     rows per tile of a block, ``C_panels`` floats each, reused block after block so that
     it stays in L2) and rounded into ``dxh`` once, row by row, when the block is done:
     no float32 ``dX`` to write out and read back. Blocks of at most ``work.shape[1] //
     (MR * C_panels)`` tiles, the blocks of ``nth`` contiguous shares in parallel."""
+    par_for(_phase_share_half, row_fn, nth, tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth,
+            work)
+
+
+@separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {Y}[:, :, :, :, ::1], "
+          "int64[::1], int64[::1], int64, int64, {T}[:, ::1], int64)",
+          float16=dict(T="float32", Y="uint16"))
+def _phase_share_half(tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work, th):
+    """Thread ``th``'s share of blocks of :func:`bwd_d_phase_half_kernel`."""
     K, C = pg[7], pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
     ntiles = (P + MR - 1) // MR
@@ -647,70 +704,80 @@ def bwd_d_phase_half_kernel(tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work):
     psegs = segs.ctypes.data
     d1 = dxh.reshape(dxh.size)
     bflat = bp.reshape(bp.size)
-    for th in prange(nth):
-        ws = work[th]
-        pw = ws.ctypes.data
-        offs = np.empty((btiles, 2, MR), np.int64)  # per tile: A rows, scratch rows
-        dofs = np.empty((btiles, MR), np.int64)     # per tile: dX rows
-        for blk in range(th * bpt, min(nblocks, (th + 1) * bpt)):
-            t0 = blk * btiles
-            t1 = min(ntiles, t0 + btiles)
-            nt = t1 - t0
-            _tile_offsets(pg, t0, t1, offs, 0, 0)
-            _to_scratch(offs, nt, dofs, ldw)
-            for p in range(npan):
-                nv = (min(nr, C - p * nr) + vl - 1) // vl
-                cp = pw + p * nr * it
-                for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
-                    ns = min(chunk, ntaps - c0)
-                    _tiles(tiles_fn, nv, pa, offs[:nt], psegs + c0 * 8, ns, K, bflat,
-                           ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else 0, ws)
-            for r in range(min(nt * MR, P - t0 * MR)):
-                _round_row(ws, r * ldw, d1, dofs[r // MR, r % MR], C)
+    ws = work[th]
+    pw = ws.ctypes.data
+    offs = np.empty((btiles, 2, MR), np.int64)  # per tile: A rows, scratch rows
+    dofs = np.empty((btiles, MR), np.int64)     # per tile: dX rows
+    for blk in range(th * bpt, min(nblocks, (th + 1) * bpt)):
+        t0 = blk * btiles
+        t1 = min(ntiles, t0 + btiles)
+        nt = t1 - t0
+        _tile_offsets(pg, t0, t1, offs, 0, 0)
+        _to_scratch(offs, nt, dofs, ldw)
+        for p in range(npan):
+            nv = (min(nr, C - p * nr) + vl - 1) // vl
+            cp = pw + p * nr * it
+            for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
+                ns = min(chunk, ntaps - c0)
+                _tiles(tiles_fn, nv, pa, offs[:nt], psegs + c0 * 8, ns, K, bflat,
+                       ((p * ntaps + c0) * K) * nr, nr, cp, 1 if c0 else 0, ws)
+        for r in range(min(nt * MR, P - t0 * MR)):
+            _round_row(ws, r * ldw, d1, dofs[r // MR, r % MR], C)
 
 
 def bwd_d_phase_panels_half(dyp, w, taps, dxh, segs, pg, chunk, nr, work):
     """See :func:`bwd_d_phase_panels_half_kernel` (its address tables added)."""
-    bwd_d_phase_panels_half_kernel(_tiles.table("float32"), _pack.table("float32"), dyp, w,
-                                   taps, dxh, segs, pg, chunk, nr, work)
+    bwd_d_phase_panels_half_kernel(_panels_share_half.table("float16"), _tiles.table("float32"),
+                                   _pack.table("float32"), dyp, w, taps, dxh, segs, pg, chunk,
+                                   nr, work)
 
 
-@kernel
-def bwd_d_phase_panels_half_kernel(tiles_fn, pack_fn, dyp, w, taps, dxh, segs, pg, chunk, nr,
-                                   work):
+@kernel(parallel=False)
+def bwd_d_phase_panels_half_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dxh, segs, pg,
+                                   chunk, nr, work):
     """:func:`bwd_d_phase_panels` with ``dX`` as float16 bits (``dxh``, uint16): each
     panel's ``NR`` columns of every row are computed in float32 into its thread's scratch
     (``work[th]``, ``[row tiles * MR, NR]``, reused panel after panel) and rounded into
     ``dxh`` once the panel's last chunk of taps is done."""
-    K, C = pg[7], pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
     ntiles = (P + MR - 1) // MR
-    npan = (C + nr - 1) // nr
-    ntaps = taps.shape[0]
-    nth = work.shape[0]
-    vl = nr // NV
-    it = work.itemsize
-    pa = dyp.ctypes.data
-    psegs = segs.ctypes.data
     offs = np.empty((ntiles, 2, MR), np.int64)
     _tile_offsets(pg, 0, ntiles, offs, 0, 0)
     dofs = np.empty((ntiles, MR), np.int64)
     _to_scratch(offs, ntiles, dofs, nr)             # scratch rows, NR floats apart
+    par_for(_panels_share_half, row_fn, work.shape[0], tiles_fn, pack_fn, dyp, w, taps, dxh,
+            segs, pg, chunk, nr, work, offs, dofs)
+
+
+@separate("void(int64[::1], int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
+          "{Y}[:, :, :, :, ::1], int64[::1], int64[::1], int64, int64, {T}[:, ::1], "
+          "int64[:, :, ::1], int64[:, ::1], int64)", float16=dict(T="float32", Y="uint16"))
+def _panels_share_half(tiles_fn, pack_fn, dyp, w, taps, dxh, segs, pg, chunk, nr, work, offs,
+                       dofs, th):
+    """Thread ``th``'s share of panels of :func:`bwd_d_phase_panels_half_kernel` (``offs``,
+    ``dofs``: every row tile's A and scratch rows, and its dX rows)."""
+    K, C = pg[7], pg[14]
+    P = pg[0] * pg[1] * pg[2] * pg[3]
+    npan = (C + nr - 1) // nr
+    ntaps = taps.shape[0]
+    nth = work.shape[0]
+    vl = nr // NV
+    pa = dyp.ctypes.data
+    psegs = segs.ctypes.data
     ws = w.reshape(w.size)
     d1 = dxh.reshape(dxh.size)
     ppt = (npan + nth - 1) // nth
-    for th in prange(nth):
-        sc = work[th]
-        buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, work.dtype)
-        tmp = np.empty((TB, TB), work.dtype)
-        for p in range(th * ppt, min(npan, (th + 1) * ppt)):
-            wdt = min(nr, C - p * nr)
-            nv = (wdt + vl - 1) // vl
-            for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
-                ns = min(chunk, ntaps - c0)
-                for t in range(ns):
-                    _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
-                _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr,
-                       sc.ctypes.data, 1 if c0 else 0, sc)
-            for r in range(P):
-                _round_row(sc, r * nr, d1, dofs[r // MR, r % MR] + p * nr, wdt)
+    sc = work[th]
+    buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, work.dtype)
+    tmp = np.empty((TB, TB), work.dtype)
+    for p in range(th * ppt, min(npan, (th + 1) * ppt)):
+        wdt = min(nr, C - p * nr)
+        nv = (wdt + vl - 1) // vl
+        for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
+            ns = min(chunk, ntaps - c0)
+            for t in range(ns):
+                _pack(pack_fn, ws, C, K, taps[c0 + t], p, nr, buf, t * K * nr, tmp)
+            _tiles(tiles_fn, nv, pa, offs, psegs + c0 * 8, ns, K, buf, 0, nr,
+                   sc.ctypes.data, 1 if c0 else 0, sc)
+        for r in range(P):
+            _round_row(sc, r * nr, d1, dofs[r // MR, r % MR] + p * nr, wdt)

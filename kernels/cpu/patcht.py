@@ -23,11 +23,10 @@ contained here: Numba's cache checks only a function's own file).
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, par_for, separate
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 
 #: The register tiles, ``(rows, most vectors)``: rows of output channels (broadcast) x
@@ -158,7 +157,7 @@ def bwd_w(x, dy, part, geo, rb, shape, segs):
     bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs)
 
 
-@kernel
+@kernel(parallel=False)
 def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     the shares in parallel. ``x [mb, id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``:
@@ -169,19 +168,20 @@ def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs):
     its rows ``(group, output channel)`` and columns ``(tap, input channel)``; ``shape``
     the register tile (an index into :data:`TILES`); ``segs [chunks, 3*rb]`` scratch.
     Output rows go in blocks of ``rb``."""
-    nch = part.shape[0]
-    rows = geo[0] * geo[10] * geo[11]
-    for j in prange(nch):
-        _chunk(fns, x, dy, part[j], geo, rows * j // nch, rows * (j + 1) // nch, rb, shape,
-               segs[j])
+    par_for(_chunk, fns, part.shape[0], x, dy, part, geo, rb, shape, segs)
 
 
-@separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
-          "int64, int64, int64, int64, int64[::1])", noalias=True,
+@separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], int64[::1], "
+          "int64, int64, int64[:, ::1], int64)", noalias=True,
           float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
           float16=dict(S="uint16", T="float32"))
-def _chunk(x, dy, part, geo, r0, r1, rb, shape, segs):
-    """Output rows ``r0 .. r1`` of :func:`bwd_w_kernel` into one partial ``part``."""
+def _chunk(x, dy, parts, geo, rb, shape, seg_all, j):
+    """Share ``j`` of :func:`bwd_w_kernel`'s output rows into its partial ``parts[j]``
+    (``seg_all[j]``: its segment lists)."""
+    nch = parts.shape[0]
+    rows = geo[0] * geo[10] * geo[11]
+    r0, r1 = rows * j // nch, rows * (j + 1) // nch
+    part, segs = parts[j], seg_all[j]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]

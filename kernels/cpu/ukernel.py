@@ -32,11 +32,10 @@ loaded on another.
 """
 import numpy as np
 from llvmlite import ir
-from numba import prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, separate
+from numbaconv._jit import helper, kernel, par_for, separate
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
@@ -427,26 +426,37 @@ def _sfence(typingctx):
 
 
 def gemm_claimed_parallel(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream):
-    """See :func:`gemm_claimed_parallel_kernel` (its address table added)."""
-    gemm_claimed_parallel_kernel(_claimed_block.table(work.dtype.name), a, rsa, csa, bp, c,
-                                 ldc, M, N, counter, chunk, work, stream)
+    """See :func:`gemm_claimed_parallel_kernel` (its address tables added)."""
+    name = work.dtype.name
+    gemm_claimed_parallel_kernel(_claimed_thread.table(name), _claimed_block.table(name), a,
+                                 rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream)
 
 
-@kernel
-def gemm_claimed_parallel_kernel(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work,
-                                 stream):
-    """:func:`gemm_claimed` on every thread of one Numba parallel region (``work``: one
-    row of scratch per thread): the threads claim blocks of ``chunk`` rows from
-    ``counter[0]`` as they go, with no Python worker thread to wake (0.07-0.2 ms each).
-    ``stream``: write C's whole tiles with non-temporal stores (no read for ownership of
-    a C larger than the caches; taken only where C's rows start on vector boundaries)."""
+@kernel(parallel=False)
+def gemm_claimed_parallel_kernel(fns, block_fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk,
+                                 work, stream):
+    """:func:`gemm_claimed` on every thread of one parallel loop (``work``: one row of
+    scratch per thread, :func:`_claimed_thread`): the threads claim blocks of ``chunk``
+    rows from ``counter[0]`` as they go, with no Python worker thread to wake (0.07-0.2 ms
+    each). ``stream``: write C's whole tiles with non-temporal stores (no read for
+    ownership of a C larger than the caches; taken only where C's rows start on vector
+    boundaries)."""
     it = work.itemsize
     beta = 2 if (stream and STREAMS and c % VECTOR_BYTES == 0
                  and (ldc * it) % VECTOR_BYTES == 0) else 0
-    for j in prange(work.shape[0]):
-        _claim_blocks(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work[j], beta)
-        if beta == 2:
-            _sfence()
+    par_for(_claimed_thread, fns, work.shape[0], block_fns, a, rsa, csa, bp, c, ldc, M, N,
+            counter, chunk, work, beta)
+
+
+@separate("void(int64[::1], int64, int64, int64, {T}[:, :, ::1], int64, int64, int64, int64, "
+          "int64[::1], int64, {T}[:, ::1], int64, int64)", float32="float32", float64="float64")
+def _claimed_thread(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, beta, j):
+    """Thread ``j`` of :func:`gemm_claimed_parallel_kernel`: blocks claimed with the
+    scratch ``work[j]`` until none are left (``fns``: :func:`_claimed_block`'s table),
+    then, where it streamed, a fence."""
+    _claim_blocks(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work[j], beta)
+    if beta == 2:
+        _sfence()
 
 
 @intrinsic
@@ -507,17 +517,26 @@ def _claimed_half(fns, a, bp, c, counter, chunk, work, stage):
 
 
 def gemm_claimed_half_parallel(a, bp, c, counter, chunk, work, stage):
-    """See :func:`gemm_claimed_half_parallel_kernel` (its address table added)."""
-    gemm_claimed_half_parallel_kernel(_claimed_block.table("float32"), a, bp, c, counter,
+    """See :func:`gemm_claimed_half_parallel_kernel` (its address tables added)."""
+    gemm_claimed_half_parallel_kernel(_claimed_half_thread.table("float16"),
+                                      _claimed_block.table("float32"), a, bp, c, counter,
                                       chunk, work, stage)
 
 
-@kernel
-def gemm_claimed_half_parallel_kernel(fns, a, bp, c, counter, chunk, work, stage):
-    """:func:`gemm_claimed_half` on every thread of one Numba parallel region (``work``
-    and ``stage``: one row per thread), as :func:`gemm_claimed_parallel`."""
-    for j in prange(work.shape[0]):
-        _claimed_half(fns, a, bp, c, counter, chunk, work[j], stage[j])
+@kernel(parallel=False)
+def gemm_claimed_half_parallel_kernel(fns, block_fns, a, bp, c, counter, chunk, work, stage):
+    """:func:`gemm_claimed_half` on every thread of one parallel loop (``work`` and
+    ``stage``: one row per thread), as :func:`gemm_claimed_parallel`."""
+    par_for(_claimed_half_thread, fns, work.shape[0], block_fns, a, bp, c, counter, chunk,
+            work, stage)
+
+
+@separate(noalias=True, float16="void(int64[::1], uint16[:, ::1], float32[:, :, ::1], "
+          "uint16[:, ::1], int64[::1], int64, float32[:, ::1], float32[:, ::1], int64)")
+def _claimed_half_thread(fns, a, bp, c, counter, chunk, work, stage, j):
+    """Thread ``j`` of :func:`gemm_claimed_half_parallel_kernel` (``fns``:
+    :func:`_claimed_block`'s table)."""
+    _claimed_half(fns, a, bp, c, counter, chunk, work[j], stage[j])
 
 
 def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
@@ -527,19 +546,14 @@ def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
                            kc, nc, work)
 
 
-@kernel
+@kernel(parallel=False)
 def gemm_rows_bwd_w_kernel(fns, gemm_fns, xp, dy, parts, geo, kc, nc, work):
     """``parts[j] += dW`` over share ``j`` of the output pixels (flat over rows of ``ow``
     pixels), the shares in parallel (``work[j]``: share ``j``'s scratch of
     :func:`workspace` elements): see :func:`_rows_bwd_w`."""
-    nch = parts.shape[0]
-    total = geo[0] * geo[10] * geo[11] * geo[12]
     none = np.empty(0, np.uint16)
-    wp = xp.shape[3]
-    px, py = xp.ctypes.data, dy.ctypes.data
-    for j in prange(nch):
-        _rows_bwd_w(fns, gemm_fns, px, none, work[j, :0], py, none, work[j, :0], wp,
-                    parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
+    par_for(_rows_bwd_w, fns, parts.shape[0], gemm_fns, xp.ctypes.data, none, dy.ctypes.data,
+            none, work[:0], xp.shape[3], parts, geo, kc, nc, work)
 
 
 #: Elements between the stages of :func:`gemm_rows_bwd_w_half` (an odd number of cache
@@ -554,7 +568,7 @@ def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
                                 dyh, parts, geo, kc, nc, work, stage)
 
 
-@kernel
+@kernel(parallel=False)
 def gemm_rows_bwd_w_half_kernel(fns, gemm_fns, xph, dyh, parts, geo, kc, nc, work, stage):
     """:func:`gemm_rows_bwd_w` with ``xp`` and ``dy`` as float16 bits (``xph``, ``dyh``,
     uint16): each output row's share of ``dy`` is widened ``kc`` pixels at a time into the
@@ -563,18 +577,8 @@ def gemm_rows_bwd_w_half_kernel(fns, gemm_fns, xph, dyh, parts, geo, kc, nc, wor
     that they stay in cache and float16 costs no pass over X or dY of its own; the
     products are float32's, bit for bit. ``stage[j]``: thread ``j``'s stages, dY's first,
     :data:`STAGE_GAP` elements apart (see :func:`rows_stage`)."""
-    nch = parts.shape[0]
-    total = geo[0] * geo[10] * geo[11] * geo[12]
-    wp = xph.shape[3]
-    x1 = xph.reshape(xph.size)
-    y1 = dyh.reshape(dyh.size)
-    ny = kc * geo[3]
-    nx = ((kc - 1) * geo[15] + geo[9]) * geo[2]
-    for j in prange(nch):
-        sx = stage[j, ny + STAGE_GAP: ny + STAGE_GAP + nx]
-        sy = stage[j, :ny]
-        _rows_bwd_w(fns, gemm_fns, sx.ctypes.data, x1, sx, sy.ctypes.data, y1, sy, wp,
-                    parts[j], geo, total * j // nch, total * (j + 1) // nch, kc, nc, work[j])
+    par_for(_rows_bwd_w, fns, parts.shape[0], gemm_fns, 0, xph.reshape(xph.size), 0,
+            dyh.reshape(dyh.size), stage, xph.shape[3], parts, geo, kc, nc, work)
 
 
 def rows_stage(geo, kc):
@@ -584,7 +588,8 @@ def rows_stage(geo, kc):
     return kc * K + ((kc - 1) * sw + kw) * C + 2 * STAGE_GAP
 
 
-@helper
+@separate("void({T}[:, ::1], {T}[:, :, ::1], int64)", noalias=True, float32="float32",
+          float64="float64")
 def _add_parts(c, parts, i):
     """``c[i] += parts[j, i]`` for every partial ``j`` (a split-K product's rows)."""
     for j in range(parts.shape[0]):
@@ -593,60 +598,80 @@ def _add_parts(c, parts, i):
 
 
 def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True):
-    """See :func:`gemm_split_k_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_split_k_kernel(_gemm.table(work.dtype.name), a, rsa, csa, b, rsb, csb, c, parts, K,
-                        kc, nc, work, pf)
+    """See :func:`gemm_split_k_kernel` (its address tables for ``work``'s dtype added)."""
+    name = work.dtype.name
+    gemm_split_k_kernel(_split_k_share.table(name), _add_parts.table(name),
+                        _gemm.table(name), a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work,
+                        pf)
 
 
-@kernel
-def gemm_split_k_kernel(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf):
+@kernel(parallel=False)
+def gemm_split_k_kernel(fns, add_fns, gemm_fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc,
+                        work, pf):
     """``C = A @ B`` with the reduction split into ``len(parts) + 1`` equal shares computed
     in parallel: share 0 into ``C`` (``c [M, N]``, C-contiguous), share ``j`` into
     ``parts[j - 1]``, then added to ``C`` in parallel over its rows. ``A`` and ``B`` on raw
     addresses as in :func:`gemm`; ``work[j]``: share ``j``'s scratch of :func:`workspace`
     elements. For a weight gradient's long reduction (dW = X^T @ dY over every pixel), in
-    one parallel region: no Python worker threads to wake (0.07-0.2 ms each) and no
-    per-slab calls. ``pf``: prefetch each next reduction block (see :func:`gemm`)."""
+    one kernel call: no Python worker threads to wake (0.07-0.2 ms each) and no per-slab
+    calls. ``pf``: prefetch each next reduction block (see :func:`gemm`)."""
+    par_for(_split_k_share, fns, parts.shape[0] + 1, gemm_fns, a, rsa, csa, b, rsb, csb, c,
+            parts, K, kc, nc, work, pf)
+    par_for(_add_parts, add_fns, c.shape[0], c, parts)
+
+
+@separate("void(int64[::1], int64, int64, int64, int64, int64, int64, {T}[:, ::1], "
+          "{T}[:, :, ::1], int64, int64, int64, {T}[:, ::1], boolean, int64)", noalias=True,
+          float32="float32", float64="float64")
+def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf, j):
+    """Share ``j`` of :func:`gemm_split_k_kernel`'s reduction (``fns``: :func:`_gemm`'s
+    table)."""
     M, N = c.shape
     nch = parts.shape[0] + 1
     it = work.itemsize
-    for j in prange(nch):
-        k0 = K * j // nch
-        k1 = K * (j + 1) // nch
-        dst = c if j == 0 else parts[j - 1]
-        if k1 == k0:
-            dst[:, :] = 0
-        else:
-            _gemm(fns, a + k0 * csa * it, rsa, csa, b + k0 * rsb * it, rsb, csb,
-                  dst.ctypes.data, N, _NO_MAP, M, N, k1 - k0, 0, kc, nc, work[j], pf)
-    for i in prange(M):
-        _add_parts(c, parts, i)
+    k0 = K * j // nch
+    k1 = K * (j + 1) // nch
+    dst = c if j == 0 else parts[j - 1]
+    if k1 == k0:
+        dst[:, :] = 0
+    else:
+        _gemm(fns, a + k0 * csa * it, rsa, csa, b + k0 * rsb * it, rsb, csb,
+              dst.ctypes.data, N, _NO_MAP, M, N, k1 - k0, 0, kc, nc, work[j], pf)
 
 
 def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
-    """See :func:`gemm_split_m_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_split_m_kernel(_gemm.table(work.dtype.name), a, rsa, csa, b, rsb, csb, c, K, kc, nc,
-                        work)
+    """See :func:`gemm_split_m_kernel` (its address tables for ``work``'s dtype added)."""
+    name = work.dtype.name
+    gemm_split_m_kernel(_split_m_share.table(name), _gemm.table(name), a, rsa, csa, b, rsb,
+                        csb, c, K, kc, nc, work)
 
 
-@kernel
-def gemm_split_m_kernel(fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
+@kernel(parallel=False)
+def gemm_split_m_kernel(fns, gemm_fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
     """``C = A @ B`` with the rows of ``C`` (``c [M, N]``, C-contiguous) split into
     ``len(work)`` shares of whole ``MR``-row tiles, computed in parallel (share ``j`` with
     the scratch ``work[j]`` of :func:`workspace` elements); ``A`` and ``B`` on raw
     addresses as in :func:`gemm`. For a weight gradient over few pixels (a short
     reduction into a tall dW), in one parallel region: no Python worker threads to wake
     (0.07-0.2 ms each)."""
+    par_for(_split_m_share, fns, work.shape[0], gemm_fns, a, rsa, csa, b, rsb, csb, c, K, kc,
+            nc, work)
+
+
+@separate("void(int64[::1], int64, int64, int64, int64, int64, int64, {T}[:, ::1], int64, "
+          "int64, int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
+def _split_m_share(fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work, j):
+    """Share ``j`` of :func:`gemm_split_m_kernel`'s rows (``fns``: :func:`_gemm`'s
+    table)."""
     M, N = c.shape
     nch = work.shape[0]
     it = work.itemsize
     step = ((M + nch - 1) // nch + MR - 1) // MR * MR
-    for j in prange(nch):
-        i0 = min(M, j * step)
-        i1 = min(M, i0 + step)
-        if i1 > i0:
-            _gemm(fns, a + i0 * rsa * it, rsa, csa, b, rsb, csb, c.ctypes.data + i0 * N * it,
-                  N, _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j], False)
+    i0 = min(M, j * step)
+    i1 = min(M, i0 + step)
+    if i1 > i0:
+        _gemm(fns, a + i0 * rsa * it, rsa, csa, b, rsb, csb, c.ctypes.data + i0 * N * it,
+              N, _NO_MAP, i1 - i0, N, K, 0, kc, nc, work[j], False)
 
 
 #: Rows of the patch kernel's register tile for ``nv`` vectors across (``rows * nv``
@@ -678,23 +703,20 @@ def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
                            idx)
 
 
-@kernel
+@kernel(parallel=False)
 def gemm_patch_bwd_w_kernel(fns, px, py, parts, geo, work, idx):
     """``parts[j] += dW`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     the shares in parallel, each with its own scratch ``work[j]`` and ``idx[j]``: see
     :func:`_patch_bwd_w`."""
-    nch = parts.shape[0]
-    rows = geo[0] * geo[10] * geo[11]
-    for j in prange(nch):
-        _patch_bwd_w(fns, px, py, parts[j], geo, rows * j // nch, rows * (j + 1) // nch,
-                    work[j], idx[j])
+    par_for(_patch_bwd_w, fns, parts.shape[0], px, py, parts, geo, work, idx)
 
 
-@separate("void(int64, int64, {T}[:, ::1], int64[::1], int64, int64, {T}[::1], int64[::1])",
+@separate("void(int64, int64, {T}[:, :, ::1], int64[::1], {T}[:, ::1], int64[:, ::1], int64)",
           noalias=True, float32="float32", float64="float64")
-def _patch_bwd_w(px, py, part, geo, r0, r1, work, idx):
-    """``part[m, k] += dW[m, k]`` over the output rows ``r0 .. r1`` (flat over ``mb, od,
-    oh``) for a weight gradient as one GEMM per output row: ``m`` runs over the
+def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
+    """``part[m, k] += dW[m, k]`` (``part``: ``parts[j]``) over the output rows of share
+    ``j`` of ``len(parts)`` equal shares (flat over ``mb, od, oh``) for a weight gradient
+    as one GEMM per output row: ``m`` runs over the
     patch ``(t_d, t_h, t_w, c)``, ``KD*KH*KW*C`` rows, and ``part`` has one more, a sink
     for the padding rows of a last tile; its rows are ``kp`` (a whole number of vectors
     >= K) long, and only its first ``K`` columns are the result. ``x [mb, id, ih, iw, C]``
@@ -710,8 +732,12 @@ def _patch_bwd_w(px, py, part, geo, r0, r1, work, idx):
     whose last vector would run past the array, is copied zero-padded into ``work``
     first. The row's pixels whose taps stay inside the input along w run through the
     register tiles; the few at its ends, whose taps reach into the padding, are added one
-    by one, vectorised over the output channels. ``work``: :func:`patch_work` elements;
-    ``idx``: :func:`patch_index` entries."""
+    by one, vectorised over the output channels. ``work`` (``works[j]``): :func:`patch_work`
+    elements; ``idx`` (``idxs[j]``): :func:`patch_index` entries."""
+    nch = parts.shape[0]
+    rows = geo[0] * geo[10] * geo[11]
+    r0, r1 = rows * j // nch, rows * (j + 1) // nch
+    part, work, idx = parts[j], works[j], idxs[j]
     C, K = geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -838,61 +864,72 @@ def _widen_rows(src, s0, dst, n):
 
 
 def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
-    """See :func:`gemm_split_k_half_kernel` (its address table added)."""
-    gemm_split_k_half_kernel(_gemm.table("float32"), x, dy, c, parts, kc, nc, work, stage)
+    """See :func:`gemm_split_k_half_kernel` (its address tables added)."""
+    gemm_split_k_half_kernel(_split_k_half_share.table("float16"), _add_parts.table("float32"),
+                             _gemm.table("float32"), x, dy, c, parts, kc, nc, work, stage)
 
 
-@kernel
-def gemm_split_k_half_kernel(fns, x, dy, c, parts, kc, nc, work, stage):
+@kernel(parallel=False)
+def gemm_split_k_half_kernel(fns, add_fns, gemm_fns, x, dy, c, parts, kc, nc, work, stage):
     """:func:`gemm_split_k` for ``dW = X^T @ dY`` with ``x [P, M]`` and ``dy [P, N]`` as
     float16 bits (uint16): each share widens its pixels one reduction block of ``kc`` at a
     time into its own float32 stage (``stage[j]``: ``kc * (M + N)`` floats, reused, so
     that it stays in cache) and multiplies from there, so float16 costs no pass over X and
     dY of its own. The blocks are :func:`gemm_split_k`'s, so the sums are bit for bit
     float32's. ``c [M, N]``, ``parts``, ``work`` as :func:`gemm_split_k`'s."""
+    par_for(_split_k_half_share, fns, parts.shape[0] + 1, gemm_fns, x, dy, c, parts, kc, nc,
+            work, stage)
+    par_for(_add_parts, add_fns, c.shape[0], c, parts)
+
+
+@separate(noalias=True, float16="void(int64[::1], uint16[:, ::1], uint16[:, ::1], "
+          "float32[:, ::1], float32[:, :, ::1], int64, int64, float32[:, ::1], float32[:, ::1], "
+          "int64)")
+def _split_k_half_share(fns, x, dy, c, parts, kc, nc, work, stage, j):
+    """Share ``j`` of :func:`gemm_split_k_half_kernel`'s reduction (``fns``:
+    :func:`_gemm`'s table)."""
     M, N = c.shape
     P = x.shape[0]
     nch = parts.shape[0] + 1
     x1 = x.reshape(x.size)
     y1 = dy.reshape(dy.size)
-    for j in prange(nch):
-        k0 = P * j // nch
-        k1 = P * (j + 1) // nch
-        dst = c if j == 0 else parts[j - 1]
-        if k1 == k0:
-            dst[:, :] = 0
-            continue
-        sx = stage[j, : kc * M]
-        sy = stage[j, kc * M:]
-        for r0 in range(k0, k1, kc):
-            n = min(kc, k1 - r0)
-            _widen_rows(x1, r0 * M, sx, n * M)
-            _widen_rows(y1, r0 * N, sy, n * N)
-            _gemm(fns, sx.ctypes.data, 1, M, sy.ctypes.data, N, 1, dst.ctypes.data, N,
-                  _NO_MAP, M, N, n, 0 if r0 == k0 else 1, kc, nc, work[j], False)
-    for i in prange(M):
-        _add_parts(c, parts, i)
+    k0 = P * j // nch
+    k1 = P * (j + 1) // nch
+    dst = c if j == 0 else parts[j - 1]
+    if k1 == k0:
+        dst[:, :] = 0
+        return
+    sx = stage[j, : kc * M]
+    sy = stage[j, kc * M:]
+    for r0 in range(k0, k1, kc):
+        n = min(kc, k1 - r0)
+        _widen_rows(x1, r0 * M, sx, n * M)
+        _widen_rows(y1, r0 * N, sy, n * N)
+        _gemm(fns, sx.ctypes.data, 1, M, sy.ctypes.data, N, 1, dst.ctypes.data, N,
+              _NO_MAP, M, N, n, 0 if r0 == k0 else 1, kc, nc, work[j], False)
 
 
-@separate("void(int64[::1], int64, uint16[::1], {T}[::1], int64, uint16[::1], {T}[::1], "
-          "int64, {T}[:, ::1], int64[::1], int64, int64, int64, int64, {T}[::1])",
+@separate("void(int64[::1], int64, uint16[::1], int64, uint16[::1], {T}[:, ::1], int64, "
+          "{T}[:, :, ::1], int64[::1], int64, int64, {T}[:, ::1], int64)",
           float32="float32", float64="float64")
-def _rows_bwd_w(gemm_fns, px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc, work):
-    """``part += dW`` over the output pixels ``t0 .. t1`` (flat over rows of ``ow``
-    pixels): backward weights as GEMMs whose A is a strided view of the input, with no
-    im2col. ``xp [mb, id, ih, wp, C]`` is ``x`` padded along w only (pixel ``i`` of a row
-    at ``pw + i``, every tap of every output pixel inside, dilation 1 along w), ``dy [mb,
-    od, oh, ow, K]``, ``part [kd, kh, kw*C, K]`` (one group). For an output row and a tap
-    (t_d, t_h) that keeps it inside the input, ``part[t_d, t_h] += A @ dY_row`` with
-    ``A[t_w*C + c, o] = xp[row, o*sw + t_w, c]`` at element ``o*sw*C + t_w*C + c`` of the
-    input row: rows of A one element apart, columns ``sw*C`` apart (``kw*C`` contiguous
-    weights per pixel: a 1-D stem's 7 taps x 3 channels). ``xp`` and ``dy`` come as their
-    addresses ``px`` and ``py`` (only read: they may be read-only arrays), ``wp`` is
-    ``xp``'s padded width. With float16 bits in ``xh`` and ``dyh`` (not empty), ``px`` and
-    ``py`` are the addresses of the float32 stages ``xs`` and ``ys`` (``((kc-1)*sw + kw) *
-    C`` and ``kc * K`` elements): each row's share of ``dyh`` is taken ``kc`` pixels at a
-    time and widened there first, and so is each tap row's span of ``xh``; otherwise
-    ``xs`` and ``ys`` are empty and unused."""
+def _rows_bwd_w(gemm_fns, px, xh, py, dyh, stage, wp, parts, geo, kc, nc, works, j):
+    """``parts[j] += dW`` over share ``j`` of ``len(parts)`` equal shares of the output
+    pixels (flat over rows of ``ow`` pixels), with the scratch ``works[j]`` of
+    :func:`workspace` elements: backward weights as GEMMs whose A is a strided view of the
+    input, with no im2col. ``xp [mb, id, ih, wp, C]`` is ``x`` padded along w only (pixel
+    ``i`` of a row at ``pw + i``, every tap of every output pixel inside, dilation 1 along
+    w), ``dy [mb, od, oh, ow, K]``, ``parts[j] [kd, kh, kw*C, K]`` (one group). For an
+    output row and a tap (t_d, t_h) that keeps it inside the input, ``part[t_d, t_h] += A
+    @ dY_row`` with ``A[t_w*C + c, o] = xp[row, o*sw + t_w, c]`` at element ``o*sw*C +
+    t_w*C + c`` of the input row: rows of A one element apart, columns ``sw*C`` apart
+    (``kw*C`` contiguous weights per pixel: a 1-D stem's 7 taps x 3 channels). ``xp`` and
+    ``dy`` come as their addresses ``px`` and ``py`` (only read: they may be read-only
+    arrays), ``wp`` is ``xp``'s padded width. With float16 bits in ``xh`` and ``dyh`` (not
+    empty; ``px`` and ``py`` then unused), each row's share of ``dyh`` is taken ``kc``
+    pixels at a time and widened first into the float32 stage ``ys`` (``kc * K``
+    elements), and each tap row's span of ``xh`` into ``xs`` (``((kc-1)*sw + kw) * C``
+    elements): share ``j``'s stages in ``stage[j]`` (see
+    :func:`gemm_rows_bwd_w_half_kernel`); otherwise ``stage`` is unused."""
     C, K = geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -900,9 +937,20 @@ def _rows_bwd_w(gemm_fns, px, xh, xs, py, dyh, ys, wp, part, geo, t0, t1, kc, nc
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh = geo[16], geo[17]
     pd, ph = geo[19], geo[20]
+    nch = parts.shape[0]
+    total = geo[0] * od * oh * ow
+    t0, t1 = total * j // nch, total * (j + 1) // nch
+    part, work = parts[j], works[j]
+    half = dyh.size > 0
+    if half:
+        ny = kc * K
+        xs = stage[j, ny + STAGE_GAP: ny + STAGE_GAP + ((kc - 1) * sw + kw) * C]
+        ys = stage[j, :ny]
+        px, py = np.int64(xs.ctypes.data), np.int64(ys.ctypes.data)
+    else:
+        xs = ys = work[:0]
     it = work.itemsize
     pc = part.ctypes.data
-    half = dyh.size > 0
     M = kw * C
     nomap = geo[:0]  # no row map: rows of C ``ldc`` apart
     r = t0 // ow
