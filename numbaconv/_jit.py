@@ -144,6 +144,19 @@ def specialise(fn, suffix, **constants):
     return f
 
 
+_DTYPE_NAMES = {}
+
+
+def dtype_name(dt):
+    """``dt.name`` from a table: NumPy's property costs about 2 us a call, and the kernel
+    wrappers name a variant on every call."""
+    try:
+        return _DTYPE_NAMES[dt]
+    except KeyError:
+        name = _DTYPE_NAMES[dt] = dt.name
+        return name
+
+
 def cache_enabled():
     """Whether kernels are being cached on disk (None: not decided yet)."""
     return config.CACHE and _cache_ok is not False

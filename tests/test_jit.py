@@ -5,6 +5,7 @@ import warnings
 
 import numba
 import numpy as np
+import pytest
 
 from numbaconv import _jit, config
 
@@ -85,3 +86,15 @@ def test_winograd_chains_load_from_the_cache_in_a_new_process(tmp_path):
                            check=True).stdout.split() for _ in range(2)]
     assert runs[0] == ["0", "2"]          # compiled (and stored) in the first process
     assert runs[1] == ["2", "0"]          # loaded in the second
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32", "float64", "uint16", "int64"])
+def test_dtype_name_is_numpys_name(dt):
+    # the kernel wrappers name their variants by it on every call
+    assert _jit.dtype_name(np.dtype(dt)) == np.dtype(dt).name == dt
+    assert _jit.dtype_name(np.zeros(2, dt).dtype) == dt   # an equal dtype object
+
+
+def test_dtype_name_of_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    assert _jit.dtype_name(np.dtype(ml_dtypes.bfloat16)) == "bfloat16"

@@ -13,7 +13,7 @@ Here: the general loop nests and the nine-term 3x3 kernels. Multiplier 1 has its
 kernels: the span kernels (:mod:`.depthwise_spans`) and the 3x3 row kernels
 (:mod:`.depthwise_rows`).
 """
-from numbaconv._jit import kernel, par_for, separate
+from numbaconv._jit import dtype_name, kernel, par_for, separate
 
 #: The general row drivers' signature (each a separate helper that a serial kernel runs
 #: over its rows in parallel through ``par_for``, so that Numba's parallel passes never see
@@ -23,7 +23,7 @@ _SIG5 = "void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], 
 
 def fwd_depthwise(x, w, y, geo):
     """y (zeroed) = depthwise conv(x, w)."""
-    fwd_depthwise_kernel(_fwd_row.table(y.dtype.name), x, w, y, geo)
+    fwd_depthwise_kernel(_fwd_row.table(dtype_name(y.dtype)), x, w, y, geo)
 
 
 @kernel(parallel=False)
@@ -66,7 +66,7 @@ def _fwd_row(x, w, y, geo, r):
 
 def bwd_d_depthwise(dy, w, dx, geo):
     """dx (zeroed) = depthwise conv^T(dy, w), as a gather over the taps that reach each row."""
-    bwd_d_depthwise_kernel(_bwd_d_row.table(dx.dtype.name), dy, w, dx, geo)
+    bwd_d_depthwise_kernel(_bwd_d_row.table(dtype_name(dx.dtype)), dy, w, dx, geo)
 
 
 @kernel(parallel=False)
@@ -118,7 +118,7 @@ def _bwd_d_row(dy, w, dx, geo, r):
 
 def bwd_w_depthwise(x, dy, part, geo):
     """part[j] (zeroed, ``[kd, kh, kw, 1, C*m]``): dW summed over the output rows of chunk j."""
-    bwd_w_depthwise_kernel(_bwd_w_chunk.table(part.dtype.name), x, dy, part, geo)
+    bwd_w_depthwise_kernel(_bwd_w_chunk.table(dtype_name(part.dtype)), x, dy, part, geo)
 
 
 @kernel(parallel=False)
@@ -166,7 +166,7 @@ def _bwd_w_chunk(x, dy, part, geo, ch):
 
 def fwd_depthwise_3x3(x, w, y, geo):
     """See :func:`fwd_depthwise_3x3_kernel` (its address table for ``y``'s dtype added)."""
-    fwd_depthwise_3x3_kernel(_fwd3_row.table(y.dtype.name), x, w, y, geo)
+    fwd_depthwise_3x3_kernel(_fwd3_row.table(dtype_name(y.dtype)), x, w, y, geo)
 
 
 @kernel(parallel=False)
@@ -231,7 +231,7 @@ def _fwd3_row(x, w, y, geo, r):
 def bwd_d_depthwise_3x3(dy, w, dx, geo):
     """See :func:`bwd_d_depthwise_3x3_kernel` (its address table for ``dx``'s dtype
     added)."""
-    bwd_d_depthwise_3x3_kernel(_bwd_d3_row.table(dx.dtype.name), dy, w, dx, geo)
+    bwd_d_depthwise_3x3_kernel(_bwd_d3_row.table(dtype_name(dx.dtype)), dy, w, dx, geo)
 
 
 @kernel(parallel=False)

@@ -34,7 +34,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate, specialise
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import (Operand, at, compute_type, fma_fn, ir_types, lane_range,
                                        table)
@@ -465,7 +465,7 @@ def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, stream, head, chunk):
 
 def variant(a):
     """The name of the separate row driver's variant for data ``a`` (float16 as bits)."""
-    return "float16" if a.dtype == np.uint16 else a.dtype.name
+    return "float16" if a.dtype == np.uint16 else dtype_name(a.dtype)
 
 
 def d_tables(sw, name):

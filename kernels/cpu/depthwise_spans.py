@@ -8,7 +8,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate, specialise
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io, table
 
@@ -504,7 +504,7 @@ def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
     """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the
     wide-row driver's where :func:`wide_rows`)."""
     rows = _bwd_d_rows_wide if wide_rows(geo) else _bwd_d_rows
-    bwd_d_m1_kernel(rows.table(dx.dtype.name), dy, w, dx, geo, nchunks)
+    bwd_d_m1_kernel(rows.table(dtype_name(dx.dtype)), dy, w, dx, geo, nchunks)
 
 
 @kernel(parallel=False)
@@ -599,7 +599,7 @@ def reduce_chunks(part, dwt):
 
 def bwd_w_depthwise_m1(x, dy, part, dwt, geo):
     """See :func:`bwd_w_m1_kernel` (its address table for ``part``'s dtype added)."""
-    bwd_w_m1_kernel(_bwd_w_rows.table(part.dtype.name), x, dy, part, dwt, geo)
+    bwd_w_m1_kernel(_bwd_w_rows.table(dtype_name(part.dtype)), x, dy, part, dwt, geo)
 
 
 @kernel(parallel=False)

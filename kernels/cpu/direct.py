@@ -27,7 +27,7 @@ same bits.
 """
 import numpy as np
 
-from numbaconv._jit import kernel, par_for, separate
+from numbaconv._jit import dtype_name, kernel, par_for, separate
 
 #: The row drivers' signature: three 5-D arrays of the compute dtype, the geometry, the
 #: block's first row and the row within the block.
@@ -38,7 +38,7 @@ _SIG5 = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1],
 def fwd_direct(x, w, y, geo, r0, r1):
     """y (zeroed, ``[mb, od, oh, ow, oc]``) = conv(x, w), output rows ``r0 .. r1 - 1`` (of
     the ``mb * od * oh`` rows ``(n, o_d, o_h)``)."""
-    fwd_direct_kernel(_fwd_row.table(y.dtype.name), x, w, y, geo, r0, r1)
+    fwd_direct_kernel(_fwd_row.table(dtype_name(y.dtype)), x, w, y, geo, r0, r1)
 
 
 @kernel(parallel=False)
@@ -84,7 +84,7 @@ def _fwd_row(x, w, y, geo, r0, i):
 def bwd_d_direct(dy, w, dx, geo, r0, r1):
     """dx (``[mb, id, ih, iw, ic]``) = conv^T(dy, w), input rows ``r0 .. r1 - 1`` (of the
     ``mb * id * ih`` rows ``(n, i_d, i_h)``) fully overwritten."""
-    bwd_d_direct_kernel(_bwd_d_row.table(dx.dtype.name), dy, w, dx, geo, r0, r1)
+    bwd_d_direct_kernel(_bwd_d_row.table(dtype_name(dx.dtype)), dy, w, dx, geo, r0, r1)
 
 
 @kernel(parallel=False)
@@ -143,7 +143,7 @@ def bwd_d_direct_acc(dy, w, dx, geo, r0, r1):
     """As :func:`bwd_d_direct` for few input channels: per pixel, one vector accumulator per
     input channel runs over all taps and is reduced once (instead of one horizontal sum per
     tap and channel, which dominates when ``C/g`` is small and the taps many)."""
-    bwd_d_direct_acc_kernel(_bwd_d_acc_row.table(dx.dtype.name), dy, w, dx, geo, r0, r1)
+    bwd_d_direct_acc_kernel(_bwd_d_acc_row.table(dtype_name(dx.dtype)), dy, w, dx, geo, r0, r1)
 
 
 @kernel(parallel=False)
@@ -205,7 +205,7 @@ def _bwd_d_acc_row(dy, w, dx, geo, r0, i):
 def bwd_w_direct(x, dy, part, geo, blk, nblk):
     """Per-chunk partial weight gradients: part[j] (zeroed before the first block) adds
     block ``blk`` of ``nblk`` of the output rows of chunk j, in row order."""
-    bwd_w_direct_kernel(_bwd_w_chunk.table(part.dtype.name), x, dy, part, geo, blk, nblk)
+    bwd_w_direct_kernel(_bwd_w_chunk.table(dtype_name(part.dtype)), x, dy, part, geo, blk, nblk)
 
 
 @kernel(parallel=False)
@@ -262,7 +262,7 @@ REDUCE_BLOCK = 1 << 12
 
 def reduce_partials(part, out):
     """out[...] = sum_j part[j, ...], in a fixed order (flat views, same element count)."""
-    reduce_partials_kernel(_reduce_block.table(out.dtype.name), part, out)
+    reduce_partials_kernel(_reduce_block.table(dtype_name(out.dtype)), part, out)
 
 
 @kernel(parallel=False)
@@ -299,7 +299,7 @@ def bwd_w_narrow(x, dy, part, geo, blk, nblk):
     one input pixel (contiguous in ``x`` and in ``part[j, t, k]``), each output channel's
     ``dy`` value a scalar: vectors across ``C`` where :func:`bwd_w_direct`'s innermost loop,
     over the few output channels, is too short for a vector. One group only."""
-    bwd_w_narrow_kernel(_narrow_chunk.table(part.dtype.name), x, dy, part, geo, blk, nblk)
+    bwd_w_narrow_kernel(_narrow_chunk.table(dtype_name(part.dtype)), x, dy, part, geo, blk, nblk)
 
 
 @kernel(parallel=False)

@@ -43,7 +43,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 
 
 #: Bytes of one SIMD register on this host (the lanes of a group vector).
@@ -361,7 +361,7 @@ def _to_channels(four, full, src, ss, dst, ds, work):
 
 def to_group_minor(src, dst, g, pl):
     """See :func:`to_group_minor_kernel` (its address table added)."""
-    name = "float16" if src.dtype == np.uint16 else dst.dtype.name
+    name = "float16" if src.dtype == np.uint16 else dtype_name(dst.dtype)
     to_group_minor_kernel(_gm_row.table(name), src, dst, g, pl)
 
 
@@ -419,7 +419,7 @@ def _gm_row(src, dst, g, pl, r):
 
 def pack_filter(w, out, pos, taps, g, transposed, vl):
     """See :func:`pack_filter_kernel` (its address table added)."""
-    pack_filter_kernel(_pack_row.table(w.dtype.name), w, out, pos, taps, g, transposed, vl)
+    pack_filter_kernel(_pack_row.table(dtype_name(w.dtype)), w, out, pos, taps, g, transposed, vl)
 
 
 @kernel(parallel=False)
@@ -591,7 +591,7 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, i
 def variant(data, result):
     """The name of the separate row drivers' variant for group-minor ``data`` and a
     ``result`` that may hold float16 bits."""
-    return "float16" if result.dtype == np.uint16 else data.dtype.name
+    return "float16" if result.dtype == np.uint16 else dtype_name(data.dtype)
 
 
 def fwd_gm(xp, wf, y, geo, pl):
@@ -609,7 +609,7 @@ def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
 
 def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
     """See :func:`bwd_w_gm_kernel` (its address table added)."""
-    bwd_w_gm_kernel(_bwd_w_chunk.table(xp.dtype.name), xp, dyg, part, geo, pl, rb, wc)
+    bwd_w_gm_kernel(_bwd_w_chunk.table(dtype_name(xp.dtype)), xp, dyg, part, geo, pl, rb, wc)
 
 
 @kernel(parallel=False)
@@ -813,7 +813,7 @@ def _bwd_w_chunk(xp, dyg, parts, geo, pl, rb, wc, seg_all, ch):
 
 def reduce_w(part, dw):
     """See :func:`reduce_w_kernel` (its address table added)."""
-    reduce_w_kernel(_reduce_row.table(dw.dtype.name), part, dw)
+    reduce_w_kernel(_reduce_row.table(dtype_name(dw.dtype)), part, dw)
 
 
 @kernel(parallel=False)

@@ -49,7 +49,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
 
@@ -246,7 +246,7 @@ def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
 
 def pack_filter(w, taps, out):
     """See :func:`pack_filter_kernel` (its address tables for ``w``'s dtype added)."""
-    name = w.dtype.name
+    name = dtype_name(w.dtype)
     pack_filter_kernel(_pack_tap.table(name), _pack.table(name), w, taps, out)
 
 
@@ -343,7 +343,7 @@ def _sfence(typingctx):
 
 def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
     """See :func:`bwd_d_phase_kernel` (its address tables for ``dx``'s dtype added)."""
-    name = dx.dtype.name
+    name = dtype_name(dx.dtype)
     bwd_d_phase_kernel(_phase_block.table(name), _tiles.table(name), dyp, bp, dx, segs, pg,
                        chunk, nblocks, work, stream)
 
@@ -413,7 +413,7 @@ def _phase_block(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, first, b
 def bwd_d_phase_panels(dyp, w, taps, dx, segs, pg, chunk, nr, work):
     """See :func:`bwd_d_phase_panels_kernel` (its address tables for ``dx``'s dtype
     added)."""
-    name = dx.dtype.name
+    name = dtype_name(dx.dtype)
     bwd_d_phase_panels_kernel(_phase_panel.table(name), _tiles.table(name), _pack.table(name),
                               dyp, w, taps, dx, segs, pg, chunk, nr, work)
 
@@ -478,7 +478,7 @@ def _tiles_span(nv, pa, offs, t0, t1, ppairs, ns, K, bmat, boff, nr, cp, beta, w
 
 def bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work):
     """See :func:`bwd_d_regions_kernel` (its address tables for ``dx``'s dtype added)."""
-    name = dx.dtype.name
+    name = dtype_name(dx.dtype)
     bwd_d_regions_kernel(_regions_item.table(name), _tiles_span.table(name), dyp, bp, dx,
                          offs, items, rtab, pairs, epos, chunk, work)
 
@@ -540,7 +540,7 @@ def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, 
 def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work):
     """See :func:`bwd_d_regions_panels_kernel` (its address tables for ``dx``'s dtype
     added)."""
-    name = dx.dtype.name
+    name = dtype_name(dx.dtype)
     bwd_d_regions_panels_kernel(_regions_panel.table(name), _tiles_span.table(name),
                                 _pack.table(name), dyp, w, taps, dx, offs, rtab, pairs, epos,
                                 chunk, nr, work)
@@ -623,7 +623,7 @@ def pad_dy(dy, dyp, lead):
     (``lead``: int64 ``Ld, Lh, Lw``), in parallel over the rows of ``dyp``, each written
     once: no zero-fill pass over ``dyp`` first. ``dy`` of float16 bits (uint16) is widened
     into the float32 ``dyp`` on the way, so that float16 costs no pass of its own."""
-    name = "float16" if dy.dtype == np.uint16 else dyp.dtype.name
+    name = "float16" if dy.dtype == np.uint16 else dtype_name(dyp.dtype)
     pad_dy_kernel(_pad_row.table(name), dy, dyp, lead)
 
 

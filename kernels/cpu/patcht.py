@@ -26,7 +26,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 
 #: The register tiles, ``(rows, most vectors)``: rows of output channels (broadcast) x
@@ -153,7 +153,7 @@ def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
 
 def bwd_w(x, dy, part, geo, rb, shape, segs):
     """See :func:`bwd_w_kernel` (its address table added)."""
-    name = "float16" if x.dtype == np.uint16 else part.dtype.name
+    name = "float16" if x.dtype == np.uint16 else dtype_name(part.dtype)
     bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs)
 
 

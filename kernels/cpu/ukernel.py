@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
@@ -380,7 +380,7 @@ def _claimed_scratch(K, work):
 
 def gemm_claimed(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work):
     """See :func:`gemm_claimed_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_claimed_kernel(_claimed_block.table(work.dtype.name), a, rsa, csa, bp, c, ldc, M,
+    gemm_claimed_kernel(_claimed_block.table(dtype_name(work.dtype)), a, rsa, csa, bp, c, ldc, M,
                         N, counter, chunk, work)
 
 
@@ -427,7 +427,7 @@ def _sfence(typingctx):
 
 def gemm_claimed_parallel(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream):
     """See :func:`gemm_claimed_parallel_kernel` (its address tables added)."""
-    name = work.dtype.name
+    name = dtype_name(work.dtype)
     gemm_claimed_parallel_kernel(_claimed_thread.table(name), _claimed_block.table(name), a,
                                  rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream)
 
@@ -541,7 +541,7 @@ def _claimed_half_thread(fns, a, bp, c, counter, chunk, work, stage, j):
 
 def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
     """See :func:`gemm_rows_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
-    name = work.dtype.name
+    name = dtype_name(work.dtype)
     gemm_rows_bwd_w_kernel(_rows_bwd_w.table(name), _gemm.table(name), xp, dy, parts, geo,
                            kc, nc, work)
 
@@ -599,7 +599,7 @@ def _add_parts(c, parts, i):
 
 def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True):
     """See :func:`gemm_split_k_kernel` (its address tables for ``work``'s dtype added)."""
-    name = work.dtype.name
+    name = dtype_name(work.dtype)
     gemm_split_k_kernel(_split_k_share.table(name), _add_parts.table(name),
                         _gemm.table(name), a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work,
                         pf)
@@ -641,7 +641,7 @@ def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf,
 
 def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
     """See :func:`gemm_split_m_kernel` (its address tables for ``work``'s dtype added)."""
-    name = work.dtype.name
+    name = dtype_name(work.dtype)
     gemm_split_m_kernel(_split_m_share.table(name), _gemm.table(name), a, rsa, csa, b, rsb,
                         csb, c, K, kc, nc, work)
 
@@ -699,7 +699,7 @@ def patch_work(ow, kp):
 
 def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
     """See :func:`gemm_patch_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_patch_bwd_w_kernel(_patch_bwd_w.table(work.dtype.name), px, py, parts, geo, work,
+    gemm_patch_bwd_w_kernel(_patch_bwd_w.table(dtype_name(work.dtype)), px, py, parts, geo, work,
                            idx)
 
 

@@ -5,6 +5,7 @@ their per-worker buffers, and the multiply of either engine.
 Each GEMM variant (``strategies/gemm.py``, ``rowgemm.py``, ``igemm.py``, ``col2im.py``) and
 Winograd's batched GEMMs import from here; no strategy imports another's internals.
 """
+import functools
 import itertools
 import math
 
@@ -87,8 +88,10 @@ def kernel_taps(p):
     return list(itertools.product(range(p.ksz[0]), range(p.ksz[1]), range(p.ksz[2])))
 
 
+@functools.lru_cache(maxsize=512)
 def stride_phases(p):
-    """Backward-data stride phases: (q, grid, [(tap index, offsets)])."""
+    """Backward-data stride phases: ``((q, grid, ((tap index, offsets), ...)), ...)``; made
+    once per problem (a plan's every call asks for them)."""
     out = []
     for q in itertools.product(*(range(s) for s in p.stride)):
         grid = tuple(-(-(i - qa) // s) for i, qa, s in zip(p.isz, q, p.stride))
@@ -97,8 +100,8 @@ def stride_phases(p):
             num = [qa + pb - ta * d for qa, pb, ta, d in zip(q, p.pad_begin, t, p.dilation)]
             if all(v % s == 0 for v, s in zip(num, p.stride)):
                 taps.append((ti, tuple(v // s for v, s in zip(num, p.stride))))
-        out.append((q, grid, taps))
-    return out
+        out.append((q, grid, tuple(taps)))
+    return tuple(out)
 
 
 def tap_runs(boff):

@@ -12,6 +12,7 @@ slab, then multiplies in BLAS or the Numba GEMM engine. Here the packing is gone
 quarter of ``dX`` at stride 2) and the filter packed per phase into the micro-kernel's
 panels.
 """
+import functools
 import itertools
 import math
 
@@ -42,9 +43,11 @@ R_SHORT = ("1x1 at stride 1 without pads over {k} output channels (<= %d): the G
 R_BLAS = "GEMM_ENGINE is 'blas' (the implicit variant runs on the Numba engine)"
 
 
+@functools.lru_cache(maxsize=512)
 def _pads(p, phases):
     """Per axis ``(lead, extent)`` of the padded ``dY``: every phase pixel ``j`` and tap
-    offset ``b`` reads ``dyp[j + b + lead]``, inside ``[0, extent)``."""
+    offset ``b`` reads ``dyp[j + b + lead]``, inside ``[0, extent)``; made once per
+    problem."""
     out = []
     for a in range(3):
         used = [(grid[a], [off[a] for _, off in taps]) for _, grid, taps in phases
@@ -52,7 +55,27 @@ def _pads(p, phases):
         lead = max([0] + [-min(bs) for _, bs in used])
         top = max([p.osz[a]] + [j + max(bs) for j, bs in used])
         out.append((lead, lead + top))
-    return out
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _phase_arrays(p, pads):
+    """Per stride phase with pixels: ``(q, grid, taps, idx, segs, pg)``, the tap indices,
+    their element offsets in the padded dY (and a 0) and the phase's geometry as the
+    kernels take them; made once per problem (the kernels only read them)."""
+    (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
+    K = p.oc
+    out = []
+    for q, grid, taps in stride_phases(p):
+        if p.mb * math.prod(grid) == 0:
+            continue
+        idx = np.array([t for t, _ in taps], np.int64)
+        segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * K for _, b in taps] + [0],
+                        np.int64)
+        pg = np.array([p.mb, *grid, Dp, Hp, Wp, K, Ld, Lh, Lw, *p.isz, p.ic, *q,
+                       *p.stride], np.int64)
+        out.append((q, grid, taps, idx, segs, pg))
+    return tuple(out)
 
 
 def _footprint(p):
@@ -305,13 +328,8 @@ class ImplicitGemm(Strategy):
         bt = max(1, int(tiles["block_tiles"]))
         half_out = dy.dtype == np.uint16
         dx = memory.empty((p.mb, *p.isz, C), result_dtype(dy, ct), offset=0)  # aligned
-        for q, grid, taps in phases:
+        for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads):
             P = p.mb * math.prod(grid)
-            if P == 0:
-                continue
-            idx = np.array([t for t, _ in taps], np.int64)
-            segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * K for _, b in taps]
-                            + [0], np.int64)
             tables = None
             if self.regions and not half_out:
                 tables = _phase_regions(p, q, grid, taps, pads, segs, npan * nr, bt, nr,
@@ -332,8 +350,6 @@ class ImplicitGemm(Strategy):
                     igemm.bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
                                         work)
                 continue
-            pg = np.array([p.mb, *grid, Dp, Hp, Wp, K, Ld, Lh, Lw, *p.isz, C, *q,
-                           *p.stride], np.int64)
             if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
                           int(tiles["panels_above"])):
                 if half_out:  # per thread: one panel's columns of every row in float32
