@@ -81,6 +81,23 @@ def test_panels_rule():
     assert not strategy._by_panels(1, 128, 2, 64, 4, 2, 512 * 1024)   # 64 KiB: in L2
 
 
+def test_panel_widths_share_the_channels_evenly():
+    """Panels of whole vectors and packing blocks, as even as the panel count allows (the
+    parallel-modes test above runs them: 80 channels as 48 + 32, 48 as one panel of 48)."""
+    nr = igemm.panel(4)          # 64 float32 lanes on AVX-512 hosts, 16 on AVX2
+    vl = nr // igemm.NV
+    step = max(vl, igemm.TB)
+    for C in (16, 48, 80, 96, 200, 256, 1000):
+        npan = -(-C // nr)
+        width = strategy._panel_width(C, nr, npan)
+        assert width % vl == 0 and width % igemm.TB == 0 and width <= nr
+        assert -(-C // width) == npan                  # the same panels
+        assert width * npan - C < step * npan           # each short of C/npan by < a step
+    if nr == 64:
+        assert strategy._panel_width(80, 64, 2) == 48
+        assert strategy._panel_width(256, 64, 4) == 64
+
+
 def test_implicit_variant_float16():
     assert _run(CASES[1], "float16") <= tolerance("float16")
 

@@ -442,11 +442,11 @@ def bwd_d_phase_panels_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dx, segs,
           "int64[:, :, ::1], int64)", float32="float32", float64="float64")
 def _phase_panel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk, nr, work, offs, p):
     """Panel ``p`` of :func:`bwd_d_phase_panels_kernel` (``offs``: every row tile's A and C
-    row offsets)."""
+    row offsets). ``nr``: a multiple of the vector and of ``TB``, at most ``NR``."""
     K, C = pg[7], pg[14]
     ntaps = taps.shape[0]
     it = dx.itemsize
-    vl = nr // NV
+    vl = VECTOR_BYTES // it
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     psegs = segs.ctypes.data
     ws = w.reshape(w.size)

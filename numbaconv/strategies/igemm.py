@@ -226,6 +226,17 @@ def _by_panels(ntaps, K, npan, nr, item, threads, above):
     return npan % threads == 0 and ntaps * K * npan * nr * item > above
 
 
+def _panel_width(C, nr, npan):
+    """Channels per panel of the panel-parallel mode: ``C`` shared as evenly as whole
+    vectors (and whole packing blocks) allow over the same ``npan`` panels, rather than
+    ``npan - 1`` full register tiles of ``nr`` and a remainder (80 channels over two
+    threads: panels of 48 and 32 channels instead of 64 and 16; a thread's time goes with
+    its panel's vectors)."""
+    from ..kernels.cpu import igemm
+    step = math.lcm(nr // igemm.NV, igemm.TB)
+    return min(nr, step * -(-C // (npan * step)))
+
+
 class ImplicitGemm(Strategy):
     name = "gemm"
     variant = "implicit"
@@ -358,8 +369,9 @@ class ImplicitGemm(Strategy):
                     igemm.bwd_d_phase_panels_half(dyp, w, idx, dx, segs, pg, chunk,
                                                   np.int64(nr), work)
                     continue
-                work = np.empty((1, igemm.MR * npan * nr), ct)
-                igemm.bwd_d_phase_panels(dyp, w, idx, dx, segs, pg, chunk, np.int64(nr),
+                nrb = _panel_width(C, nr, npan)
+                work = np.empty((1, igemm.MR * npan * nrb), ct)
+                igemm.bwd_d_phase_panels(dyp, w, idx, dx, segs, pg, chunk, np.int64(nrb),
                                          work)
                 continue
             bp = np.empty((npan, len(taps), K, nr), ct)
