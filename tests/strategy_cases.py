@@ -92,7 +92,8 @@ CASES = [
     # -- GEMM: backward data --------------------------------------------------------------
     _c("gemm-bwdd-claimed", "bwd_d", 1, 16, 32, 4, (16, 16), (1, 1), strategy="gemm",
        label="gemm[claimed]", tiles={"claim": ANY}, config=_NUMBA),
-    # grouped 1x1 (ShuffleNet's): one claimed GEMM per group on column slices, auto engine
+    # grouped 1x1 (ShuffleNet's): every group's GEMM on column slices, in one claimed loop,
+    # auto engine
     _c("gemm-bwdd-claimed-grouped", "bwd_d", 3, 48, 51, 4, (12, 13), (1, 1),
        label="gemm[claimed]", tiles={"claim": ANY, "engine": "numba"}),
     _c("gemm-bwdd-identity-s2-numba", "bwd_d", 1, 32, 64, 2, (16, 16), (1, 1),

@@ -149,6 +149,34 @@ def test_gemm_split_m_splits_the_rows(K, M, N, shares, dtype):
     _close(C, _ref(X.T, dY), dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("g,M,K,N,chunk", [(3, 50, 17, 16, 12), (2, 7, 5, 70, 6),
+                                           (4, 13, 33, 3, 18)])
+def test_claimed_groups_every_product_in_one_loop(g, M, K, N, chunk, dtype):
+    """A grouped 1x1 layer's products (column slices of A and C, one B each) from one
+    counter: every block of every product exact, nothing between the slices written."""
+    rng = np.random.default_rng(g * M + K)
+    A = rng.standard_normal((M, g * K + 2)).astype(dtype)     # 2 columns no product reads
+    W = rng.standard_normal((N, g * K)).astype(dtype)
+    B = W.reshape(N, g, K).transpose(1, 2, 0)                  # B_i = W[:, i*K:(i+1)*K]^T
+    bps = uk.pack_group_panels(B)
+    nr = uk.panel(A.itemsize)
+    assert bps.shape == (g, -(-N // nr), K, nr) and bps.flags.c_contiguous
+    for i in range(g):
+        np.testing.assert_array_equal(bps[i], uk.pack_panels(B[i]))
+    out = np.full((M, g * (N + 1)), np.nan, dtype)             # a gap column after each C_i
+    counter = np.zeros(1, np.int64)
+    work = np.empty((2, uk.claimed_workspace(K, A.itemsize)), dtype)
+    ch = -(-chunk // uk.MR) * uk.MR
+    uk.gemm_claimed_groups(A.ctypes.data, A.shape[1], 1, bps, out.ctypes.data, out.shape[1],
+                           M, N, K, N + 1, counter, ch, work)
+    for i in range(g):
+        _close(out[:, i * (N + 1):i * (N + 1) + N], _ref(A[:, i * K:(i + 1) * K], B[i]),
+               dtype)
+        assert np.isnan(out[:, i * (N + 1) + N]).all()
+    assert counter[0] >= g * -(-M // ch)                       # every block claimed
+
+
 def test_matmul_claimed_argument_checks():
     A = np.ones((4, 3), np.float32)
     Bp = uk.pack_panels(np.ones((3, 5), np.float32))

@@ -459,6 +459,48 @@ def _claimed_thread(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, be
         _sfence()
 
 
+def gemm_claimed_groups(a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter, chunk, work):
+    """See :func:`gemm_claimed_groups_kernel` (its address tables added)."""
+    name = dtype_name(work.dtype)
+    gemm_claimed_groups_kernel(_claimed_groups_thread.table(name), _claimed_block.table(name),
+                               a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter, chunk, work)
+
+
+@kernel(parallel=False)
+def gemm_claimed_groups_kernel(fns, block_fns, a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter,
+                               chunk, work):
+    """:func:`gemm_claimed_parallel` for ``g`` products at once (a grouped 1x1 layer):
+    ``C_i[:M, :N] = A_i @ B_i`` for ``i < g``, ``A_i`` at ``a + i*ga`` and ``C_i`` at ``c +
+    i*gc`` (elements; the same strides), ``bps [g, panels, K, NR]`` every ``B_i`` packed
+    (:func:`pack_group_panels`). The threads claim (product, block of ``chunk`` rows) pairs
+    from one counter in one parallel loop: no loop, and no wait for its slowest thread,
+    per product."""
+    par_for(_claimed_groups_thread, fns, work.shape[0], block_fns, a, rsa, csa, bps, c, ldc,
+            M, N, ga, gc, counter, chunk, work)
+
+
+@separate("void(int64[::1], int64, int64, int64, {T}[:, :, :, ::1], int64, int64, int64, "
+          "int64, int64, int64, int64[::1], int64, {T}[:, ::1], int64)", float32="float32",
+          float64="float64")
+def _claimed_groups_thread(fns, a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter, chunk, work,
+                           j):
+    """Thread ``j`` of :func:`gemm_claimed_groups_kernel`: (product, block) pairs claimed
+    with the scratch ``work[j]`` until none are left."""
+    it = work.itemsize
+    g = bps.shape[0]
+    per = (M + chunk - 1) // chunk  # blocks per product
+    offs, wa, wc = _claimed_scratch(bps.shape[2], work[j])
+    while True:
+        b = _claim(counter, 1)
+        if b >= g * per:
+            break
+        i = b // per
+        r0 = (b - i * per) * chunk
+        r1 = min(M, r0 + chunk)
+        _claimed_block(fns, a + (i * ga + r0 * rsa) * it, rsa, csa, bps[i],
+                       c + (i * gc + r0 * ldc) * it, ldc, r1 - r0, N, offs, wa, wc, work[j], 0)
+
+
 @intrinsic
 def _narrow(typingctx, v):
     """A float32 rounded to float16 (nearest even, as NumPy's cast), as its uint16 bits."""
@@ -1107,12 +1149,18 @@ def pack_panels(B):
     """All of ``B`` (``K x N``, any strides) as contiguous ``[panels, K, NR]`` panels,
     zero-padded past column N: :func:`gemm_claimed`'s B operand, packed once per product
     instead of once per thread and block."""
-    K, N = B.shape
+    return pack_group_panels(B[None])[0]
+
+
+def pack_group_panels(B):
+    """:func:`pack_panels` of every ``B[i]`` (``B``: ``g x K x N``, any strides) in one pass:
+    ``[g, panels, K, NR]``, :func:`gemm_claimed_groups`' operand."""
+    g, K, N = B.shape
     nr = panel(B.itemsize)
     npan = max(1, -(-N // nr))
-    wide = np.zeros((K, npan * nr), B.dtype)
-    wide[:, :N] = B
-    return np.ascontiguousarray(wide.reshape(K, npan, nr).transpose(1, 0, 2))
+    wide = np.zeros((g, K, npan * nr), B.dtype)
+    wide[:, :, :N] = B
+    return np.ascontiguousarray(wide.reshape(g, K, npan, nr).transpose(0, 2, 1, 3))
 
 
 def claimed_workspace(K, itemsize):

@@ -232,7 +232,7 @@ class _Gemm(Strategy):
 
     def _bwd_d_claimed(self, p, ops, ct, nw, chunk, stream):
         """1x1 backward data at stride 1 (see ``identity``; with groups, one such GEMM per
-        group on column slices of dY and dX): ``dX = dY @ W^T`` with W^T
+        group on column slices of dY and dX, all in one parallel loop): ``dX = dY @ W^T`` with W^T
         packed once and every thread of one Numba parallel region claiming blocks of
         ``chunk`` rows of dY until none are left, so that a thread that starts late or
         runs slow takes fewer blocks. Measured against the same claims on Python worker
@@ -258,15 +258,11 @@ class _Gemm(Strategy):
             uk.gemm_claimed_parallel(dy2.ctypes.data, p.oc, 1, bp, dx.ctypes.data, p.ic,
                                      dy2.shape[0], p.ic, counter, chunk, work, stream)
             return dx
-        # groups: one claimed GEMM per group on column slices of dY and dX, in turn
-        it = ct.itemsize
-        w2 = ops["w"].reshape(p.icg, p.oc)
-        for gi in range(p.g):
-            bg = uk.pack_panels(w2[:, gi * p.ocg:(gi + 1) * p.ocg].T)
-            counter[0] = 0
-            uk.gemm_claimed_parallel(dy2.ctypes.data + gi * p.ocg * it, p.oc, 1, bg,
-                                     dx.ctypes.data + gi * p.icg * it, p.ic, dy2.shape[0],
-                                     p.icg, counter, chunk, work, False)
+        # groups: every group's GEMM on column slices of dY and dX, their row blocks
+        # claimed from one counter in one parallel loop
+        bps = uk.pack_group_panels(ops["w"].reshape(p.icg, p.g, p.ocg).transpose(1, 2, 0))
+        uk.gemm_claimed_groups(dy2.ctypes.data, p.oc, 1, bps, dx.ctypes.data, p.ic,
+                               dy2.shape[0], p.icg, p.ocg, p.icg, counter, chunk, work)
         return dx
 
     def _bwd_w_split_k(self, p, ops, ct, nw, kc, nc, prefetch=False):
