@@ -228,3 +228,59 @@ def test_grouped_float16_and_noncontiguous():
     got = nc.convolution(x, w, strides=1, pads_begin=1, pads_end=1, groups=16,
                          strategy="direct")
     assert normalized_error(got, conv_fwd_ref, x, w, **geom) <= tolerance("float32")
+
+
+_FUSED_CASES = [c for c in CASES if len(c[4]) < 3 or c[4][0] == 1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", _FUSED_CASES,
+                         ids=[IDS[CASES.index(c)] for c in _FUSED_CASES])
+def test_bwd_d_blocks_copy_what_the_whole_copy_does(case, dtype):
+    """Backward data with dY copied to group-minor block by block (2-D and 1-D filters)
+    equals, bit for bit, the gather on dY copied whole (which the reference checks above):
+    blocks of 1, 2, 3 and 8 rows (partial last blocks, a block's taps reaching rows of dY
+    outside the image, stride phases), float16 bits widened on the way."""
+    from numbaconv import memory
+    from numbaconv.strategies import canonical_shapes, geo
+    k = grouped._kernels()
+    g, ic, oc, isz, kk, st, dl, pb, pe = case
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*kk, ic // g, oc)).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g)
+    dy = nc.convolution(x, w, strategy="numpy", **attrs).astype(dtype)
+    p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
+    vec = grouped._vectors(p)
+    phases, left, width = grouped._bwd_d_phases(p)
+    w32 = w.astype(np.float32).reshape(*p.ksz, p.icg, p.oc)
+    wq, qtab, runs = grouped._bwd_d_filter(w32, p, vec, phases, left)
+    d5 = dy.reshape(p.mb, *p.osz, p.oc)
+    bits = d5.view(np.uint16) if dtype == "float16" else d5
+    out = np.uint16 if dtype == "float16" else np.float32
+    whole = memory.empty(canonical_shapes(p)[0], out)
+    k.bwd_d_gm(grouped._to_group_minor(bits, g, vec, left, width), wq, whole, geo(p), qtab,
+               runs)
+    for rb in (1, 2, 3, 8):
+        blocks = np.full(canonical_shapes(p)[0], 7, out)
+        k.bwd_d_fused(bits, wq, blocks, geo(p), qtab, runs, np.int64(vec[1]), np.int64(left),
+                      np.int64(width), np.int64(rb))
+        assert np.array_equal(blocks, whole), rb
+    ref = conv_bwd_data_ref(dy.astype(np.float64), w.astype(np.float64), isz, stride=st,
+                            dilation=dl, pads_begin=pb, pads_end=pe, groups=g)
+    got = (whole.view(np.float16) if dtype == "float16" else whole).reshape(ref.shape)
+    assert normalized_error(got, lambda *a, **kw: ref) <= tolerance(dtype)
+
+
+def test_bwd_d_block_rows_rule():
+    """Blocks of ``BWD_D_BLOCK_ROWS`` rows, fewer for too few blocks per core or a dY
+    buffer over ``BWD_D_BLOCK_BYTES``; none (dY copied whole) for 3-D filters."""
+    def problem(mb, h, c, g, k=(1, 3, 3)):
+        x = np.zeros((mb, *(h if isinstance(h, tuple) else (h, h)), c), np.float32)
+        dy = np.zeros_like(x)
+        return nc.plan("convolution_backprop_data", dy, np.zeros((*k[-len(x.shape) + 2:],
+                       c // g, c), np.float32), x.shape[1:-1], strides=1, pads_begin=1,
+                       pads_end=1, groups=g).problem
+    assert grouped._bwd_d_block_rows(problem(8, 28, 256, 32), 2) == grouped.BWD_D_BLOCK_ROWS
+    assert grouped._bwd_d_block_rows(problem(1, 16, 256, 32), 2) == 2   # 8 blocks for 2 cores
+    assert grouped._bwd_d_block_rows(problem(2, (4, 6, 6), 64, 16, (3, 3, 3)), 2) == 0

@@ -32,6 +32,9 @@ The drivers are:
 The source operands are copied to group-minor with zero padding along ``w`` (by register
 transposes, at the speed of a copy), so that no tile ever tests a pixel against the
 border: taps along ``d`` and ``h`` that leave the input are simply not in a row's segments.
+Backward data can copy dY block by block instead (:func:`bwd_d_fused_kernel`): each
+parallel iteration copies the rows of dY its block of dX rows reads into a buffer of its
+own, which stays in L2, rather than all of dY going to memory and back.
 
 Layouts: ``xp`` ``[nvg, mb, id, ih, iw + pads, icg, VL]``, ``dyp`` ``[nvg, mb, od, oh, ow +
 pads, ocg, VL]``, forward filter ``[nvg, kd, kh, kw, icg, ocg, VL]``, backward-data filter
@@ -379,21 +382,28 @@ def to_group_minor_kernel(fns, src, dst, g, pl):
           float16=dict(S="uint16", T="float32"))
 def _gm_row(src, dst, g, pl, r):
     """Row ``r`` (flat over ``mb, d, h``) of :func:`to_group_minor_kernel`."""
-    mb, d, h, w = src.shape[0], src.shape[1], src.shape[2], src.shape[3]
-    nvg, vl = dst.shape[0], dst.shape[6]
-    wp, C = dst.shape[4], dst.shape[5]
+    wp, C, vl = dst.shape[4], dst.shape[5], dst.shape[6]
+    rows = src.shape[0] * src.shape[1] * src.shape[2]
+    _gm_into(src, dst.reshape(-1), r * wp * C * vl, rows * wp * C * vl, wp, C, vl, g, pl, r)
+
+
+@helper
+def _gm_into(src, d1, orow0, gstride, wp, C, vl, g, pl, r):
+    """Row ``r`` (flat over ``mb, d, h``) of ``src [mb, d, h, w, g*C]`` into the
+    group-minor ``d1``: vector ``gv``'s ``[wp, C, VL]`` row at element ``orow0 +
+    gv*gstride``, pixel ``i`` at ``pl + i``, zeros in the padding pixels and lanes (see
+    :func:`to_group_minor_kernel`)."""
+    w = src.shape[3]
+    nvg = (g + vl - 1) // vl
     pst, cst = C * vl, vl
     s1 = src.reshape(-1)
-    d1 = dst.reshape(-1)
-    rows = mb * d * h
-    chunk = rows * wp * C * vl
-    its, it = src.itemsize, dst.itemsize
+    its, it = src.itemsize, d1.itemsize
     full = vl * it == VECTOR_BYTES
-    ps, pd = src.ctypes.data, dst.ctypes.data
+    ps, pd = src.ctypes.data, d1.ctypes.data
     for gv in range(nvg):
         g0 = gv * vl
         n = min(vl, g - g0)
-        orow = gv * chunk + r * wp * C * vl
+        orow = orow0 + gv * gstride
         for i_w in range(wp):
             s = i_w - pl
             o = orow + i_w * pst
@@ -730,6 +740,100 @@ def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, seg_all, r):
                        pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix, icg,
                        min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg, vl, it,
                        work)
+
+
+def bwd_d_fused(dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
+    """See :func:`bwd_d_fused_kernel` (its address tables added)."""
+    name = "float16" if dy.dtype == np.uint16 else dtype_name(dy.dtype)
+    bwd_d_fused_kernel(_bwd_d_block.table(name), _row_tiles.table(name), dy, wq, dx, geo,
+                       qtab, runs, vl, pl, wp, rb)
+
+
+@kernel(parallel=False)
+def bwd_d_fused_kernel(fns, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
+    """:func:`bwd_d_gm_kernel` on the channels-last ``dy [mb, od, oh, ow, g*ocg]`` itself:
+    per block of ``rb`` rows of dX (of one image and depth), the rows of dY that its taps
+    read are copied to group-minor (``[nvg, kd, rows, wp, ocg, VL]``, zero-padded by ``pl``
+    along w) into a buffer of the iteration's own, which stays in L2 while the block's rows
+    gather from it: no group-minor copy of all of dY written to memory and read back.
+    The row gathers are :func:`_bwd_d_row`'s."""
+    blocks = geo[0] * geo[4] * ((geo[5] + rb - 1) // rb)
+    seg_all = np.empty((blocks, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
+    par_for(_bwd_d_block, fns, blocks, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb,
+            seg_all)
+
+
+@separate("void(int64[::1], {S}[:, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
+          "int64[::1], int64[:, ::1], int64[:, ::1], int64, int64, int64, int64, "
+          "int64[:, ::1], int64)",
+          float32=dict(S="float32", T="float32", Y="float32"),
+          float64=dict(S="float64", T="float64", Y="float64"),
+          float16=dict(S="uint16", T="float32", Y="uint16"))
+def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b):
+    """Block ``b`` (flat over image, depth, blocks of ``rb`` rows) of
+    :func:`bwd_d_fused_kernel`."""
+    segs = seg_all[b]
+    g, icg, ocg = geo[1], geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh = geo[7], geo[8]
+    od, oh = geo[10], geo[11]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    nvg = (g + vl - 1) // vl
+    nhb = (ih + rb - 1) // rb
+    n = b // (id_ * nhb)
+    i_d = (b // nhb) % id_
+    h0 = (b % nhb) * rb
+    h1 = min(ih, h0 + rb)
+    # the rows of dY the block's taps read: lo..hi along h, each valid tap along d
+    lo = max(0, -(-(h0 + ph - (kh - 1) * dh) // sh))
+    hi = min(oh - 1, (h1 - 1 + ph) // sh)
+    nrow = max(0, hi - lo + 1)
+    row = wp * ocg * vl
+    gstride = kd * nrow * row
+    buf = np.empty(max(1, nvg * gstride), wq.dtype)  # float32 for float16 bits
+    for t_d in range(kd):
+        a_d = i_d + pd - t_d * dd
+        if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
+            continue
+        o_d = a_d // sd
+        for j in range(nrow):
+            _gm_into(dy, buf, (t_d * nrow + j) * row, gstride, wp, ocg, vl, g, pl,
+                     (n * od + o_d) * oh + lo + j)
+    ic = g * icg
+    tap = ocg * icg * vl
+    nruns = runs.shape[0]
+    it, itc = buf.itemsize, dx.itemsize  # dx may hold float16 bits
+    ws = wq[0].size
+    work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
+    pa, pb, pc = buf.ctypes.data, wq.ctypes.data, dx.ctypes.data
+    for i_h in range(h0, h1):
+        for q in range(min(sw, iw)):
+            npix = (iw - q + sw - 1) // sw
+            q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
+            r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
+            ns = 0
+            for t_d in range(kd):
+                a_d = i_d + pd - t_d * dd
+                if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
+                    continue
+                for t_h in range(kh):
+                    a_h = i_h + ph - t_h * dh
+                    if a_h < 0 or a_h % sh != 0 or a_h // sh >= oh:
+                        continue
+                    j = a_h // sh - lo
+                    for u in range(r0, r1):
+                        segs[3 * ns] = ((t_d * nrow + j) * wp + runs[u, 0]) * ocg * vl
+                        segs[3 * ns + 1] = q0 + ((t_d * kh + t_h) * nq + runs[u, 1]) * tap
+                        segs[3 * ns + 2] = runs[u, 2] * ocg
+                        ns += 1
+            crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
+            for gv in range(nvg):
+                _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
+                           pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix,
+                           icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg,
+                           vl, it, work)
 
 
 @kernel(parallel=False)
