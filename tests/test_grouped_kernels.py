@@ -272,15 +272,58 @@ def test_bwd_d_blocks_copy_what_the_whole_copy_does(case, dtype):
     assert normalized_error(got, lambda *a, **kw: ref) <= tolerance(dtype)
 
 
-def test_bwd_d_block_rows_rule():
-    """Blocks of ``BWD_D_BLOCK_ROWS`` rows, fewer for too few blocks per core or a dY
-    buffer over ``BWD_D_BLOCK_BYTES``; none (dY copied whole) for 3-D filters."""
-    def problem(mb, h, c, g, k=(1, 3, 3)):
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", _FUSED_CASES,
+                         ids=[IDS[CASES.index(c)] for c in _FUSED_CASES])
+def test_fwd_blocks_copy_what_the_whole_copy_does(case, dtype):
+    """The forward pass with x copied to group-minor block by block equals, bit for bit,
+    the gather on x copied whole: blocks of 1, 2, 3 and 8 rows."""
+    from numbaconv import memory
+    from numbaconv.strategies import canonical_shapes, geo, w_padding
+    k = grouped._kernels()
+    g, ic, oc, isz, kk, st, dl, pb, pe = case
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*kk, ic // g, oc)).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g)
+    p = nc.plan("convolution", x, w, **attrs).problem
+    vec = grouped._vectors(p)
+    left, width = w_padding(p)
+    wf = grouped._fwd_filter(w.astype(np.float32).reshape(*p.ksz, p.icg, p.oc), p, vec)
+    x5 = x.reshape(p.mb, *p.isz, p.ic)
+    bits = x5.view(np.uint16) if dtype == "float16" else x5
+    out = np.uint16 if dtype == "float16" else np.float32
+    whole = memory.empty(canonical_shapes(p)[1], out)
+    k.fwd_gm(grouped._to_group_minor(bits, g, vec, left, width), wf, whole, geo(p),
+             np.int64(left))
+    for rb in (1, 2, 3, 8):
+        blocks = np.full(canonical_shapes(p)[1], 7, out)
+        k.fwd_fused(bits, wf, blocks, geo(p), np.int64(vec[1]), np.int64(left),
+                    np.int64(width), np.int64(rb))
+        assert np.array_equal(blocks, whole), rb
+    ref = conv_fwd_ref(x.astype(np.float64), w.astype(np.float64), stride=st, dilation=dl,
+                       pads_begin=pb, pads_end=pe, groups=g)
+    got = (whole.view(np.float16) if dtype == "float16" else whole).reshape(ref.shape)
+    assert normalized_error(got, lambda *a, **kw: ref) <= tolerance(dtype)
+
+
+def test_gather_block_rows_rule():
+    """Blocks of ``GATHER_BLOCK_ROWS`` rows, fewer for too few blocks per core or a source
+    buffer over ``GATHER_BLOCK_BYTES``; none (the source copied whole) for 3-D filters."""
+    def problem(mb, h, c, g, k=(1, 3, 3), op="convolution_backprop_data"):
         x = np.zeros((mb, *(h if isinstance(h, tuple) else (h, h)), c), np.float32)
-        dy = np.zeros_like(x)
-        return nc.plan("convolution_backprop_data", dy, np.zeros((*k[-len(x.shape) + 2:],
-                       c // g, c), np.float32), x.shape[1:-1], strides=1, pads_begin=1,
-                       pads_end=1, groups=g).problem
-    assert grouped._bwd_d_block_rows(problem(8, 28, 256, 32), 2) == grouped.BWD_D_BLOCK_ROWS
-    assert grouped._bwd_d_block_rows(problem(1, 16, 256, 32), 2) == 2   # 8 blocks for 2 cores
-    assert grouped._bwd_d_block_rows(problem(2, (4, 6, 6), 64, 16, (3, 3, 3)), 2) == 0
+        w = np.zeros((*k[-len(x.shape) + 2:], c // g, c), np.float32)
+        attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=g)
+        if op == "convolution":
+            return nc.plan(op, x, w, **attrs).problem
+        return nc.plan(op, np.zeros_like(x), w, x.shape[1:-1], **attrs).problem
+    rows = grouped.GATHER_BLOCK_ROWS
+    for op in ("convolution_backprop_data", "convolution"):
+        assert grouped._block_rows(problem(8, 28, 256, 32, op=op), 2) == rows
+        assert grouped._block_rows(problem(1, 16, 256, 32, op=op), 2) == 2  # 8 blocks
+        assert grouped._block_rows(problem(2, (4, 6, 6), 64, 16, (3, 3, 3), op=op), 2) == 0
+    # a wide image: a padded row of dY in group-minor is 128 KiB (128 pixels x 8 channels
+    # x 32 groups in float32), so 2 rows of dX (4 of dY) fill GATHER_BLOCK_BYTES
+    wide = problem(8, (16, 126), 256, 32)
+    assert grouped._block_rows(wide, 2) == 2
+    assert grouped._src_rows(wide, 2) * 128 * 1024 <= grouped.GATHER_BLOCK_BYTES

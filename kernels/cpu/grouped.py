@@ -625,20 +625,36 @@ def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
 @kernel(parallel=False)
 def fwd_gm_kernel(fns, tiles, xp, wf, y, geo, pl):
     """``y [mb, od, oh, ow, g*ocg]`` = grouped conv(xp, wf) (``xp`` group-minor, padded by
-    ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``). With dilation 1 along w, the
-    taps along w of one row make one segment (their x pixels and filter rows are
-    contiguous)."""
+    ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``), row by row
+    (:func:`_fwd_rows`)."""
     rows = geo[0] * geo[10] * geo[11]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * geo[9]), np.int64)
     par_for(_fwd_row, fns, rows, tiles, xp, wf, y, geo, pl, seg_all)
 
 
-@separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], int64, "
-           "int64[:, ::1], int64)",
+@separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
+           "int64[::1], int64, int64[:, ::1], int64)",
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
 def _fwd_row(tiles, xp, wf, y, geo, pl, seg_all, r):
-    segs = seg_all[r]
+    """Row ``r`` (flat over image, depth, row) of :func:`fwd_gm_kernel`."""
+    n = r // (geo[10] * geo[11])
+    o_d = (r // geo[11]) % geo[10]
+    o_h = r % geo[11]
+    work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
+    _fwd_rows(tiles, xp.ctypes.data, xp[0].size, wf, y, geo, seg_all[r], n, o_d, o_h,
+              o_h + 1, xp.shape[4], pl, xp.shape[6], 0, -1, xp.itemsize, work)
+
+
+@helper
+def _fwd_rows(tiles, pa, gstride, wf, y, geo, segs, n, o_d, h0, h1, wp, pl, vl, lo, nrow, it,
+              work):
+    """Rows ``h0 .. h1`` of y (image ``n``, depth ``o_d``) gathered from x in group-minor
+    at address ``pa`` (vector ``gv``'s ``gstride`` elements further on; ``it``-byte
+    elements): x's row ``(t_d, i_h)`` is a block buffer's row ``t_d*nrow + i_h - lo``
+    where ``nrow >= 0``, else row ``(n*id + i_d)*ih + i_h`` of all of x. With dilation 1
+    along w, the taps along w of one row make one segment (their x pixels and filter rows
+    are contiguous)."""
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -646,35 +662,34 @@ def _fwd_row(tiles, xp, wf, y, geo, pl, seg_all, r):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
-    nvg, wp, vl = xp.shape[0], xp.shape[4], xp.shape[6]
-    it, itc = xp.itemsize, y.itemsize  # y may hold float16 bits
-    xs, ws = xp[0].size, wf[0].size
+    nvg = (g + vl - 1) // vl
+    itc = y.itemsize  # y may hold float16 bits
+    ws = wf[0].size
     oc = g * ocg
-    work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
-    pa, pb, pc = xp.ctypes.data, wf.ctypes.data, y.ctypes.data
+    pb, pc = wf.ctypes.data, y.ctypes.data
     runs = 1 if dw == 1 else kw  # segments per (t_d, t_h)
-    n = r // (od * oh)
-    o_d = (r // oh) % od
-    o_h = r % oh
-    ns = 0
-    for t_d in range(kd):
-        i_d = o_d * sd - pd + t_d * dd
-        if i_d < 0 or i_d >= id_:
-            continue
-        for t_h in range(kh):
-            i_h = o_h * sh - ph + t_h * dh
-            if i_h < 0 or i_h >= ih:
+    for o_h in range(h0, h1):
+        ns = 0
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
                 continue
-            for u in range(runs):
-                segs[3 * ns] = (((n * id_ + i_d) * ih + i_h) * wp + u * dw + pl - pw) * icg * vl
-                segs[3 * ns + 1] = ((t_d * kh + t_h) * kw + u) * icg * ocg * vl
-                segs[3 * ns + 2] = icg * (kw if runs == 1 else 1)
-                ns += 1
-    crow = ((n * od + o_d) * oh + o_h) * ow * oc
-    for gv in range(nvg):
-        _row_tiles(tiles, pa + gv * xs * it, pb + gv * ws * it,
-                   pc + (crow + gv * vl * ocg) * itc, segs.ctypes.data, ns, ow, ocg,
-                   min(vl, g - gv * vl), sw * icg * vl, vl, ocg * vl, oc, ocg, vl, it, work)
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                row = t_d * nrow + i_h - lo if nrow >= 0 else (n * id_ + i_d) * ih + i_h
+                for u in range(runs):
+                    segs[3 * ns] = (row * wp + u * dw + pl - pw) * icg * vl
+                    segs[3 * ns + 1] = ((t_d * kh + t_h) * kw + u) * icg * ocg * vl
+                    segs[3 * ns + 2] = icg * (kw if runs == 1 else 1)
+                    ns += 1
+        crow = ((n * od + o_d) * oh + o_h) * ow * oc
+        for gv in range(nvg):
+            _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
+                       pc + (crow + gv * vl * ocg) * itc, segs.ctypes.data, ns, ow, ocg,
+                       min(vl, g - gv * vl), sw * icg * vl, vl, ocg * vl, oc, ocg, vl, it,
+                       work)
 
 
 @kernel(parallel=False)
@@ -690,12 +705,27 @@ def bwd_d_gm_kernel(fns, tiles, dyp, wq, dx, geo, qtab, runs):
     par_for(_bwd_d_row, fns, rows, tiles, dyp, wq, dx, geo, qtab, runs, seg_all)
 
 
-@separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], int64[::1], "
-           "int64[:, ::1], int64[:, ::1], int64[:, ::1], int64)",
+@separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
+           "int64[::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], int64)",
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
 def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, seg_all, r):
-    segs = seg_all[r]
+    """Row ``r`` (flat over image, depth, row) of :func:`bwd_d_gm_kernel`."""
+    n = r // (geo[4] * geo[5])
+    i_d = (r // geo[5]) % geo[4]
+    i_h = r % geo[5]
+    work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
+    _bwd_d_rows(tiles, dyp.ctypes.data, dyp[0].size, wq, dx, geo, qtab, runs, seg_all[r], n,
+                i_d, i_h, i_h + 1, dyp.shape[4], dyp.shape[6], 0, -1, dyp.itemsize, work)
+
+
+@helper
+def _bwd_d_rows(tiles, pa, gstride, wq, dx, geo, qtab, runs, segs, n, i_d, h0, h1, wp, vl, lo,
+                nrow, it, work):
+    """Rows ``h0 .. h1`` of dX (image ``n``, depth ``i_d``) gathered, phase by phase, from
+    dY in group-minor at address ``pa`` (vector ``gv``'s ``gstride`` elements further on;
+    ``it``-byte elements): dY's row ``(t_d, o_h)`` is a block buffer's row ``t_d*nrow +
+    o_h - lo`` where ``nrow >= 0``, else row ``(n*od + o_d)*oh + o_h`` of all of dY."""
     g, icg, ocg = geo[1], geo[2], geo[3]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh = geo[7], geo[8]
@@ -703,43 +733,100 @@ def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, seg_all, r):
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh = geo[16], geo[17]
     pd, ph = geo[19], geo[20]
-    nvg, wp, vl = dyp.shape[0], dyp.shape[4], dyp.shape[6]
-    it, itc = dyp.itemsize, dx.itemsize  # dx may hold float16 bits
-    ys, ws = dyp[0].size, wq[0].size
+    nvg = (g + vl - 1) // vl
+    itc = dx.itemsize  # dx may hold float16 bits
+    ws = wq[0].size
     ic = g * icg
     tap = ocg * icg * vl
     nruns = runs.shape[0]
-    work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
-    pa, pb, pc = dyp.ctypes.data, wq.ctypes.data, dx.ctypes.data
-    n = r // (id_ * ih)
-    i_d = (r // ih) % id_
-    i_h = r % ih
-    for q in range(min(sw, iw)):
-        npix = (iw - q + sw - 1) // sw
-        q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
-        r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
-        ns = 0
-        for t_d in range(kd):
-            a_d = i_d + pd - t_d * dd
-            if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
-                continue
-            o_d = a_d // sd
-            for t_h in range(kh):
-                a_h = i_h + ph - t_h * dh
-                if a_h < 0 or a_h % sh != 0 or a_h // sh >= oh:
+    pb, pc = wq.ctypes.data, dx.ctypes.data
+    for i_h in range(h0, h1):
+        for q in range(min(sw, iw)):
+            npix = (iw - q + sw - 1) // sw
+            q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
+            r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
+            ns = 0
+            for t_d in range(kd):
+                a_d = i_d + pd - t_d * dd
+                if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
                     continue
-                o_h = a_h // sh
-                for u in range(r0, r1):
-                    segs[3 * ns] = (((n * od + o_d) * oh + o_h) * wp + runs[u, 0]) * ocg * vl
-                    segs[3 * ns + 1] = q0 + ((t_d * kh + t_h) * nq + runs[u, 1]) * tap
-                    segs[3 * ns + 2] = runs[u, 2] * ocg
-                    ns += 1
-        crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
-        for gv in range(nvg):
-            _row_tiles(tiles, pa + gv * ys * it, pb + gv * ws * it,
-                       pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix, icg,
-                       min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg, vl, it,
-                       work)
+                o_d = a_d // sd
+                for t_h in range(kh):
+                    a_h = i_h + ph - t_h * dh
+                    if a_h < 0 or a_h % sh != 0 or a_h // sh >= oh:
+                        continue
+                    o_h = a_h // sh
+                    row = t_d * nrow + o_h - lo if nrow >= 0 else (n * od + o_d) * oh + o_h
+                    for u in range(r0, r1):
+                        segs[3 * ns] = (row * wp + runs[u, 0]) * ocg * vl
+                        segs[3 * ns + 1] = q0 + ((t_d * kh + t_h) * nq + runs[u, 1]) * tap
+                        segs[3 * ns + 2] = runs[u, 2] * ocg
+                        ns += 1
+            crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
+            for gv in range(nvg):
+                _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
+                           pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix,
+                           icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg,
+                           vl, it, work)
+
+
+def fwd_fused(x, wf, y, geo, vl, pl, wp, rb):
+    """See :func:`fwd_fused_kernel` (its address tables added)."""
+    name = "float16" if x.dtype == np.uint16 else dtype_name(x.dtype)
+    fwd_fused_kernel(_fwd_block.table(name), _row_tiles.table(name), x, wf, y, geo, vl, pl,
+                     wp, rb)
+
+
+@kernel(parallel=False)
+def fwd_fused_kernel(fns, tiles, x, wf, y, geo, vl, pl, wp, rb):
+    """:func:`fwd_gm_kernel` on the channels-last ``x [mb, id, ih, iw, g*icg]`` itself:
+    per block of ``rb`` rows of y (of one image and depth), the rows of x that its taps
+    read are copied to group-minor (``[nvg, kd, rows, wp, icg, VL]``, zero-padded by ``pl``
+    along w) into a buffer of the iteration's own (see :func:`bwd_d_fused_kernel`)."""
+    blocks = geo[0] * geo[10] * ((geo[11] + rb - 1) // rb)
+    seg_all = np.empty((blocks, 3 * geo[7] * geo[8] * geo[9]), np.int64)
+    par_for(_fwd_block, fns, blocks, tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all)
+
+
+@separate("void(int64[::1], {S}[:, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
+          "int64[::1], int64, int64, int64, int64, int64[:, ::1], int64)",
+          float32=dict(S="float32", T="float32", Y="float32"),
+          float64=dict(S="float64", T="float64", Y="float64"),
+          float16=dict(S="uint16", T="float32", Y="uint16"))
+def _fwd_block(tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all, b):
+    """Block ``b`` (flat over image, depth, blocks of ``rb`` rows) of
+    :func:`fwd_fused_kernel`; the row gathers are :func:`_fwd_rows`."""
+    segs = seg_all[b]
+    g, icg = geo[1], geo[2]
+    id_, ih = geo[4], geo[5]
+    kd, kh = geo[7], geo[8]
+    od, oh = geo[10], geo[11]
+    sd, sh = geo[13], geo[14]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    nvg = (g + vl - 1) // vl
+    nhb = (oh + rb - 1) // rb
+    n = b // (od * nhb)
+    o_d = (b // nhb) % od
+    h0 = (b % nhb) * rb
+    h1 = min(oh, h0 + rb)
+    # the rows of x the block's taps read: lo..hi along h, each valid tap along d
+    lo = max(0, h0 * sh - ph)
+    hi = min(ih - 1, (h1 - 1) * sh - ph + (kh - 1) * dh)
+    nrow = max(0, hi - lo + 1)
+    row = wp * icg * vl
+    gstride = kd * nrow * row
+    buf = np.empty(max(1, nvg * gstride), wf.dtype)  # float32 for float16 bits
+    for t_d in range(kd):
+        i_d = o_d * sd - pd + t_d * dd
+        if i_d < 0 or i_d >= id_:
+            continue
+        for j in range(nrow):
+            _gm_into(x, buf, (t_d * nrow + j) * row, gstride, wp, icg, vl, g, pl,
+                     (n * id_ + i_d) * ih + lo + j)
+    work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
+    _fwd_rows(tiles, buf.ctypes.data, gstride, wf, y, geo, segs, n, o_d, h0, h1, wp, pl, vl,
+              lo, nrow, buf.itemsize, work)
 
 
 def bwd_d_fused(dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
@@ -756,7 +843,7 @@ def bwd_d_fused_kernel(fns, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
     read are copied to group-minor (``[nvg, kd, rows, wp, ocg, VL]``, zero-padded by ``pl``
     along w) into a buffer of the iteration's own, which stays in L2 while the block's rows
     gather from it: no group-minor copy of all of dY written to memory and read back.
-    The row gathers are :func:`_bwd_d_row`'s."""
+    The row gathers are :func:`_bwd_d_rows`."""
     blocks = geo[0] * geo[4] * ((geo[5] + rb - 1) // rb)
     seg_all = np.empty((blocks, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
     par_for(_bwd_d_block, fns, blocks, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb,
@@ -773,11 +860,11 @@ def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b)
     """Block ``b`` (flat over image, depth, blocks of ``rb`` rows) of
     :func:`bwd_d_fused_kernel`."""
     segs = seg_all[b]
-    g, icg, ocg = geo[1], geo[2], geo[3]
-    id_, ih, iw = geo[4], geo[5], geo[6]
+    g, ocg = geo[1], geo[3]
+    id_, ih = geo[4], geo[5]
     kd, kh = geo[7], geo[8]
     od, oh = geo[10], geo[11]
-    sd, sh, sw = geo[13], geo[14], geo[15]
+    sd, sh = geo[13], geo[14]
     dd, dh = geo[16], geo[17]
     pd, ph = geo[19], geo[20]
     nvg = (g + vl - 1) // vl
@@ -801,39 +888,9 @@ def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b)
         for j in range(nrow):
             _gm_into(dy, buf, (t_d * nrow + j) * row, gstride, wp, ocg, vl, g, pl,
                      (n * od + o_d) * oh + lo + j)
-    ic = g * icg
-    tap = ocg * icg * vl
-    nruns = runs.shape[0]
-    it, itc = buf.itemsize, dx.itemsize  # dx may hold float16 bits
-    ws = wq[0].size
     work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
-    pa, pb, pc = buf.ctypes.data, wq.ctypes.data, dx.ctypes.data
-    for i_h in range(h0, h1):
-        for q in range(min(sw, iw)):
-            npix = (iw - q + sw - 1) // sw
-            q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
-            r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
-            ns = 0
-            for t_d in range(kd):
-                a_d = i_d + pd - t_d * dd
-                if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
-                    continue
-                for t_h in range(kh):
-                    a_h = i_h + ph - t_h * dh
-                    if a_h < 0 or a_h % sh != 0 or a_h // sh >= oh:
-                        continue
-                    j = a_h // sh - lo
-                    for u in range(r0, r1):
-                        segs[3 * ns] = ((t_d * nrow + j) * wp + runs[u, 0]) * ocg * vl
-                        segs[3 * ns + 1] = q0 + ((t_d * kh + t_h) * nq + runs[u, 1]) * tap
-                        segs[3 * ns + 2] = runs[u, 2] * ocg
-                        ns += 1
-            crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
-            for gv in range(nvg):
-                _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
-                           pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix,
-                           icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg,
-                           vl, it, work)
+    _bwd_d_rows(tiles, buf.ctypes.data, gstride, wq, dx, geo, qtab, runs, segs, n, i_d, h0,
+                h1, wp, vl, lo, nrow, buf.itemsize, work)
 
 
 @kernel(parallel=False)

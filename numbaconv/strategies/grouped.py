@@ -32,13 +32,14 @@ MAX_GROUP_CHANNELS = 64
 #: of the tap passes over them; and of at least ``BWD_W_MIN_PIXELS`` pixels (a tile's
 #: accumulators are loaded and stored once per block and tap).
 BWD_W_BLOCK_BYTES = 24 * 1024
-#: Backward data with a 2-D or 1-D filter copies dY to group-minor block by block: per
-#: block of at most this many rows of dX (of one image), the rows of dY its taps read, into
-#: a buffer of at most ``BWD_D_BLOCK_BYTES`` (it stays in L2 while the block's rows gather
-#: from it), in at least ``BWD_D_MIN_BLOCKS`` blocks per core.
-BWD_D_BLOCK_ROWS = 8
-BWD_D_BLOCK_BYTES = 512 * 1024
-BWD_D_MIN_BLOCKS = 4
+#: The gathers (forward and backward data) with a 2-D or 1-D filter copy their source (x,
+#: dY) to group-minor block by block: per block of at most this many rows of the result
+#: (of one image), the source rows its taps read, into a buffer of at most
+#: ``GATHER_BLOCK_BYTES`` (it stays in L2 while the block's rows gather from it), in at
+#: least ``GATHER_MIN_BLOCKS`` blocks per core.
+GATHER_BLOCK_ROWS = 8
+GATHER_BLOCK_BYTES = 512 * 1024
+GATHER_MIN_BLOCKS = 4
 BWD_W_MIN_PIXELS = 32
 
 R_NOT_GROUPED = "not grouped (groups {g})"
@@ -115,27 +116,33 @@ def _fwd_filter(w, p, vec):
     return out
 
 
-def _dy_rows(p, rb):
-    """The most rows of dY that a block of ``rb`` rows of dX reads along h."""
-    return min(p.osz[1], (rb - 1 + (p.ksz[1] - 1) * p.dilation[1]) // p.stride[1] + 1)
+def _src_rows(p, rb):
+    """The most rows (along h) of a gather's source that a block of ``rb`` rows of its
+    result reads: of dY for backward data, of x for the forward pass."""
+    kh, sh, dh = p.ksz[1], p.stride[1], p.dilation[1]
+    if p.direction == "bwd_d":
+        return min(p.osz[1], (rb - 1 + (kh - 1) * dh) // sh + 1)
+    return min(p.isz[1], (rb - 1) * sh + (kh - 1) * dh + 1)
 
 
-def _bwd_d_block_rows(p, cores):
-    """Rows of dX per block of the fused backward data (:func:`kernels.cpu.grouped.
-    bwd_d_fused`): ``BWD_D_BLOCK_ROWS``, fewer where that leaves fewer than
-    ``BWD_D_MIN_BLOCKS`` blocks per core, or where the block's dY rows in group-minor
-    take more than ``BWD_D_BLOCK_BYTES``. 0 for 3-D filters: every block copies the dY
-    planes of all its taps along d, each plane then copied ``kd`` times (ResNeXt-3D's
-    layers ran 6-16% slower so): dY is copied to group-minor once, whole, first."""
+def _block_rows(p, cores):
+    """Rows of the result per block of a blocked gather (:func:`kernels.cpu.grouped.
+    bwd_d_fused`, :func:`~kernels.cpu.grouped.fwd_fused`): ``GATHER_BLOCK_ROWS``, fewer
+    where that leaves fewer than ``GATHER_MIN_BLOCKS`` blocks per core, or where the
+    block's source rows in group-minor take more than ``GATHER_BLOCK_BYTES``. 0 for 3-D
+    filters: every block would copy the source planes of all its taps along d, each
+    plane then copied ``kd`` times (ResNeXt-3D's backward data ran 6-16% slower so): the
+    source is copied to group-minor once, whole, first."""
     if p.ksz[0] > 1:
         return 0
-    rb = BWD_D_BLOCK_ROWS
-    slabs = p.mb * p.isz[0]
-    gp = math.prod(_vectors(p))
-    wp = _bwd_d_phases(p)[2]
-    while rb > 1 and (slabs * -(-p.isz[1] // rb) < BWD_D_MIN_BLOCKS * cores
-                      or p.ksz[0] * _dy_rows(p, rb) * wp * p.ocg * gp * itemsize(p)
-                      > BWD_D_BLOCK_BYTES):
+    if p.direction == "bwd_d":
+        slabs, rows, wp, c = p.mb * p.isz[0], p.isz[1], _bwd_d_phases(p)[2], p.ocg
+    else:
+        slabs, rows, wp, c = p.mb * p.osz[0], p.osz[1], w_padding(p)[1], p.icg
+    row = wp * c * math.prod(_vectors(p)) * itemsize(p)
+    rb = GATHER_BLOCK_ROWS
+    while rb > 1 and (slabs * -(-rows // rb) < GATHER_MIN_BLOCKS * cores
+                      or _src_rows(p, rb) * row > GATHER_BLOCK_BYTES):
         rb -= 1
     return rb
 
@@ -198,21 +205,26 @@ class GroupedDirect(Direct):
                     "block_rows": max(1, pixels // cols)}
         if p.direction == "bwd_d":
             return {"rows": p.mb * p.isz[0] * p.isz[1],
-                    "block_rows": _bwd_d_block_rows(p, machine.cores),
+                    "block_rows": _block_rows(p, machine.cores),
                     "threads": max(1, machine.cores)}
-        return {"rows": p.mb * p.osz[0] * p.osz[1]}
+        return {"rows": p.mb * p.osz[0] * p.osz[1],
+                "block_rows": _block_rows(p, machine.cores),
+                "threads": max(1, machine.cores)}
 
     def workspace_bytes(self, p, tiles):
         gp = math.prod(_vectors(p))
         taps = math.prod(p.ksz)
         mb, (id_, ih, _), (od, oh, ow) = p.mb, p.isz, p.osz
         x_gm = mb * id_ * ih * w_padding(p)[1] * p.icg * gp
-        if p.direction == "fwd":
+        # the gathers' blocks (bwd_w's block_rows are its own)
+        rb = int(tiles.get("block_rows", 0)) if p.direction != "bwd_w" else 0
+        blocks = tiles.get("threads", 1) * p.ksz[0] * _src_rows(p, rb) if rb else 0
+        if p.direction == "fwd":  # x in group-minor: whole, or a block per thread
+            if rb:
+                x_gm = blocks * w_padding(p)[1] * p.icg * gp
             n = x_gm + taps * p.icg * p.ocg * gp
         elif p.direction == "bwd_d":  # dY in group-minor: whole, or a block per thread
-            rb = int(tiles.get("block_rows", 0))
-            rows = (tiles.get("threads", 1) * p.ksz[0] * _dy_rows(p, rb) if rb
-                    else mb * od * oh)
+            rows = blocks if rb else mb * od * oh
             n = rows * _bwd_d_phases(p)[2] * p.ocg * gp + taps * p.icg * p.ocg * gp
         else:
             n = (x_gm + mb * od * oh * ow * p.ocg * gp
@@ -233,9 +245,15 @@ class GroupedDirect(Direct):
         gv = geo(p)
         if p.direction == "fwd":
             left, width = w_padding(p)
-            xp = _to_group_minor(ops["x"], g, vec, left, width)
             y = memory.empty(ys, result_dtype(ops["x"], ct))
-            k.fwd_gm(xp, _fwd_filter(ops["w"], p, vec), y, gv, np.int64(left))
+            wf = _fwd_filter(ops["w"], p, vec)
+            rb = int(tiles.get("block_rows", 0))
+            if rb:
+                k.fwd_fused(np.ascontiguousarray(ops["x"]), wf, y, gv, np.int64(vec[1]),
+                            np.int64(left), np.int64(width), np.int64(rb))
+            else:
+                k.fwd_gm(_to_group_minor(ops["x"], g, vec, left, width), wf, y, gv,
+                         np.int64(left))
             return y
         if p.direction == "bwd_d":
             phases, left, width = _bwd_d_phases(p)
