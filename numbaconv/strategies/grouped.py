@@ -216,15 +216,16 @@ class GroupedDirect(Direct):
         taps = math.prod(p.ksz)
         mb, (id_, ih, _), (od, oh, ow) = p.mb, p.isz, p.osz
         x_gm = mb * id_ * ih * w_padding(p)[1] * p.icg * gp
-        # the gathers' blocks (bwd_w's block_rows are its own)
+        # the gathers' per-thread block buffers, in source rows (bwd_w's block_rows are
+        # its own)
         rb = int(tiles.get("block_rows", 0)) if p.direction != "bwd_w" else 0
-        blocks = tiles.get("threads", 1) * p.ksz[0] * _src_rows(p, rb) if rb else 0
+        buffer_rows = tiles.get("threads", 1) * p.ksz[0] * _src_rows(p, rb) if rb else 0
         if p.direction == "fwd":  # x in group-minor: whole, or a block per thread
             if rb:
-                x_gm = blocks * w_padding(p)[1] * p.icg * gp
+                x_gm = buffer_rows * w_padding(p)[1] * p.icg * gp
             n = x_gm + taps * p.icg * p.ocg * gp
         elif p.direction == "bwd_d":  # dY in group-minor: whole, or a block per thread
-            rows = blocks if rb else mb * od * oh
+            rows = buffer_rows if rb else mb * od * oh
             n = rows * _bwd_d_phases(p)[2] * p.ocg * gp + taps * p.icg * p.ocg * gp
         else:
             n = (x_gm + mb * od * oh * ow * p.ocg * gp
