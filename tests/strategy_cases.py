@@ -140,6 +140,9 @@ CASES = [
        label="gemm[patch]"),
     _c("patch-bwdw-wide", "bwd_w", 1, 24, 20, 2, (6, 40), (3, 3), pads=((1, 1), (1, 1)),
        label="gemm[patch]"),
+    # no padding along w: the input rows read in place (the cases above copy them padded)
+    _c("patch-bwdw-valid-w", "bwd_w", 1, 3, 20, 2, (7, 23), (3, 3), stride=(1, 2),
+       pads=((1, 1), (0, 0)), label="gemm[patch]"),
     # -- GEMM: the transposed patch GEMM, vectors across input channels (few outputs; the
     # second case's 24 channels are copied to whole vectors, its 20 outputs padded) ------
     _c("patch-t-bwdw-2d", "bwd_w", 1, 48, 12, 4, (8, 8), (3, 3), pads=((1, 1), (1, 1)),

@@ -146,6 +146,29 @@ PACK_ROW_BYTES = 4096
 
 
 @intrinsic
+def _copy_bytes(typingctx, dst, src, nbytes):
+    """``nbytes`` from the address ``src`` to ``dst`` (``llvm.memcpy``; the ranges do not
+    overlap; nothing where ``nbytes <= 0``), or zeros where ``src`` is 0 (``llvm.memset``)."""
+    sig = types.void(types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        d, s, nb = args
+        i64 = ir.IntType(64)
+        with builder.if_then(builder.icmp_signed(">", nb, ir.Constant(i64, 0))):
+            dp = builder.inttoptr(d, ir.IntType(8).as_pointer())
+            with builder.if_else(builder.icmp_signed("==", s, ir.Constant(i64, 0))) as (
+                    zero, copy):
+                with zero:
+                    cgutils.memset(builder, dp, nb, 0)
+                with copy:
+                    cgutils.raw_memcpy(builder, dp, builder.inttoptr(
+                        s, ir.IntType(8).as_pointer()), nb, 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _prefetch(typingctx, addr, nbytes):
     """Prefetch ``nbytes`` from the address ``addr`` into L2 (``prefetcht1``, line by line;
     nothing where ``nbytes <= 0``)."""
@@ -730,13 +753,27 @@ _patch1, _patch2, _patch3, _patch4 = (_micro(n, PATCH_MR[n], True) for n in (1, 
 
 def patch_index(M):
     """int64 scratch entries :func:`_patch_bwd_w` needs for ``M`` patch rows."""
-    return 2 * (M + PATCH_SLACK)
+    return 3 * (M + PATCH_SLACK)
 
 
-def patch_work(ow, kp):
+def patch_edges(ow, kw, sw, dw, pw, iw):
+    """``(lo, hi, cols)``: the output pixels ``[lo, hi)`` of a row whose taps all lie
+    inside the input along w, and the input columns (``C`` elements each) a copy of the
+    taps of the pixels before ``lo`` or of those from ``hi`` on spans (the wider of the
+    two; 0 where every pixel is inside)."""
+    lo = min(ow, (pw + sw - 1) // sw)
+    hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
+    span = (kw - 1) * dw + 1
+    left = (lo - 1) * sw + span if lo > 0 else 0
+    right = (ow - 1 - hi) * sw + span if hi < ow else 0
+    return lo, hi, max(left, right)
+
+
+def patch_work(ow, kp, tap_rows=0, cols=0, C=0):
     """Scratch elements :func:`_patch_bwd_w` needs per thread (``kp``: output channels
-    rounded up to whole vectors)."""
-    return (ow + 1) * kp
+    rounded up to whole vectors; per tap row, ``kd*kh`` of them, two zero-padded copies of
+    ``cols`` input columns of ``C`` elements, :func:`patch_edges`)."""
+    return ow * kp + 2 * tap_rows * cols * C
 
 
 def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
@@ -773,9 +810,10 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
     pixel's channels, which only reach the columns past ``K``; the last row of ``dy``,
     whose last vector would run past the array, is copied zero-padded into ``work``
     first. The row's pixels whose taps stay inside the input along w run through the
-    register tiles; the few at its ends, whose taps reach into the padding, are added one
-    by one, vectorised over the output channels. ``work`` (``works[j]``): :func:`patch_work`
-    elements; ``idx`` (``idxs[j]``): :func:`patch_index` entries."""
+    register tiles; those at its two ends, whose taps reach into the padding, run through
+    the same tiles from zero-padded copies of the few input columns they read (per tap
+    row, :func:`patch_edges`), as two more GEMMs over the row. ``work`` (``works[j]``):
+    :func:`patch_work` elements; ``idx`` (``idxs[j]``): :func:`patch_index` entries."""
     nch = parts.shape[0]
     rows = geo[0] * geo[10] * geo[11]
     r0, r1 = rows * j // nch, rows * (j + 1) // nch
@@ -793,20 +831,30 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
     M = kd * kh * kw * C
     total = geo[0] * od * oh * ow * K
     pc = part.ctypes.data
-    ybuf = work[ow * kp:(ow + 1) * kp]
-    # the output pixels whose taps all lie inside the input along w
+    # the output pixels whose taps all lie inside the input along w, and the columns of
+    # the copies of the taps of those before (input columns from -pw on) and after
     lo = min(ow, (pw + sw - 1) // sw)
     hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
+    span = (kw - 1) * dw + 1
+    wl = (lo - 1) * sw + span if lo > 0 else 0
+    wr = (ow - 1 - hi) * sw + span if hi < ow else 0
+    ecols = max(wl, wr)
+    slots = kd * kh
+    pl = np.int64(work.ctypes.data) + ow * kp * it      # left copies: a slot per tap row
+    prr = pl + slots * ecols * C * it                   # right copies
     n_ab = M + PATCH_SLACK
     aoff = idx[:n_ab]
     crow = idx[n_ab:2 * n_ab]
+    eoff = idx[2 * n_ab:3 * n_ab]                       # A's rows in the copies
     pa_tab = idx.ctypes.data
     pc_tab = pa_tab + n_ab * 8
+    pe_tab = pa_tab + 2 * n_ab * 8
     for r in range(r0, r1):
         n = r // (od * oh)
         o_d = (r // oh) % od
         o_h = r % oh
         rows = 0
+        slot = 0
         for t_d in range(kd):
             i_d = o_d * sd - pd + t_d * dd
             if i_d < 0 or i_d >= id_:
@@ -816,60 +864,60 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
                 if i_h < 0 or i_h >= ih:
                     continue
                 base = ((n * id_ + i_d) * ih + i_h) * iw * C
+                e0 = slot * ecols * C
+                if lo > 0:
+                    _padded_cols(pl + e0 * it, px + base * it, -pw, wl, iw, C * it)
+                if hi < ow:
+                    _padded_cols(prr + e0 * it, px + base * it, hi * sw - pw, wr, iw, C * it)
+                slot += 1
                 m0 = (t_d * kh + t_h) * kw * C
                 for t_w in range(kw):
                     for c in range(C):
                         aoff[rows] = base + t_w * dw * C + c
+                        eoff[rows] = e0 + t_w * dw * C + c
                         crow[rows] = (m0 + t_w * C + c) * kp
                         rows += 1
         if rows == 0:
             continue
         for i in range(rows, rows + PATCH_SLACK):  # a last tile's extra rows: into the sink
             aoff[i] = aoff[0]
+            eoff[i] = eoff[0]
             crow[i] = M * kp
         ybase = r * ow * K
-        if hi > lo:
-            if (r * ow + hi - 1) * K + kp > total:  # the last vector would leave dy
-                for o in range(lo, hi):
-                    for k in range(K):
-                        work[o * kp + k] = _load(py, ybase + o * K + k, work)
-                    for k in range(K, kp):
-                        work[o * kp + k] = 0
-                b, ldb = work.ctypes.data + lo * kp * it, kp
-            else:
-                b, ldb = py + (ybase + lo * K) * it, K
-            a = px + (lo * sw - pw) * C * it
-            for j0 in range(0, kp, NV * vl):
-                nv = min(NV, (kp - j0) // vl)
-                mr = _PATCH_ROWS[nv - 1]
-                for i0 in range(0, rows, mr):
-                    _patch_call(nv, a, pa_tab + i0 * 8, sw * C, b + j0 * it, ldb,
-                               pc + j0 * it, pc_tab + i0 * 8, hi - lo, 1, work)
-        # the pixels at the ends of the row, one by one
-        for o in range(ow):
-            if lo <= o < hi:
-                continue
-            for k in range(K):
-                ybuf[k] = _load(py, ybase + o * K + k, work)
-            for t_d in range(kd):
-                i_d = o_d * sd - pd + t_d * dd
-                if i_d < 0 or i_d >= id_:
-                    continue
-                for t_h in range(kh):
-                    i_h = o_h * sh - ph + t_h * dh
-                    if i_h < 0 or i_h >= ih:
-                        continue
-                    base = ((n * id_ + i_d) * ih + i_h) * iw * C
-                    m0 = (t_d * kh + t_h) * kw * C
-                    for t_w in range(kw):
-                        i_w = o * sw - pw + t_w * dw
-                        if i_w < 0 or i_w >= iw:
-                            continue
-                        for c in range(C):
-                            xv = _load(px, base + i_w * C + c, work)
-                            m = m0 + t_w * C + c
-                            for k in range(K):
-                                part[m, k] += xv * ybuf[k]
+        if (r * ow + ow - 1) * K + kp > total:  # the last vector would leave dy
+            for o in range(ow):
+                for k in range(K):
+                    work[o * kp + k] = _load(py, ybase + o * K + k, work)
+                for k in range(K, kp):
+                    work[o * kp + k] = 0
+            b, ldb = np.int64(work.ctypes.data), kp
+        else:
+            b, ldb = py + ybase * it, K
+        for j0 in range(0, kp, NV * vl):
+            nv = min(NV, (kp - j0) // vl)
+            mr = _PATCH_ROWS[nv - 1]
+            for i0 in range(0, rows, mr):
+                if hi > lo:
+                    _patch_call(nv, px + (lo * sw - pw) * C * it, pa_tab + i0 * 8, sw * C,
+                                b + (lo * ldb + j0) * it, ldb, pc + j0 * it, pc_tab + i0 * 8,
+                                hi - lo, 1, work)
+                if lo > 0:
+                    _patch_call(nv, pl, pe_tab + i0 * 8, sw * C, b + j0 * it, ldb,
+                                pc + j0 * it, pc_tab + i0 * 8, lo, 1, work)
+                if hi < ow:
+                    _patch_call(nv, prr, pe_tab + i0 * 8, sw * C, b + (hi * ldb + j0) * it,
+                                ldb, pc + j0 * it, pc_tab + i0 * 8, ow - hi, 1, work)
+
+
+@helper
+def _padded_cols(dst, src, c0, cols, iw, cbytes):
+    """Input columns ``[c0, c0 + cols)`` of the row at address ``src`` (``iw`` columns of
+    ``cbytes`` each) to ``dst``, zeros for those outside ``[0, iw)``."""
+    z0 = min(cols, max(0, -c0))
+    z1 = min(cols, max(z0, iw - c0))
+    _copy_bytes(dst, 0, z0 * cbytes)
+    _copy_bytes(dst + z0 * cbytes, src + (c0 + z0) * cbytes, (z1 - z0) * cbytes)
+    _copy_bytes(dst + z1 * cbytes, 0, (cols - z1) * cbytes)
 
 
 @helper
