@@ -140,12 +140,13 @@ def _regions(p, grid, taps):
 _TABLES = {}
 
 
-def _phase_regions(p, q, grid, taps, pads, segs, width, block_tiles, nr, threads):
+def _phase_regions(p, q, grid, taps, frame, width, block_tiles, nr, threads):
     """The :func:`_region_tables` of phase ``q`` where its regions skip at least
-    ``MIN_SKIPPED`` of its products, else None; made once per problem. The padded rows'
-    C offsets are scratch rows counted from 0: the caller adds the scratch's offset from
+    ``MIN_SKIPPED`` of its products, else None; made once per problem and ``frame`` (the
+    padded dY's ``pads``, or dY itself: ``(0, extent)`` per axis). The padded rows' C
+    offsets are scratch rows counted from 0: the caller adds the scratch's offset from
     ``dx`` at the tables' last entry."""
-    key = (p, q, block_tiles, threads)
+    key = (p, q, frame, block_tiles, threads)
     if key not in _TABLES:
         from ..kernels.cpu import igemm
         regions, skipped = _regions(p, grid, taps) if taps else ([], 0.0)
@@ -155,25 +156,32 @@ def _phase_regions(p, q, grid, taps, pads, segs, width, block_tiles, nr, threads
             work = round((1 - skipped) * total)  # the regions' tiles times taps
             # items of at most block_tiles full tiles' work, at least 4 per thread
             share = max(1, min(block_tiles * len(taps), work // (4 * threads)))
-            tables = _region_tables(p, q, pads, regions, segs, width, share, nr)
+            tables = _region_tables(p, q, frame, regions, taps, width, share, nr)
         if len(_TABLES) >= 256:
             _TABLES.clear()
         _TABLES[key] = tables
     return _TABLES[key]
 
 
-def _region_tables(p, q, pads, regions, segs, width, block_tiles, nr):
+def _unpadded(p):
+    """dY itself as the frame of :func:`_region_tables`: no leading pads, its own extents."""
+    return tuple((0, n) for n in p.osz)
+
+
+def _region_tables(p, q, frame, regions, taps, width, block_tiles, nr):
     """The kernels' tables for :func:`_regions`' boxes of phase ``q``: ``offs [tiles, 2,
     MR]`` (A and C row offsets, region after region; a region's last tile padded with its
     first row's A and C rows ``(r*MR + i) * width`` of the scratch), ``rtab [R, 4]``
-    (tiles and entries per region), ``pairs [E, 2]`` (a tap's A offset ``segs[position]``
-    in the padded dY and its rows' element offset ``position * K * nr`` in a packed
+    (tiles and entries per region), ``pairs [E, 2]`` (a tap's A offset in ``frame``, the
+    padded dY or dY itself, and its rows' element offset ``position * K * nr`` in a packed
     panel), ``epos [E]`` (the positions), ``items [I, 3]`` (``(region, t0, t1)`` blocks of
     about ``block_tiles`` tiles times taps of work) and the flat indices in ``offs`` of the
-    padded C rows."""
+    padded C rows. A region's taps reach inside dY for every one of its pixels, so its
+    reads never need the padding."""
     from ..kernels.cpu import igemm
     MR = igemm.MR
-    (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
+    (Ld, Dp), (Lh, Hp), (Lw, Wp) = frame
+    segs = [((b[0] * Hp + b[1]) * Wp + b[2]) * p.oc for _, b in taps]
     ID, IH, IW = p.isz
     K, C = p.oc, p.ic
     offs, rtab, pairs, epos, items, padded = [], [], [], [], [], []
@@ -328,22 +336,28 @@ class ImplicitGemm(Strategy):
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]
         padded = (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
+        threads = max(1, int(tiles.get("threads", 1)))
+        bt = max(1, int(tiles["block_tiles"]))
+        half_out = dy.dtype == np.uint16
+        frame = pads
+        if padded and self.regions and not half_out and dy.dtype == ct and all(
+                _phase_regions(p, q, grid, taps, _unpadded(p), npan * nr, bt, nr, threads)
+                is not None for q, grid, taps, *_ in _phase_arrays(p, pads)):
+            # every phase by regions, whose taps read inside dY only: no padded copy
+            padded, frame = False, _unpadded(p)
         if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
         else:  # float16 bits are widened on the way
             dyp = memory.empty((p.mb, Dp, Hp, Wp, K), ct)  # pad_dy writes all of it
             igemm.pad_dy(np.ascontiguousarray(dy), dyp, np.array([Ld, Lh, Lw], np.int64))
         w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), C, K)
-        threads = max(1, int(tiles.get("threads", 1)))
         chunk = np.int64(tiles["chunk"])
-        bt = max(1, int(tiles["block_tiles"]))
-        half_out = dy.dtype == np.uint16
         dx = memory.empty((p.mb, *p.isz, C), result_dtype(dy, ct), offset=0)  # aligned
         for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads):
             P = p.mb * math.prod(grid)
             tables = None
             if self.regions and not half_out:
-                tables = _phase_regions(p, q, grid, taps, pads, segs, npan * nr, bt, nr,
+                tables = _phase_regions(p, q, grid, taps, frame, npan * nr, bt, nr,
                                         threads)
             if tables is not None:
                 # only the taps that reach inside dY, region by region
