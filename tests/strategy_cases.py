@@ -170,9 +170,15 @@ CASES = [
        pads=((5, 3), (5, 3)), label="gemm[regions]"),
     _c("regions-bwdd-3d-s2", "bwd_d", 1, 16, 32, 1, (7, 9, 8), (3, 3, 3), stride=(1, 2, 2),
        dilation=(2, 2, 3), pads=((2, 2, 3), (2, 2, 3)), label="gemm[regions]"),
-    # two groups (AlexNet's): each group's problem on copies of its channels, stride 2
+    # two groups (AlexNet's): each group's problem on the whole arrays' rows, stride 2;
+    # three groups over channel panels (a large filter over few pixels); four groups by
+    # regions (dilated: no padded dY)
     _c("implicit-bwdd-grouped", "bwd_d", 2, 32, 48, 2, (13, 13), (3, 3), stride=(2, 2),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+    _c("implicit-bwdd-grouped-panels", "bwd_d", 3, 384, 384, 1, (5, 6), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm[implicit]", label="gemm[implicit]"),
+    _c("regions-bwdd-grouped", "bwd_d", 4, 64, 32, 2, (11, 12), (3, 3), dilation=(3, 4),
+       pads=((3, 4), (3, 4)), strategy="gemm[regions]", label="gemm[regions]"),
     _c("col2im-images", "bwd_d", 1, 3, 16, 4, (12, 12), (3, 3), pads=((1, 1), (1, 1)),
        label="gemm[col2im]", tiles={"bands": None}),
     _c("col2im-bands", "bwd_d", 1, 3, 16, 1, (16, 16), (5, 5), pads=((2, 2), (2, 2)),

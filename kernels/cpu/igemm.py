@@ -279,11 +279,12 @@ def _tile_offsets(pg, t0, t1, offs, rel, width):
     last pixel read row 0's ``A`` and write row ``i`` of a scratch block ``width``
     elements wide, ``rel`` elements after ``dx``."""
     mb, Jd, Jh, Jw = pg[0], pg[1], pg[2], pg[3]
-    Dp, Hp, Wp, K = pg[4], pg[5], pg[6], pg[7]
+    Dp, Hp, Wp = pg[4], pg[5], pg[6]
     Ld, Lh, Lw = pg[8], pg[9], pg[10]
-    ID, IH, IW, C = pg[11], pg[12], pg[13], pg[14]
+    ID, IH, IW = pg[11], pg[12], pg[13]
     qd, qh, qw = pg[15], pg[16], pg[17]
     sd, sh, sw = pg[18], pg[19], pg[20]
+    ka, cs, k0, c0 = pg[21], pg[22], pg[23], pg[24]
     P = mb * Jd * Jh * Jw
     for ti in range(t1 - t0):
         r0 = (t0 + ti) * MR
@@ -296,9 +297,10 @@ def _tile_offsets(pg, t0, t1, offs, rel, width):
                 u = u // Jh
                 jd = u % Jd
                 n = u // Jd
-                offs[ti, 0, i] = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * K
-                offs[ti, 1, i] = (((n * ID + qd + sd * jd) * IH + qh + sh * jh) * IW
-                                  + qw + sw * jw) * C
+                offs[ti, 0, i] = ((((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * ka
+                                  + k0)
+                offs[ti, 1, i] = ((((n * ID + qd + sd * jd) * IH + qh + sh * jh) * IW
+                                   + qw + sw * jw) * cs + c0)
             else:
                 offs[ti, 0, i] = offs[ti, 0, 0]
                 offs[ti, 1, i] = rel + i * width
@@ -357,7 +359,9 @@ def bwd_d_phase_kernel(row_fn, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, 
 
     ``pg`` (int64): ``mb, Jd, Jh, Jw`` (the phase grid), ``Dp, Hp, Wp, K`` (``dyp``'s
     spatial dims and channels), ``Ld, Lh, Lw`` (``dyp``'s leading pads), ``ID, IH, IW, C``
-    (``dx``), ``qd, qh, qw``, ``sd, sh, sw``. ``segs[t]``: tap ``t``'s element offset in
+    (``dx``), ``qd, qh, qw``, ``sd, sh, sw``, ``K', C', k0, c0`` (the rows of ``dyp`` and
+    ``dx`` hold ``K'`` and ``C'`` elements, the problem's channels from ``k0`` and ``c0``
+    on: one group's of arrays that hold them all). ``segs[t]``: tap ``t``'s element offset in
     ``dyp`` (``((b_d*Hp + b_h)*Wp + b_w)*K``). ``bp [panels, taps, K, NR]``: the packed
     filter. ``chunk``: taps per micro-kernel call. Row tiles of ``MR`` pixels are split
     into ``nblocks`` equal blocks, one per parallel iteration; ``work``: per-block scratch
@@ -365,11 +369,12 @@ def bwd_d_phase_kernel(row_fn, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, 
     one chunk takes every tap (each tile stored once) and every tile row of dX and of
     ``work`` starts on a vector boundary, the tiles are written with non-temporal stores
     (a dX larger than the caches then costs no read for ownership)."""
-    C = pg[14]
+    cs, c0 = pg[22], pg[24]
     ntaps = bp.shape[1]
     it = dx.itemsize
-    nt = (stream and STREAMS and ntaps <= chunk and dx.ctypes.data % VECTOR_BYTES == 0
-          and (C * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
+    nt = (stream and STREAMS and ntaps <= chunk
+          and (dx.ctypes.data + c0 * it) % VECTOR_BYTES == 0
+          and (cs * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
           and (work.shape[1] * it) % VECTOR_BYTES == 0)
     par_for(_phase_block, row_fn, nblocks, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks,
             work, 2 if nt else 0)
@@ -476,16 +481,16 @@ def _tiles_span(nv, pa, offs, t0, t1, ppairs, ns, K, bmat, boff, nr, cp, beta, w
                 po + (ti * 2 + 1) * MR * 8, beta, work)
 
 
-def bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work):
+def bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, nc, work):
     """See :func:`bwd_d_regions_kernel` (its address tables for ``dx``'s dtype added)."""
     name = dtype_name(dx.dtype)
     bwd_d_regions_kernel(_regions_item.table(name), _tiles_span.table(name), dyp, bp, dx,
-                         offs, items, rtab, pairs, epos, chunk, work)
+                         offs, items, rtab, pairs, epos, chunk, nc, work)
 
 
 @kernel(parallel=False)
 def bwd_d_regions_kernel(row_fn, tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
-                         work):
+                         nc, work):
     """:func:`bwd_d_phase` over regions of the phase grid, each summing only the taps that
     reach inside ``dY`` for every one of its pixels (dilated and heavily padded layers,
     whose border pixels read only padding for some taps: those products add zeros).
@@ -498,18 +503,18 @@ def bwd_d_regions_kernel(row_fn, tiles_fn, dyp, bp, dx, offs, items, rtab, pairs
     ``bp [panels, taps, K, NR]``: the phase's packed filter. ``items [I, 3]``: the
     parallel work, ``(region, t0, t1)`` blocks of row tiles. One micro-kernel call per tile
     and chunk of ``chunk`` tap positions (the filter chunk stays in L2); a region with no
-    taps stores zeros."""
+    taps stores zeros. ``nc``: the channels of dX computed (one group's, where ``dx``
+    holds all of them and ``offs`` addresses that group's)."""
     par_for(_regions_item, row_fn, items.shape[0], tiles_fn, dyp, bp, dx, offs, items, rtab,
-            pairs, epos, chunk, work)
+            pairs, epos, chunk, nc, work)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[:, :, ::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, "
-          "{T}[:, ::1], int64)", float32="float32", float64="float64")
-def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, work, ii):
+          "int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
+def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, C, work, ii):
     """Item ``ii`` (a region's block of row tiles) of :func:`bwd_d_regions_kernel`."""
     npan, ntaps, K, nr = bp.shape[0], bp.shape[1], bp.shape[2], bp.shape[3]
-    C = dx.shape[4]
     it = dx.itemsize
     vl = nr // NV
     pa, pc = dyp.ctypes.data, dx.ctypes.data

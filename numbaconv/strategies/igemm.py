@@ -30,8 +30,8 @@ CHUNK_BYTES = 256 * 1024
 BLOCK_TILES = 16
 
 R_DIRECTION = "the implicit variant is backward data only"
-#: Most groups: each group runs as a problem of its own on copies of its channels of dY
-#: and dX (AlexNet's two), past which the copies and the per-group calls outweigh it and
+#: Most groups: each group runs as a problem of its own (AlexNet's two), one call of the
+#: kernels per group and phase, past which the per-group calls outweigh it and
 #: direct[grouped] takes over from 8 groups.
 MAX_GROUPS = 4
 R_GROUPS = "{g} groups (> %d)" % MAX_GROUPS
@@ -59,21 +59,25 @@ def _pads(p, phases):
 
 
 @functools.lru_cache(maxsize=512)
-def _phase_arrays(p, pads):
+def _phase_arrays(p, pads, strides=None):
     """Per stride phase with pixels: ``(q, grid, taps, idx, segs, pg)``, the tap indices,
     their element offsets in the padded dY (and a 0) and the phase's geometry as the
-    kernels take them; made once per problem (the kernels only read them)."""
+    kernels take them; made once per problem (the kernels only read them). ``strides``
+    ``(K', C', k0, c0)``: the rows of the padded dY and of dX hold ``K'`` and ``C'``
+    elements, the problem's channels from ``k0`` and ``c0`` on (one group's of the whole
+    arrays); default ``(K, C, 0, 0)``."""
     (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
     K = p.oc
+    ka, cs, k0, c0 = strides or (K, p.ic, 0, 0)
     out = []
     for q, grid, taps in stride_phases(p):
         if p.mb * math.prod(grid) == 0:
             continue
         idx = np.array([t for t, _ in taps], np.int64)
-        segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * K for _, b in taps] + [0],
+        segs = np.array([((b[0] * Hp + b[1]) * Wp + b[2]) * ka for _, b in taps] + [0],
                         np.int64)
         pg = np.array([p.mb, *grid, Dp, Hp, Wp, K, Ld, Lh, Lw, *p.isz, p.ic, *q,
-                       *p.stride], np.int64)
+                       *p.stride, ka, cs, k0, c0], np.int64)
         out.append((q, grid, taps, idx, segs, pg))
     return tuple(out)
 
@@ -140,13 +144,13 @@ def _regions(p, grid, taps):
 _TABLES = {}
 
 
-def _phase_regions(p, q, grid, taps, frame, width, block_tiles, nr, threads):
+def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, threads):
     """The :func:`_region_tables` of phase ``q`` where its regions skip at least
     ``MIN_SKIPPED`` of its products, else None; made once per problem and ``frame`` (the
     padded dY's ``pads``, or dY itself: ``(0, extent)`` per axis). The padded rows' C
     offsets are scratch rows counted from 0: the caller adds the scratch's offset from
-    ``dx`` at the tables' last entry."""
-    key = (p, q, frame, block_tiles, threads)
+    ``dx`` at the tables' last entry. ``strides``: see :func:`_phase_arrays`."""
+    key = (p, q, frame, strides, block_tiles, threads)
     if key not in _TABLES:
         from ..kernels.cpu import igemm
         regions, skipped = _regions(p, grid, taps) if taps else ([], 0.0)
@@ -156,7 +160,7 @@ def _phase_regions(p, q, grid, taps, frame, width, block_tiles, nr, threads):
             work = round((1 - skipped) * total)  # the regions' tiles times taps
             # items of at most block_tiles full tiles' work, at least 4 per thread
             share = max(1, min(block_tiles * len(taps), work // (4 * threads)))
-            tables = _region_tables(p, q, frame, regions, taps, width, share, nr)
+            tables = _region_tables(p, q, frame, strides, regions, taps, width, share, nr)
         if len(_TABLES) >= 256:
             _TABLES.clear()
         _TABLES[key] = tables
@@ -168,7 +172,7 @@ def _unpadded(p):
     return tuple((0, n) for n in p.osz)
 
 
-def _region_tables(p, q, frame, regions, taps, width, block_tiles, nr):
+def _region_tables(p, q, frame, strides, regions, taps, width, block_tiles, nr):
     """The kernels' tables for :func:`_regions`' boxes of phase ``q``: ``offs [tiles, 2,
     MR]`` (A and C row offsets, region after region; a region's last tile padded with its
     first row's A and C rows ``(r*MR + i) * width`` of the scratch), ``rtab [R, 4]``
@@ -177,21 +181,22 @@ def _region_tables(p, q, frame, regions, taps, width, block_tiles, nr):
     panel), ``epos [E]`` (the positions), ``items [I, 3]`` (``(region, t0, t1)`` blocks of
     about ``block_tiles`` tiles times taps of work) and the flat indices in ``offs`` of the
     padded C rows. A region's taps reach inside dY for every one of its pixels, so its
-    reads never need the padding."""
+    reads never need the padding. ``strides``: see :func:`_phase_arrays`."""
     from ..kernels.cpu import igemm
     MR = igemm.MR
     (Ld, Dp), (Lh, Hp), (Lw, Wp) = frame
-    segs = [((b[0] * Hp + b[1]) * Wp + b[2]) * p.oc for _, b in taps]
+    ka, cs, k0, c0 = strides
+    segs = [((b[0] * Hp + b[1]) * Wp + b[2]) * ka for _, b in taps]
     ID, IH, IW = p.isz
-    K, C = p.oc, p.ic
+    K = p.oc
     offs, rtab, pairs, epos, items, padded = [], [], [], [], [], []
     t = 0
     for r, (lo, hi, pos) in enumerate(regions):
         n, jd, jh, jw = (v.ravel().astype(np.int64) for v in np.meshgrid(
             np.arange(p.mb), *(np.arange(u, v) for u, v in zip(lo, hi)), indexing="ij"))
-        a = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * K
+        a = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * ka + k0
         c = (((n * ID + q[0] + p.stride[0] * jd) * IH + q[1] + p.stride[1] * jh) * IW
-             + q[2] + p.stride[2] * jw) * C
+             + q[2] + p.stride[2] * jw) * cs + c0
         nt = -(-len(a) // MR)
         pad = nt * MR - len(a)
         if pad:
@@ -284,10 +289,12 @@ class ImplicitGemm(Strategy):
 
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import igemm
-        if p.g > 1:  # a group's problem, and its copies of dY's and dX's channels
+        if p.g > 1:  # a group's problem on all channels of the padded dY, its filter
             q = _group(p)
-            return (self.workspace_bytes(q, tiles) + itemsize(p) * p.mb * (
-                math.prod(p.osz) * q.oc + math.prod(p.isz) * q.ic))
+            pads = _pads(q, stride_phases(q))
+            return (self.workspace_bytes(q, tiles) + itemsize(p) * (
+                p.mb * math.prod(e for _, e in pads) * (p.oc - q.oc)
+                + math.prod(p.ksz) * q.ic * q.oc))
         item = itemsize(p)
         nr = igemm.panel(item)
         phases = stride_phases(p)
@@ -317,22 +324,10 @@ class ImplicitGemm(Strategy):
     def run(self, p, tiles, ops):
         from ..kernels.cpu import igemm
         ct = np.dtype(p.compute_dtype)
-        if p.g > 1:
-            # each group as a problem of its own, on contiguous copies of its channels
-            q = _group(p)
-            dy, w = ops["dy"], ops["w"]
-            dx = memory.empty((p.mb, *p.isz, p.ic), ct)
-            for gi in range(p.g):
-                ks = slice(gi * q.oc, (gi + 1) * q.oc)
-                part = self.run(q, tiles, {"dy": np.ascontiguousarray(dy[..., ks]),
-                                           "w": np.ascontiguousarray(w[..., ks])})
-                dx[..., gi * q.ic:(gi + 1) * q.ic] = part
-            return dx
-        C, K = p.ic, p.oc
+        q = _group(p)  # with groups, each group's problem, run on the whole arrays
         nr = igemm.panel(ct.itemsize)
-        npan = -(-C // nr)
-        phases = stride_phases(p)
-        pads = _pads(p, phases)
+        npan = -(-q.ic // nr)
+        pads = _pads(q, stride_phases(q))
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]
         padded = (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
@@ -340,25 +335,47 @@ class ImplicitGemm(Strategy):
         bt = max(1, int(tiles["block_tiles"]))
         half_out = dy.dtype == np.uint16
         frame = pads
+        strides = (p.oc, p.ic, 0, 0)
         if padded and self.regions and not half_out and dy.dtype == ct and all(
-                _phase_regions(p, q, grid, taps, _unpadded(p), npan * nr, bt, nr, threads)
-                is not None for q, grid, taps, *_ in _phase_arrays(p, pads)):
+                _phase_regions(q, ph, grid, taps, _unpadded(p), strides, npan * nr, bt, nr,
+                               threads) is not None
+                for ph, grid, taps, *_ in _phase_arrays(q, pads, strides)):
             # every phase by regions, whose taps read inside dY only: no padded copy
             padded, frame = False, _unpadded(p)
         if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
         else:  # float16 bits are widened on the way
-            dyp = memory.empty((p.mb, Dp, Hp, Wp, K), ct)  # pad_dy writes all of it
+            dyp = memory.empty((p.mb, Dp, Hp, Wp, p.oc), ct)  # pad_dy writes all of it
             igemm.pad_dy(np.ascontiguousarray(dy), dyp, np.array([Ld, Lh, Lw], np.int64))
-        w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), C, K)
+        w = np.ascontiguousarray(ops["w"], ct).reshape(math.prod(p.ksz), q.ic, p.oc)
+        dx = memory.empty((p.mb, *p.isz, p.ic), result_dtype(dy, ct), offset=0)  # aligned
+        for gi in range(p.g):
+            # group gi: dY's channels from gi * K on, dX's from gi * C on (rows of the
+            # whole arrays), its own filter
+            wg = w if p.g == 1 else np.ascontiguousarray(w[..., gi * q.oc:(gi + 1) * q.oc])
+            self._phases(q, tiles, dyp, frame, pads, wg, dx,
+                         (p.oc, p.ic, gi * q.oc, gi * q.ic), half_out)
+        return dx
+
+    def _phases(self, p, tiles, dyp, frame, pads, w, dx, strides, half_out):
+        """Every stride phase of one group's problem ``p``: ``dyp`` (padded as ``pads``
+        says, or dY itself where ``frame`` is dY's own) and ``dx`` hold all groups'
+        channels, ``strides`` ``(K', C', k0, c0)``: their rows' lengths and this group's
+        first channels; ``w [T, C, K]``: this group's filter."""
+        from ..kernels.cpu import igemm
+        ct = np.dtype(p.compute_dtype)
+        C, K = p.ic, p.oc
+        nr = igemm.panel(ct.itemsize)
+        npan = -(-C // nr)
+        threads = max(1, int(tiles.get("threads", 1)))
         chunk = np.int64(tiles["chunk"])
-        dx = memory.empty((p.mb, *p.isz, C), result_dtype(dy, ct), offset=0)  # aligned
-        for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads):
+        bt = max(1, int(tiles["block_tiles"]))
+        for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads, strides):
             P = p.mb * math.prod(grid)
             tables = None
             if self.regions and not half_out:
-                tables = _phase_regions(p, q, grid, taps, frame, npan * nr, bt, nr,
-                                        threads)
+                tables = _phase_regions(p, q, grid, taps, frame, strides, npan * nr, bt,
+                                        nr, threads)
             if tables is not None:
                 # only the taps that reach inside dY, region by region
                 offs, rtab, pairs, epos, items, padded = tables
@@ -373,7 +390,7 @@ class ImplicitGemm(Strategy):
                     bp = np.empty((npan, len(taps), K, nr), ct)
                     igemm.pack_filter(w, idx, bp)
                     igemm.bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
-                                        work)
+                                        np.int64(C), work)
                 continue
             if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
                           int(tiles["panels_above"])):
@@ -400,7 +417,6 @@ class ImplicitGemm(Strategy):
             work = memory.empty((nblocks, igemm.MR * npan * nr), ct, offset=0)
             igemm.bwd_d_phase(dyp, bp, dx, segs, pg, chunk, np.int64(nblocks), work,
                               bool(tiles.get("stream")))
-        return dx
 
     def numba_parallel(self, p, tiles):
         return True
