@@ -343,6 +343,15 @@ _DOT = [
      ((2, 1), (1, 1))),
     ("bwd_d-3d", "bwd_d", 1, (4, 5, 5), 3, 5, (3, 2, 3), (1, 1, 1), (1, 1, 1),
      ((1, 0, 1), (1, 1, 1))),
+    # strided backward data: one product per stride phase (phases no tap reaches are
+    # zeros; a 1x1 phase reading dY pixel for pixel multiplies dY itself)
+    ("bwd_d-2d-s2", "bwd_d", 2, (11, 10), 6, 16, (3, 3), (2, 2), (1, 1), ((1, 1), (1, 0))),
+    ("bwd_d-2d-s3-dilated-odd", "bwd_d", 1, (13, 11), 5, 7, (3, 2), (3, 2), (2, 3),
+     ((2, 0), (1, 2))),
+    ("bwd_d-1x1-s2", "bwd_d", 2, (9, 8), 4, 18, (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0))),
+    ("bwd_d-1d-s4", "bwd_d", 3, (23,), 3, 9, (5,), (4,), (1,), ((2,), (1,))),
+    ("bwd_d-3d-s2", "bwd_d", 1, (5, 7, 6), 4, 6, (3, 3, 2), (2, 1, 2), (1, 1, 1),
+     ((1, 1, 0), (1, 0, 1))),
     ("bwd_w-2d-strided", "bwd_w", 3, (11, 10), 6, 13, (3, 3), (2, 2), (1, 1),
      ((1, 1), (1, 0))),
     ("bwd_w-1d-odd-pixels", "bwd_w", 1, (15,), 3, 7, (5,), (1,), (1,), ((2,), (2,))),
@@ -379,9 +388,9 @@ def test_bf16_dot_entry_declines_with_reasons():
     with pytest.raises(ValueError, match=r"gemm\[bf16-dot\]: 2 groups \(one group only\)"):
         nc.plan("convolution", x, np.zeros((3, 3, 4, 8), BF16), strides=1, groups=2,
                 strategy="gemm[bf16-dot]")
-    with pytest.raises(ValueError, match=r"backward data at stride 2x2 \(stride 1 only\)"):
-        nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
-                np.zeros((3, 3, 8, 8), BF16), (8, 8), strides=2, strategy="gemm[bf16-dot]")
+    p = nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
+                np.zeros((3, 3, 8, 8), BF16), (6, 6), strides=2, pads_begin=1, pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")  # strided: phase by phase
     with pytest.raises(ValueError, match=r"float32, not bfloat16"):
         nc.plan("convolution", x.astype(np.float32), np.zeros((3, 3, 8, 8), np.float32),
                 strides=1, strategy="gemm[bf16-dot]")

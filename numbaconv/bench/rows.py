@@ -4,8 +4,8 @@ import math
 
 #: Relative difference from PyTorch above which a row is flagged. Both compute the same
 #: float sums in different orders, so they agree to a few ulps times sqrt(terms); float16
-#: results are rounded to 11 bits, so a float16 row gets float16's own tolerance.
-TORCH_MISMATCH = {"float64": 1e-3, "float32": 1e-3, "float16": 1e-2}
+#: and bfloat16 results are rounded to 11 and 8 bits, so their rows get wider tolerances.
+TORCH_MISMATCH = {"float64": 1e-3, "float32": 1e-3, "float16": 1e-2, "bfloat16": 2e-2}
 
 
 def label(r):

@@ -32,7 +32,11 @@ class TorchPass:
         fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(nd)
 
         def tensor(a):
-            t = torch.from_numpy(np.ascontiguousarray(a))
+            a = np.ascontiguousarray(a)
+            if a.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: the bits, as torch's
+                t = torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(a)
             return t.contiguous(memory_format=fmt) if fmt is not None else t
 
         xt = tensor(np.moveaxis(x, -1, 1))
@@ -61,11 +65,13 @@ class TorchPass:
         else:
             self.fn = lambda: backward(dyt, xt, wt, None, stride, padding, dilation, False,
                                        [0] * nd, g, [False, True, False])[1]
-        self.direction, self.nd = direction, nd
+        self.direction, self.nd, self.bf16 = direction, nd, torch.bfloat16
 
     def as_numbaconv(self, result):
         """PyTorch's result in numbaconv's layout (channels last, XIO filters)."""
-        a = result.detach().numpy()
+        result = result.detach()
+        # bfloat16 (which NumPy cannot take from PyTorch) compared in float32
+        a = (result.float() if result.dtype == self.bf16 else result).numpy()
         if self.direction == "bwd_w":
             return np.transpose(a, (*range(2, self.nd + 2), 1, 0))
         a = np.moveaxis(a, 1, -1)

@@ -5,13 +5,16 @@ Each direction is one product ``C = A @ B`` of bfloat16 matrices with float32 re
 
 * forward:          ``Y [M, K] = im2col(X) [M, taps*C] @ W [taps*C, K]``
 * backward data:    ``dX [M', C] = im2col~(dY) [M', taps*K] @ W~ [taps*K, C]``, at stride 1:
-  the taps flipped (pixel ``i`` meets ``dY[i + pad - t*d]``) and ``W~[t*K + k, c] = W[t, c, k]``
+  the taps flipped (pixel ``i`` meets ``dY[i + pad - t*d]``) and ``W~[t*K + k, c] = W[t, c, k]``;
+  at a larger stride one such product per stride phase (the pixels ``q + s*j`` of dX), over
+  the taps that reach that phase (:func:`_phase_axes`), written into the phase's pixels
 * backward weights: ``dW [taps*C, K] = im2col(X)^T [taps*C, M] @ dY [M, K]``
 
 with ``M`` the output pixels of the batch and ``M'`` the input pixels. The operands arrive
 as bfloat16 bits (``bf16_operands``): no widening pass, and half the bytes of float32
-through every copy. One group only; backward data at stride 1 only.
+through every copy. One group only.
 """
+import itertools
 import math
 
 import numpy as np
@@ -22,7 +25,6 @@ from .. import memory
 R_DTYPE = "{dtype}, not bfloat16 (the dot products take bfloat16 pairs)"
 R_HOST = "this host has no AVX512_BF16 (vdpbf16ps)"
 R_GROUPS = "{g} groups (one group only)"
-R_STRIDE = "backward data at stride {s} (stride 1 only)"
 R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}): the float32 Winograd "
               "entry's fewer multiplies win")
 
@@ -57,6 +59,21 @@ def _im2col_geo(p, backward_data):
                     np.int64), 1
 
 
+def _phase_axes(p, q):
+    """Per axis, for stride phase ``q`` of backward data: ``(t0, step, n, b0, d)``: the taps
+    ``t0 + m*step`` (``m < n``) reach the phase, and its pixel ``j`` meets dY pixel
+    ``j + b0 - m*d`` through tap ``m`` (``n`` 0: no tap reaches it)."""
+    out = []
+    for qa, pb, k, dil, s in zip(q, p.pad_begin, p.ksz, p.dilation, p.stride):
+        ts = [t for t in range(k) if (qa + pb - t * dil) % s == 0]
+        if not ts:
+            out.append((0, 1, 0, 0, 0))
+            continue
+        step = ts[1] - ts[0] if len(ts) > 1 else 1
+        out.append((ts[0], step, len(ts), (qa + pb - ts[0] * dil) // s, step * dil // s))
+    return out
+
+
 def _bits(a):
     """bfloat16 bits of an operand (the tuner passes float32 ones: rounded here)."""
     if a.dtype == np.uint16:
@@ -85,8 +102,6 @@ class Bf16Dot(Strategy):
             return R_HOST
         if p.g != 1:
             return R_GROUPS.format(g=p.g)
-        if p.direction == "bwd_d" and any(s != 1 for s in p.stride):
-            return R_STRIDE.format(s="x".join(str(s) for s in p.stride[3 - p.ndim:]))
         lo, hi = WINOGRAD_CHANNELS
         if (p.ndim == 2 and p.ksz == (1, 3, 3) and p.stride == (1, 1, 1)
                 and p.dilation == (1, 1, 1) and lo <= min(p.ic, p.oc) <= hi):
@@ -140,6 +155,8 @@ class Bf16Dot(Strategy):
             k.gemm(_pairs(a), bp, dw, kc2, mc)
             return dw.reshape(ws)
         bwd = p.direction == "bwd_d"
+        if bwd and any(s != 1 for s in p.stride):
+            return self._bwd_d_phases(p, ops, kc2)
         src = _bits(ops["dy"] if bwd else ops["x"])
         w = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
         c_in, c_out = (p.oc, p.ic) if bwd else (p.ic, p.oc)
@@ -153,13 +170,62 @@ class Bf16Dot(Strategy):
             a = memory.empty((m, kp), np.uint16)
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
-        b = (np.ascontiguousarray(w.transpose(0, 2, 1)) if bwd else w).reshape(
-            taps * c_in, c_out)
+        if not bwd:
+            b = w.reshape(taps * c_in, c_out)
+        elif taps == 1:  # W^T as a view: the packing reads it through its strides
+            b = w.reshape(c_out, c_in).T
+        else:
+            b = np.ascontiguousarray(w.transpose(0, 2, 1)).reshape(taps * c_in, c_out)
         bp = memory.empty((-(-c_out // k.NR), kp // 2, k.NR), np.uint32)
         k.pack_pairs(b, bp)
         c = memory.empty((m, c_out), np.float32)
         k.gemm(_pairs(a), bp, c, kc2, mc)
         return c.reshape(xs if bwd else ys)
+
+    def _bwd_d_phases(self, p, ops, kc2):
+        """Backward data at a stride above 1: per stride phase, its pixels' rows of dX as
+        one product over the taps that reach it (im2col of dY with those taps flipped),
+        written into the phase's pixels of dX; a phase no tap reaches is zeros."""
+        from ..kernels.cpu import bf16dot as k
+        from ..runtime import threads as _threads
+
+        xs, _, _ = canonical_shapes(p)
+        dy = _bits(ops["dy"])
+        w5 = _bits(ops["w"]).reshape(*p.ksz, p.ic, p.oc)
+        dx = memory.empty((p.mb, *p.isz, p.ic), np.float32)
+        for q in itertools.product(*(range(s) for s in p.stride)):
+            grid = tuple(-(-(i - qa) // s) for i, qa, s in zip(p.isz, q, p.stride))
+            m = p.mb * math.prod(grid)
+            if m == 0:
+                continue
+            view = dx[(slice(None), *(slice(qa, None, s) for qa, s in zip(q, p.stride)))]
+            axes = _phase_axes(p, q)
+            nq = math.prod(n for _, _, n, _, _ in axes)
+            if nq == 0:
+                view[...] = 0
+                continue
+            kp = -(-nq * p.oc // 2) * 2
+            if (nq == 1 and p.oc % 2 == 0 and all(b0 == 0 for _, _, _, b0, _ in axes)
+                    and grid == tuple(p.osz)):
+                a = dy.reshape(m, p.oc)  # one tap reading dY pixel for pixel: dY itself
+            else:
+                a = memory.empty((m, kp), np.uint16)
+                geo = np.array([1, 1, 1, *(d for *_, d in axes), *(b0 for *_, b0, _ in axes),
+                                *(n for _, _, n, _, _ in axes)], np.int64)
+                k.im2col(dy, np.array([p.mb, *grid], np.int64), a, geo, -1)
+            sub = w5[tuple(slice(t0, t0 + n * st, st) for t0, st, n, _, _ in axes)]
+            if nq == 1:  # W^T as a view: the packing reads it through its strides
+                b = sub.reshape(p.ic, p.oc).T
+            else:
+                b = np.ascontiguousarray(np.moveaxis(sub, -1, -2)).reshape(nq * p.oc, p.ic)
+            bp = memory.empty((-(-p.ic // k.NR), kp // 2, k.NR), np.uint32)
+            k.pack_pairs(b, bp)
+            c = memory.empty((m, p.ic), np.float32)
+            per = -(-m // (BLOCKS_PER_THREAD * max(1, _threads())))
+            mc = max(k.MR, min(MAX_MC, -(-per // k.MR) * k.MR))
+            k.gemm(_pairs(a), bp, c, kc2, mc)
+            view[...] = c.reshape(p.mb, *grid, p.ic)
+        return dx.reshape(xs)
 
 
 STRATEGY = Bf16Dot()
