@@ -28,6 +28,7 @@ from reference import (TOL_BF16, assert_matches, conv_bwd_data_ref,  # noqa: E40
                        oix_to_xio, to_channels_last, xio_to_oix)
 from strategy_cases import CASES, call, operands, patch  # noqa: E402
 from strategy_cases import plan as plan_of  # noqa: E402
+from numbaconv.strategies import bf16dot as bf16dot_strategy  # noqa: E402
 from numbaconv.strategies.bf16dot import STRATEGY as BF16_DOT, host_has_bf16  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -360,8 +361,11 @@ _DOT = [
 
 @needs_bf16_dot
 @pytest.mark.parametrize("case", _DOT, ids=[c[0] for c in _DOT])
-def test_bf16_dot_entry(case):
-    """Forced, on edges of every tile: within the bound of the float64 reference."""
+def test_bf16_dot_entry(case, monkeypatch):
+    """Forced, on edges of every tile: within the bound of the float64 reference (the
+    entry's rules for narrow layers off: these shapes are about the kernels' edges)."""
+    for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS", "POINTWISE_CHANNELS"):
+        monkeypatch.setattr(bf16dot_strategy, name, 0)
     _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
     rng = np.random.default_rng(len(isz) + c + k)
     osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
@@ -389,8 +393,24 @@ def test_bf16_dot_entry_declines_with_reasons():
         nc.plan("convolution", x, np.zeros((3, 3, 4, 8), BF16), strides=1, groups=2,
                 strategy="gemm[bf16-dot]")
     p = nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
-                np.zeros((3, 3, 8, 8), BF16), (6, 6), strides=2, pads_begin=1, pads_end=1)
+                np.zeros((3, 3, 32, 8), BF16), (6, 6), strides=2, pads_begin=1, pads_end=1)
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")  # strided: phase by phase
+    # narrow layers go to the float32 entries: backward data into few channels, a stem's
+    # weight gradient, 1x1 weight gradients over few channels
+    with pytest.raises(ValueError, match=r"backward data into 3 channels \(< 32\)"):
+        nc.plan("convolution_backprop_data", np.zeros((1, 4, 4, 64), BF16),
+                np.zeros((7, 7, 3, 64), BF16), (8, 8), strides=2, pads_begin=3, pads_end=2,
+                strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"weight gradient of 3 input channels \(<= 4"):
+        nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 3), BF16), (3, 3),
+                np.zeros((1, 8, 8, 64), BF16), strides=1, pads_begin=1, pads_end=1,
+                strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"1x1 weight gradient at stride 1 over 64 -> 256"):
+        nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 64), BF16), (1, 1),
+                np.zeros((1, 8, 8, 256), BF16), strides=1, strategy="gemm[bf16-dot]")
+    p = nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 256), BF16), (1, 1),
+                np.zeros((1, 8, 8, 512), BF16), strides=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
     with pytest.raises(ValueError, match=r"float32, not bfloat16"):
         nc.plan("convolution", x.astype(np.float32), np.zeros((3, 3, 8, 8), np.float32),
                 strides=1, strategy="gemm[bf16-dot]")

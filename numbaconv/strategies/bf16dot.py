@@ -22,9 +22,27 @@ import numpy as np
 from . import Strategy, canonical_shapes
 from .. import memory
 
+#: Backward data declines fewer result channels than this, weight gradients stems of at
+#: most ``STEM_CHANNELS`` input channels and 1x1 layers at stride 1 whose smaller channel
+#: count is at most ``POINTWISE_CHANNELS`` (ResNet-50, batch 8, 2 threads, against
+#: numbaconv's float32: conv1's backward data 0.08x and weight gradient 0.22x; the 1x1
+#: weight gradients over 64-128 channels 0.55-0.94x, over 256 and more 1.0-1.8x;
+#: docs/performance.md, "bfloat16").
+MIN_DATA_CHANNELS = 32
+STEM_CHANNELS = 4
+POINTWISE_CHANNELS = 128
+
 R_DTYPE = "{dtype}, not bfloat16 (the dot products take bfloat16 pairs)"
 R_HOST = "this host has no AVX512_BF16 (vdpbf16ps)"
 R_GROUPS = "{g} groups (one group only)"
+R_NARROW_D = ("backward data into {c} channels (< %d): most of every 64-column register "
+              "tile would be idle; the float32 entries on widened operands win"
+              % MIN_DATA_CHANNELS)
+R_STEM_W = ("weight gradient of {c} input channels (<= %d, a stem): the float32 patch "
+            "GEMM on widened operands wins" % STEM_CHANNELS)
+R_POINTWISE_W = ("1x1 weight gradient at stride 1 over {c} -> {k} channels (the smaller "
+                 "<= %d): transposing x and pairing dY over every pixel costs more than "
+                 "the dot products save; the float32 entries win" % POINTWISE_CHANNELS)
 R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}): the float32 Winograd "
               "entry's fewer multiplies win")
 
@@ -102,6 +120,14 @@ class Bf16Dot(Strategy):
             return R_HOST
         if p.g != 1:
             return R_GROUPS.format(g=p.g)
+        if p.direction == "bwd_d" and p.ic < MIN_DATA_CHANNELS:
+            return R_NARROW_D.format(c=p.ic)
+        if p.direction == "bwd_w":
+            if p.ic <= STEM_CHANNELS:
+                return R_STEM_W.format(c=p.ic)
+            if (_taps(p) == 1 and all(s == 1 for s in p.stride)
+                    and min(p.ic, p.oc) <= POINTWISE_CHANNELS):
+                return R_POINTWISE_W.format(c=p.ic, k=p.oc)
         lo, hi = WINOGRAD_CHANNELS
         if (p.ndim == 2 and p.ksz == (1, 3, 3) and p.stride == (1, 1, 1)
                 and p.dilation == (1, 1, 1) and lo <= min(p.ic, p.oc) <= hi):
