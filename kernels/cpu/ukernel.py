@@ -753,27 +753,29 @@ _patch1, _patch2, _patch3, _patch4 = (_micro(n, PATCH_MR[n], True) for n in (1, 
 
 def patch_index(M):
     """int64 scratch entries :func:`_patch_bwd_w` needs for ``M`` patch rows."""
-    return 3 * (M + PATCH_SLACK)
+    return 4 * (M + PATCH_SLACK)
+
+
+#: Output rows whose end pixels :func:`_patch_bwd_w` runs through the register tiles
+#: together: one GEMM per end pixel over this many rows, so that each tile of dW is
+#: loaded and stored once per block of rows, not once per row.
+EDGE_ROWS = 16
 
 
 def patch_edges(ow, kw, sw, dw, pw, iw):
-    """``(lo, hi, cols)``: the output pixels ``[lo, hi)`` of a row whose taps all lie
-    inside the input along w, and the input columns (``C`` elements each) a copy of the
-    taps of the pixels before ``lo`` or of those from ``hi`` on spans (the wider of the
-    two; 0 where every pixel is inside)."""
+    """``(lo, hi)``: the output pixels ``[lo, hi)`` of a row whose taps all lie inside the
+    input along w (those before and after reach into the padding)."""
     lo = min(ow, (pw + sw - 1) // sw)
     hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
-    span = (kw - 1) * dw + 1
-    left = (lo - 1) * sw + span if lo > 0 else 0
-    right = (ow - 1 - hi) * sw + span if hi < ow else 0
-    return lo, hi, max(left, right)
+    return lo, hi
 
 
-def patch_work(ow, kp, tap_rows=0, cols=0, C=0):
+def patch_work(ow, kp, tap_rows=0, span=0, C=0):
     """Scratch elements :func:`_patch_bwd_w` needs per thread (``kp``: output channels
-    rounded up to whole vectors; per tap row, ``kd*kh`` of them, two zero-padded copies of
-    ``cols`` input columns of ``C`` elements, :func:`patch_edges`)."""
-    return ow * kp + 2 * tap_rows * cols * C
+    rounded up to whole vectors; for the end pixels, ``EDGE_ROWS`` rows' zero-padded
+    copies of the ``span`` input columns (``C`` elements each) one pixel reads in each of
+    ``tap_rows`` (``kd*kh``) tap rows, and their rows of dY)."""
+    return ow * kp + EDGE_ROWS * (tap_rows * span * C + kp)
 
 
 def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
@@ -810,10 +812,12 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
     pixel's channels, which only reach the columns past ``K``; the last row of ``dy``,
     whose last vector would run past the array, is copied zero-padded into ``work``
     first. The row's pixels whose taps stay inside the input along w run through the
-    register tiles; those at its two ends, whose taps reach into the padding, run through
-    the same tiles from zero-padded copies of the few input columns they read (per tap
-    row, :func:`patch_edges`), as two more GEMMs over the row. ``work`` (``works[j]``):
-    :func:`patch_work` elements; ``idx`` (``idxs[j]``): :func:`patch_index` entries."""
+    register tiles. Those at its two ends, whose taps reach into the padding, run through
+    the same tiles afterwards, one GEMM per end pixel over a block of ``EDGE_ROWS`` rows:
+    its A a copy of the columns that pixel reads in every tap row of each row of the
+    block (zeros outside the input), its B the pixel's rows of dY. ``work``
+    (``works[j]``): :func:`patch_work` elements; ``idx`` (``idxs[j]``):
+    :func:`patch_index` entries."""
     nch = parts.shape[0]
     rows = geo[0] * geo[10] * geo[11]
     r0, r1 = rows * j // nch, rows * (j + 1) // nch
@@ -831,30 +835,37 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
     M = kd * kh * kw * C
     total = geo[0] * od * oh * ow * K
     pc = part.ctypes.data
-    # the output pixels whose taps all lie inside the input along w, and the columns of
-    # the copies of the taps of those before (input columns from -pw on) and after
+    # the output pixels whose taps all lie inside the input along w (those before lo
+    # and from hi on reach into the padding)
     lo = min(ow, (pw + sw - 1) // sw)
     hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
     span = (kw - 1) * dw + 1
-    wl = (lo - 1) * sw + span if lo > 0 else 0
-    wr = (ow - 1 - hi) * sw + span if hi < ow else 0
-    ecols = max(wl, wr)
     slots = kd * kh
-    pl = np.int64(work.ctypes.data) + ow * kp * it      # left copies: a slot per tap row
-    prr = pl + slots * ecols * C * it                   # right copies
+    ecopy = slots * span * C                            # one row's copy for one end pixel
+    pe = np.int64(work.ctypes.data) + ow * kp * it      # EDGE_ROWS copies
+    pyb = pe + EDGE_ROWS * ecopy * it                   # their rows of dY: [EDGE_ROWS, kp]
     n_ab = M + PATCH_SLACK
     aoff = idx[:n_ab]
     crow = idx[n_ab:2 * n_ab]
-    eoff = idx[2 * n_ab:3 * n_ab]                       # A's rows in the copies
+    eoff = idx[2 * n_ab:3 * n_ab]      # every patch row's offset in a row's copy
+    erow = idx[3 * n_ab:4 * n_ab]      # and its row of dW
     pa_tab = idx.ctypes.data
     pc_tab = pa_tab + n_ab * 8
     pe_tab = pa_tab + 2 * n_ab * 8
+    pr_tab = pa_tab + 3 * n_ab * 8
+    for m in range(M):
+        t = m // (kw * C)               # the tap row, t_d * kh + t_h
+        u = m - t * kw * C              # t_w * C + c
+        eoff[m] = t * span * C + (u // C) * dw * C + u % C
+        erow[m] = m * kp
+    for m in range(M, n_ab):            # a last tile's extra rows: into the sink
+        eoff[m] = 0
+        erow[m] = M * kp
     for r in range(r0, r1):
         n = r // (od * oh)
         o_d = (r // oh) % od
         o_h = r % oh
         rows = 0
-        slot = 0
         for t_d in range(kd):
             i_d = o_d * sd - pd + t_d * dd
             if i_d < 0 or i_d >= id_:
@@ -864,49 +875,66 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
                 if i_h < 0 or i_h >= ih:
                     continue
                 base = ((n * id_ + i_d) * ih + i_h) * iw * C
-                e0 = slot * ecols * C
-                if lo > 0:
-                    _padded_cols(pl + e0 * it, px + base * it, -pw, wl, iw, C * it)
-                if hi < ow:
-                    _padded_cols(prr + e0 * it, px + base * it, hi * sw - pw, wr, iw, C * it)
-                slot += 1
                 m0 = (t_d * kh + t_h) * kw * C
                 for t_w in range(kw):
                     for c in range(C):
                         aoff[rows] = base + t_w * dw * C + c
-                        eoff[rows] = e0 + t_w * dw * C + c
                         crow[rows] = (m0 + t_w * C + c) * kp
                         rows += 1
-        if rows == 0:
+        if rows == 0 or hi <= lo:
             continue
         for i in range(rows, rows + PATCH_SLACK):  # a last tile's extra rows: into the sink
             aoff[i] = aoff[0]
-            eoff[i] = eoff[0]
             crow[i] = M * kp
         ybase = r * ow * K
-        if (r * ow + ow - 1) * K + kp > total:  # the last vector would leave dy
-            for o in range(ow):
+        if (r * ow + hi - 1) * K + kp > total:  # the last vector would leave dy
+            for o in range(lo, hi):
                 for k in range(K):
                     work[o * kp + k] = _load(py, ybase + o * K + k, work)
                 for k in range(K, kp):
                     work[o * kp + k] = 0
-            b, ldb = np.int64(work.ctypes.data), kp
+            b, ldb = np.int64(work.ctypes.data) + lo * kp * it, kp
         else:
-            b, ldb = py + ybase * it, K
+            b, ldb = py + (ybase + lo * K) * it, K
         for j0 in range(0, kp, NV * vl):
             nv = min(NV, (kp - j0) // vl)
             mr = _PATCH_ROWS[nv - 1]
             for i0 in range(0, rows, mr):
-                if hi > lo:
-                    _patch_call(nv, px + (lo * sw - pw) * C * it, pa_tab + i0 * 8, sw * C,
-                                b + (lo * ldb + j0) * it, ldb, pc + j0 * it, pc_tab + i0 * 8,
-                                hi - lo, 1, work)
-                if lo > 0:
-                    _patch_call(nv, pl, pe_tab + i0 * 8, sw * C, b + j0 * it, ldb,
-                                pc + j0 * it, pc_tab + i0 * 8, lo, 1, work)
-                if hi < ow:
-                    _patch_call(nv, prr, pe_tab + i0 * 8, sw * C, b + (hi * ldb + j0) * it,
-                                ldb, pc + j0 * it, pc_tab + i0 * 8, ow - hi, 1, work)
+                _patch_call(nv, px + (lo * sw - pw) * C * it, pa_tab + i0 * 8, sw * C,
+                            b + j0 * it, ldb, pc + j0 * it, pc_tab + i0 * 8, hi - lo, 1,
+                            work)
+    # the end pixels: per block of rows and end pixel, one GEMM over the block's rows,
+    # A a copy of the columns the pixel reads in every tap row (zeros outside the input)
+    if lo == 0 and hi == ow:
+        return
+    for rb in range(r0, r1, EDGE_ROWS):
+        nb = min(EDGE_ROWS, r1 - rb)
+        for e in range(ow):
+            if lo <= e < hi:
+                continue
+            for q in range(nb):
+                r = rb + q
+                n = r // (od * oh)
+                o_d = (r // oh) % od
+                o_h = r % oh
+                for t_d in range(kd):
+                    i_d = o_d * sd - pd + t_d * dd
+                    for t_h in range(kh):
+                        i_h = o_h * sh - ph + t_h * dh
+                        dst = pe + (q * ecopy + (t_d * kh + t_h) * span * C) * it
+                        if 0 <= i_d < id_ and 0 <= i_h < ih:
+                            base = ((n * id_ + i_d) * ih + i_h) * iw * C
+                            _padded_cols(dst, px + base * it, e * sw - pw, span, iw, C * it)
+                        else:
+                            _copy_bytes(dst, 0, span * C * it)
+                _copy_bytes(pyb + q * kp * it, py + (r * ow + e) * K * it, K * it)
+                _copy_bytes(pyb + (q * kp + K) * it, 0, (kp - K) * it)
+            for j0 in range(0, kp, NV * vl):
+                nv = min(NV, (kp - j0) // vl)
+                mr = _PATCH_ROWS[nv - 1]
+                for i0 in range(0, M, mr):
+                    _patch_call(nv, pe, pe_tab + i0 * 8, ecopy, pyb + j0 * it, kp,
+                                pc + j0 * it, pr_tab + i0 * 8, nb, 1, work)
 
 
 @helper

@@ -8,17 +8,16 @@ at a fixed element offset from the output pixel's input position, consecutive pi
 whose A is the input itself, read through a table of row offsets
 (:func:`numbaconv.kernels.cpu.ukernel.gemm_patch_bwd_w`): no im2col copy, any dilation and
 stride, a register tile sized to the output channels (14 rows for one vector of them, 9
-for two, 8 for three, 6 for four), and dY read in place. The few pixels at a row's ends,
-whose taps reach into the padding along w, run through the same tiles as two short GEMMs
-of their own, their A a zero-padded copy of the few input columns they read; tap rows
-outside the input are skipped. Each
-thread sums a contiguous share of the output rows into a private partial dW; the partials
+for two, 8 for three, 6 for four), and dY read in place; tap rows outside the input are
+skipped. The few pixels at a row's ends, whose taps reach into the padding along w, run
+through the same tiles afterwards, one GEMM per end pixel over a block of rows, its A a
+zero-padded copy of the columns that pixel reads. Each thread sums a contiguous share of the output rows into a private partial dW; the partials
 are added once, in a fixed order.
 
 It takes first layers (at most 4 input channels), where im2col slabs or the rows variant
 spent as long copying or in scratch tiles as multiplying (5-50% of the sgemm peak), and
 other layers with up to 128 output channels whose output rows are long enough for the
-GEMMs (at least ``MIN_ROW_PIXELS``) and whose row ends (short GEMMs) are few; of
+GEMMs (at least ``MIN_ROW_PIXELS``) and whose row ends (their copies) are few; of
 1x1 layers, those with at most ``MAX_POINTWISE_CHANNELS`` input channels.
 """
 import math
@@ -35,8 +34,8 @@ MAX_STEM_CHANNELS = 4
 #: GEMMs (each loads and stores its tile of dW) and im2col slabs win (measured:
 #: docs/performance.md, "Weight gradients with few output channels").
 MIN_ROW_PIXELS = 19
-#: ... and the most pixels at a row's two ends (``(kw - 1) * dw``, two short GEMMs that
-#: each load and store their tiles of dW), as a share of the row: ``1 / END_SHARE``.
+#: ... and the most pixels at a row's two ends (``(kw - 1) * dw``, each copied per tap
+#: row before its GEMM), as a share of the row: ``1 / END_SHARE``.
 END_SHARE = 8
 #: Most input channels of a 1x1 layer: with more, gemm[split-k]'s one GEMM over every pixel
 #: (x read as it is) wins; with fewer, its register tiles of x's channels run short
@@ -57,7 +56,7 @@ R_POINTWISE = ("1x1 over {c} input channels (> %d): gemm[split-k]'s one GEMM on 
 R_SHORT = ("{c} input channels (> %d, not a stem) and {ow} output pixels per row (< %d): "
            "short GEMMs" % (MAX_STEM_CHANNELS, MIN_ROW_PIXELS))
 R_ENDS = ("{c} input channels (> %d, not a stem) and {e} of the row's {ow} output pixels "
-          "at its ends (> 1/%d), in short GEMMs" % (MAX_STEM_CHANNELS, END_SHARE))
+          "at its ends (> 1/%d), each copied per tap row" % (MAX_STEM_CHANNELS, END_SHARE))
 R_BLAS = "GEMM_ENGINE is 'blas' (the patch variant runs on the Numba engine)"
 
 
@@ -101,9 +100,8 @@ class Patch(Strategy):
         rows = p.mb * p.osz[0] * p.osz[1]
         nw = max(1, min(int(tiles["workers"]), rows))
         kd, kh, kw = p.ksz
-        _, _, cols = uk.patch_edges(p.osz[2], kw, p.stride[2], p.dilation[2],
-                                    p.pad_begin[2], p.isz[2])
-        return ct, kp, m, nw, uk.patch_work(p.osz[2], kp, kd * kh, cols, p.ic)
+        span = (kw - 1) * p.dilation[2] + 1
+        return ct, kp, m, nw, uk.patch_work(p.osz[2], kp, kd * kh, span, p.ic)
 
     def workspace_bytes(self, p, tiles):
         ct, kp, m, nw, nwork = self._sizes(p, tiles)
