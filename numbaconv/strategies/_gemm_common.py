@@ -193,8 +193,8 @@ def choose_engine(p, machine):
     if short_1x1:
         return "numba"
     if VECTOR_BYTES >= 64:
-        if p.direction == "bwd_w" and identity(p):  # split-K in one parallel region
-            return "numba"
+        if p.direction == "bwd_w" and (identity(p) or grouped_identity(p)):
+            return "numba"  # split-K in one parallel region (per group)
         rows = p.mb * math.prod(p.osz)
         return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
     return "blas"

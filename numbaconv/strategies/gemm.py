@@ -276,15 +276,29 @@ class _Gemm(Strategy):
         x2 = np.ascontiguousarray(ops["x"]).reshape(-1, p.ic)
         dy2 = np.ascontiguousarray(ops["dy"]).reshape(-1, p.oc)
         dw = np.empty(canonical_shapes(p)[2], ct)
-        parts = np.empty((nw - 1, p.ic, p.oc), ct)
+        parts = np.empty((nw - 1, p.ic, p.oc) if p.g == 1 else (0, 1, 1), ct)
         work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
         if x2.dtype == np.uint16:  # float16 bits: widened one reduction block at a time
             stage = np.empty((nw, kc * (p.ic + p.oc)), ct)
             uk.gemm_split_k_half(x2, dy2, dw.reshape(p.ic, p.oc), parts, kc, nc, work,
                                  stage)
             return dw
-        uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
-                        dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work, prefetch)
+        if p.g == 1:
+            uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
+                            dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work,
+                            prefetch)
+            return dw
+        # groups (1x1 at stride 1): each group's GEMM on column slices of x and dY
+        it = ct.itemsize
+        icg, ocg = p.icg, p.ocg
+        dwg = np.empty((icg, ocg), ct)
+        gparts = np.empty((nw - 1, icg, ocg), ct)
+        d2 = dw.reshape(icg, p.oc)
+        for gi in range(p.g):
+            uk.gemm_split_k(x2.ctypes.data + gi * icg * it, 1, p.ic,
+                            dy2.ctypes.data + gi * ocg * it, p.oc, 1, dwg, gparts,
+                            x2.shape[0], kc, nc, work, prefetch)
+            d2[:, gi * ocg:(gi + 1) * ocg] = dwg
         return dw
 
     def _tasks(self, p, ops, R, cols, ct, mm, col_parts=1, per_tap=False):
@@ -561,7 +575,8 @@ class _Gemm(Strategy):
 class GemmSplitK(_Gemm):
     """1x1 backward weights at stride 1 (see ``identity``): ``dW = X^T @ dY`` over every
     pixel, the reduction split into one share per thread inside one Numba parallel region
-    (``ukernel.gemm_split_k``)."""
+    (``ukernel.gemm_split_k``); with groups, one such region per group on column slices
+    of x and dY (ShuffleNet's grouped 1x1 layers)."""
 
     variant = "split-k"
     directions = ("bwd_w",)
@@ -571,7 +586,7 @@ class GemmSplitK(_Gemm):
     def accepts(self, p):
         if p.direction != "bwd_w":
             return R_BWD_W
-        why = gemm_guard(p) or _not_identity(p)
+        why = gemm_guard(p) or (None if grouped_identity(p) else _not_identity(p))
         if why:
             return why
         return _numba_only(p, self.variant)
@@ -588,17 +603,19 @@ class GemmSplitK(_Gemm):
         from ..kernels.cpu import ukernel as uk
         item, nw = itemsize(p), tiles.get("workers", 1)
         ws = nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
-        if np.dtype(p.dtype) == np.float16:  # and a float32 stage of kc pixels each
+        if np.dtype(p.dtype) == np.float16 and p.g == 1:  # a float32 stage of kc pixels
             ws += nw * tiles["kc"] * (p.ic + p.oc) * item
-        return ws + (nw - 1) * p.ic * p.oc * item  # a partial dW per thread but the first
+        # a partial dW per thread but the first (with groups, one group's, and its dW)
+        return ws + (nw - 1 + (p.g > 1)) * p.icg * p.ocg * item
 
     def numba_parallel(self, p, tiles):
         return True
 
     def half_operands(self, p, tiles):
         """X and dY widened one reduction block of pixels at a time
-        (``ukernel.gemm_split_k_half``)."""
-        return frozenset({"x", "dy"})
+        (``ukernel.gemm_split_k_half``); with groups, float32 operands (the backend
+        converts)."""
+        return frozenset({"x", "dy"}) if p.g == 1 else frozenset()
 
     def run(self, p, tiles, ops):
         return self._bwd_w_split_k(p, ops, np.dtype(p.compute_dtype),
