@@ -165,7 +165,7 @@ CASES = [
     _c("implicit-bwdd-s2", "bwd_d", 1, 32, 16, 2, (13, 13), (3, 3), stride=(2, 2),
        pads=((1, 1), (1, 1)), label="gemm[implicit]"),
     _c("implicit-bwdd-panels", "bwd_d", 1, 128, 128, 1, (6, 6), (3, 3),
-       pads=((1, 1), (1, 1)), label="gemm[implicit]"),
+       pads=((1, 1), (1, 1)), strategy="gemm[implicit]", label="gemm[implicit]"),
     # -- GEMM: regions of the phase grid, each over the taps that reach inside dY ----------
     _c("regions-bwdd-blocks", "bwd_d", 1, 16, 16, 2, (13, 13), (3, 3), dilation=(4, 4),
        pads=((4, 4), (4, 4)), label="gemm[regions]"),

@@ -110,20 +110,35 @@ MIN_SKIPPED = 0.1
 
 
 def _regions(p, grid, taps):
-    """The phase grid split into boxes within which every tap either reaches inside dY for
-    every pixel or for none: ``[(lo, hi, positions)]`` (``lo``/``hi``: per axis, of the
-    phase grid; ``positions``: the indices into ``taps`` of the taps that reach inside),
-    and the fraction of the phase's multiply-adds they skip, counted in whole row tiles
-    of ``MR`` pixels (negative where the regions' partial tiles cost more than that)."""
+    """The phase grid split into boxes, each with the taps it sums: ``([(lo, hi,
+    positions)], skipped, exact)`` (``lo``/``hi``: per axis, of the phase grid;
+    ``positions``: the indices into ``taps`` of the taps the box sums; ``skipped``: the
+    fraction of the phase's multiply-adds the boxes skip, counted in whole row tiles of
+    ``MR`` pixels, negative where their partial tiles cost more than that). ``exact``:
+    within each box every tap reaches inside dY for every pixel or for none (the boxes
+    then read dY itself); else the boxes span whole rows along w, and a box sums the taps
+    that reach inside along depth and height and for some of its pixels along w (reading
+    the padded dY's zeros for the others): over small images the exact boxes are a pixel
+    or two each and leave their row tiles mostly empty (a 5x5x5 filter over 4x8x8). The
+    one that skips more."""
+    exact = _boxes(p, grid, taps, True)
+    rows = _boxes(p, grid, taps, False)
+    return (*exact, True) if exact[1] >= rows[1] else (*rows, False)
+
+
+def _boxes(p, grid, taps, exact):
+    """:func:`_regions`' boxes, exact or by whole rows: ``([(lo, hi, positions)],
+    skipped)``."""
     from ..kernels.cpu import igemm
     MR = igemm.MR
     cuts = []
     for a in range(3):
         c = {0, grid[a]}
-        for _, b in taps:
-            for v in (-b[a], p.osz[a] - b[a]):
-                if 0 < v < grid[a]:
-                    c.add(v)
+        if exact or a < 2:
+            for _, b in taps:
+                for v in (-b[a], p.osz[a] - b[a]):
+                    if 0 < v < grid[a]:
+                        c.add(v)
         c = sorted(c)
         cuts.append([(u, v) for u, v in zip(c, c[1:]) if v > u])
     out, kept = [], 0
@@ -131,7 +146,9 @@ def _regions(p, grid, taps):
         lo = tuple(u for u, _ in box)
         hi = tuple(v for _, v in box)
         pos = [i for i, (_, b) in enumerate(taps)
-               if all(0 <= lo[a] + b[a] and hi[a] - 1 + b[a] < p.osz[a] for a in range(3))]
+               if all(0 <= lo[a] + b[a] and hi[a] - 1 + b[a] < p.osz[a] for a in range(2))
+               and (0 <= lo[2] + b[2] and hi[2] - 1 + b[2] < p.osz[2] if exact
+                    else lo[2] + b[2] < p.osz[2] and hi[2] - 1 + b[2] >= 0)]
         out.append((lo, hi, pos))
         px = p.mb * math.prod(v - u for u, v in zip(lo, hi))
         kept += -(-px // MR) * len(pos)
@@ -153,9 +170,9 @@ def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, thr
     key = (p, q, frame, strides, block_tiles, threads)
     if key not in _TABLES:
         from ..kernels.cpu import igemm
-        regions, skipped = _regions(p, grid, taps) if taps else ([], 0.0)
+        regions, skipped, exact = _regions(p, grid, taps) if taps else ([], 0.0, True)
         tables = None
-        if skipped >= MIN_SKIPPED:
+        if skipped >= MIN_SKIPPED and (exact or frame != _unpadded(p)):  # else: padding
             total = -(-p.mb * math.prod(grid) // igemm.MR) * len(taps)
             work = round((1 - skipped) * total)  # the regions' tiles times taps
             # items of at most block_tiles full tiles' work, at least 4 per thread
