@@ -762,14 +762,6 @@ def patch_index(M):
 EDGE_ROWS = 16
 
 
-def patch_edges(ow, kw, sw, dw, pw, iw):
-    """``(lo, hi)``: the output pixels ``[lo, hi)`` of a row whose taps all lie inside the
-    input along w (those before and after reach into the padding)."""
-    lo = min(ow, (pw + sw - 1) // sw)
-    hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
-    return lo, hi
-
-
 def patch_work(ow, kp, tap_rows=0, span=0, C=0):
     """Scratch elements :func:`_patch_bwd_w` needs per thread (``kp``: output channels
     rounded up to whole vectors; for the end pixels, ``EDGE_ROWS`` rows' zero-padded
