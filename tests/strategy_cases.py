@@ -82,6 +82,11 @@ CASES = [
     # grouped 1x1 (ShuffleNet's): one split-K GEMM per group on column slices, auto engine
     _c("gemm-bwdw-split-k-grouped", "bwd_w", 3, 60, 48, 2, (9, 10), (1, 1),
        label="gemm[split-k]", tiles={"engine": "numba"}),
+    # output channels short of whole vectors (40; 20 per group): dW's rows padded
+    _c("gemm-bwdw-split-k-odd", "bwd_w", 1, 24, 40, 2, (9, 10), (1, 1),
+       label="gemm[split-k]", tiles={"engine": "numba"}),
+    _c("gemm-bwdw-split-k-grouped-odd", "bwd_w", 3, 30, 60, 2, (7, 9), (1, 1),
+       label="gemm[split-k]", tiles={"engine": "numba"}),
     _c("gemm-bwdw-identity-tasks", "bwd_w", 1, 32, 32, 4, (16, 16), (1, 1),
        strategy="gemm", label="gemm[identity]",
        config=_BLAS, consts=((_GEMM, {"BLAS_SPLIT_MIN_ROWS": 0}),)),
@@ -263,7 +268,7 @@ CASES = [
 #: their operands as they go: the same problems in float16.
 _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-split-k",
          "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "gemm-bwdw-split-k-grouped",
-         "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "patch-t-bwdw-head", "windows-bwdw", "implicit-bwdd-blocks", "implicit-bwdd-panels",
+         "gemm-bwdw-split-k-odd", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "patch-t-bwdw-head", "windows-bwdw", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "implicit-bwdd-grouped",
          "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")

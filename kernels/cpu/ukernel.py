@@ -138,6 +138,12 @@ def _micro(nv, mr=MR, row_table=False):
 _micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
 
 
+#: Added to :func:`_gemm`'s ``beta``: C's rows hold whole vectors past its ``N`` columns
+#: (``ldc`` at least ``N`` rounded up to vectors, the columns past ``N`` scratch), so a
+#: last panel of partial vectors stores its tiles whole instead of through the scratch
+#: tile (its B panel is packed zero-padded either way).
+ROOM = 4
+
 #: An empty row map: C's rows ``ldc`` apart.
 _NO_MAP = np.empty(0, np.int64)
 
@@ -260,9 +266,10 @@ def _gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work,
     pfa = pf and rsa == 1 and csa == M
     pfb = pf and csb == 1 and rsb == N
     ntiles = (M + MR - 1) // MR
+    room = beta >= ROOM        # C's rows hold whole vectors past N (see ROOM)
     for p0 in range(0, K, kc):
         kk = min(kc, K - p0)
-        bt = beta if p0 == 0 else 1
+        bt = (beta - ROOM if room else beta) if p0 == 0 else 1
         # the next block's rows of A and B, a share per row tile (see pf)
         nk = min(kc, K - p0 - kk)
         abytes = nk * M * it if pfa else 0
@@ -322,7 +329,7 @@ def _gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work,
                         pb, ldb = pwb + q * kk * nr * it, nr
                     else:
                         pb, ldb = b + (p0 * rsb + j) * it, rsb
-                    if im == MR and w == nv * vl:
+                    if im == MR and (w == nv * vl or room):
                         _call(nv, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt, work)
                     else:  # through the scratch tile: only im x w of C is touched
                         if bt:
@@ -662,17 +669,19 @@ def _add_parts(c, parts, i):
             c[i, n] += parts[j, i, n]
 
 
-def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True):
-    """See :func:`gemm_split_k_kernel` (its address tables for ``work``'s dtype added)."""
+def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True, n=0):
+    """See :func:`gemm_split_k_kernel` (its address tables for ``work``'s dtype added).
+    ``n``: the columns of the product where ``c`` and ``parts`` have more (whole vectors:
+    see :data:`ROOM`); 0: all of them."""
     name = dtype_name(work.dtype)
     gemm_split_k_kernel(_split_k_share.table(name), _add_parts.table(name),
                         _gemm.table(name), a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work,
-                        pf)
+                        pf, n)
 
 
 @kernel(parallel=False)
 def gemm_split_k_kernel(fns, add_fns, gemm_fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc,
-                        work, pf):
+                        work, pf, n):
     """``C = A @ B`` with the reduction split into ``len(parts) + 1`` equal shares computed
     in parallel: share 0 into ``C`` (``c [M, N]``, C-contiguous), share ``j`` into
     ``parts[j - 1]``, then added to ``C`` in parallel over its rows. ``A`` and ``B`` on raw
@@ -681,17 +690,18 @@ def gemm_split_k_kernel(fns, add_fns, gemm_fns, a, rsa, csa, b, rsb, csb, c, par
     one kernel call: no Python worker threads to wake (0.07-0.2 ms each) and no per-slab
     calls. ``pf``: prefetch each next reduction block (see :func:`gemm`)."""
     par_for(_split_k_share, fns, parts.shape[0] + 1, gemm_fns, a, rsa, csa, b, rsb, csb, c,
-            parts, K, kc, nc, work, pf)
+            parts, K, kc, nc, work, pf, n)
     par_for(_add_parts, add_fns, c.shape[0], c, parts)
 
 
 @separate("void(int64[::1], int64, int64, int64, int64, int64, int64, {T}[:, ::1], "
-          "{T}[:, :, ::1], int64, int64, int64, {T}[:, ::1], boolean, int64)", noalias=True,
-          float32="float32", float64="float64")
-def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf, j):
+          "{T}[:, :, ::1], int64, int64, int64, {T}[:, ::1], boolean, int64, int64)",
+          noalias=True, float32="float32", float64="float64")
+def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf, n, j):
     """Share ``j`` of :func:`gemm_split_k_kernel`'s reduction (``fns``: :func:`_gemm`'s
-    table)."""
-    M, N = c.shape
+    table; ``n``: see :func:`gemm_split_k`)."""
+    M, ldc = c.shape
+    N = n if 0 < n < ldc else ldc
     nch = parts.shape[0] + 1
     it = work.itemsize
     k0 = K * j // nch
@@ -701,7 +711,8 @@ def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf,
         dst[:, :] = 0
     else:
         _gemm(fns, a + k0 * csa * it, rsa, csa, b + k0 * rsb * it, rsb, csb,
-              dst.ctypes.data, N, _NO_MAP, M, N, k1 - k0, 0, kc, nc, work[j], pf)
+              dst.ctypes.data, ldc, _NO_MAP, M, N, k1 - k0, ROOM if N < ldc else 0, kc,
+              nc, work[j], pf)
 
 
 def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):

@@ -276,29 +276,36 @@ class _Gemm(Strategy):
         x2 = np.ascontiguousarray(ops["x"]).reshape(-1, p.ic)
         dy2 = np.ascontiguousarray(ops["dy"]).reshape(-1, p.oc)
         dw = np.empty(canonical_shapes(p)[2], ct)
-        parts = np.empty((nw - 1, p.ic, p.oc) if p.g == 1 else (0, 1, 1), ct)
+        # dW's rows (and the partials') padded to whole vectors where the output channels
+        # are not: a last panel of partial vectors stores its tiles whole (ukernel.ROOM)
+        vl = uk.lanes(ct.itemsize)
+        icg, ocg = p.icg, p.ocg
+        ocp = -(-ocg // vl) * vl
+        half = x2.dtype == np.uint16
+        plain = p.g == 1 and (ocp == ocg or half)
+        parts = np.empty((nw - 1, p.ic, p.oc) if plain else (0, 1, 1), ct)
         work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
-        if x2.dtype == np.uint16:  # float16 bits: widened one reduction block at a time
+        if half:  # float16 bits: widened one reduction block at a time
             stage = np.empty((nw, kc * (p.ic + p.oc)), ct)
             uk.gemm_split_k_half(x2, dy2, dw.reshape(p.ic, p.oc), parts, kc, nc, work,
                                  stage)
             return dw
-        if p.g == 1:
+        if plain:
             uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
                             dw.reshape(p.ic, p.oc), parts, x2.shape[0], kc, nc, work,
                             prefetch)
             return dw
-        # groups (1x1 at stride 1): each group's GEMM on column slices of x and dY
+        # groups (1x1 at stride 1): each group's GEMM on column slices of x and dY, into
+        # padded rows
         it = ct.itemsize
-        icg, ocg = p.icg, p.ocg
-        dwg = np.empty((icg, ocg), ct)
-        gparts = np.empty((nw - 1, icg, ocg), ct)
+        dwg = np.empty((icg, ocp), ct)
+        gparts = np.empty((nw - 1, icg, ocp), ct)
         d2 = dw.reshape(icg, p.oc)
         for gi in range(p.g):
             uk.gemm_split_k(x2.ctypes.data + gi * icg * it, 1, p.ic,
                             dy2.ctypes.data + gi * ocg * it, p.oc, 1, dwg, gparts,
-                            x2.shape[0], kc, nc, work, prefetch)
-            d2[:, gi * ocg:(gi + 1) * ocg] = dwg
+                            x2.shape[0], kc, nc, work, prefetch, ocg)
+            d2[:, gi * ocg:(gi + 1) * ocg] = dwg[:, :ocg]
         return dw
 
     def _tasks(self, p, ops, R, cols, ct, mm, col_parts=1, per_tap=False):
@@ -605,8 +612,10 @@ class GemmSplitK(_Gemm):
         ws = nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
         if np.dtype(p.dtype) == np.float16 and p.g == 1:  # a float32 stage of kc pixels
             ws += nw * tiles["kc"] * (p.ic + p.oc) * item
-        # a partial dW per thread but the first (with groups, one group's, and its dW)
-        return ws + (nw - 1 + (p.g > 1)) * p.icg * p.ocg * item
+        # a partial dW per thread but the first (with groups or output channels short of
+        # whole vectors, one group's rows padded to vectors, and its dW)
+        ocp = -(-p.ocg // uk.lanes(item)) * uk.lanes(item)
+        return ws + (nw - 1 + (p.g > 1 or ocp > p.ocg)) * p.icg * ocp * item
 
     def numba_parallel(self, p, tiles):
         return True
