@@ -14,12 +14,12 @@ with ``M`` the output pixels of the batch and ``M'`` the input pixels. The opera
 as bfloat16 bits (``bf16_operands``): no widening pass, and half the bytes of float32
 through every copy. One group only.
 """
-import itertools
 import math
 
 import numpy as np
 
 from . import Strategy, canonical_shapes
+from ._gemm_common import stride_phases
 from .. import memory
 
 #: Backward data declines fewer result channels than this, weight gradients stems of at
@@ -92,6 +92,37 @@ def _phase_axes(p, q):
     return out
 
 
+def _block_rows(rows):
+    """Rows of A per block shared out to a thread (``mc``): about ``BLOCKS_PER_THREAD``
+    blocks per thread, whole register tiles, at most ``MAX_MC``."""
+    from ..runtime import threads as _threads
+    from ..kernels.cpu.bf16dot import MR
+    per = -(-rows // (BLOCKS_PER_THREAD * max(1, _threads())))
+    return max(MR, min(MAX_MC, -(-per // MR) * MR))
+
+
+def _filter_t(w3):
+    """Backward data's B, ``W~[t*K + k, c] = W[t, c, k]``, from a filter ``w3 [taps, C,
+    K]`` of bits: for one tap a strided view (the packing reads it through its strides),
+    else a copy."""
+    taps, c, k = w3.shape
+    if taps == 1:
+        return w3.reshape(c, k).T
+    return np.ascontiguousarray(w3.transpose(0, 2, 1)).reshape(taps * k, c)
+
+
+def _product(a, b, kp, kc2, mc):
+    """``A @ B`` in float32 (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits), B
+    packed into pairs first."""
+    from ..kernels.cpu import bf16dot as k
+    n = b.shape[1]
+    bp = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32)
+    k.pack_pairs(b, bp)
+    c = memory.empty((a.shape[0], n), np.float32)
+    k.gemm(_pairs(a), bp, c, kc2, mc)
+    return c
+
+
 def _bits(a):
     """bfloat16 bits of an operand (the tuner passes float32 ones: rounded here)."""
     if a.dtype == np.uint16:
@@ -135,13 +166,9 @@ class Bf16Dot(Strategy):
         return None
 
     def tiles(self, p, machine):
-        from ..runtime import threads as _threads
-        from ..kernels.cpu.bf16dot import MR
         rows = (_taps(p) * p.ic if p.direction == "bwd_w" else
                 p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz))
-        per = -(-rows // (BLOCKS_PER_THREAD * max(1, _threads())))
-        mc = max(MR, min(MAX_MC, -(-per // MR) * MR))
-        return {"kc2": KC2, "mc": int(mc)}
+        return {"kc2": KC2, "mc": int(_block_rows(rows))}
 
     def bf16_operands(self, p, tiles):
         return frozenset({"x", "dy", "w"})
@@ -175,11 +202,7 @@ class Bf16Dot(Strategy):
             a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
             g, _ = _im2col_geo(p, False)
             k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
-            bp = memory.empty((-(-p.oc // k.NR), k2, k.NR), np.uint32)
-            k.pack_pairs(dy.reshape(m, p.oc), bp)
-            dw = memory.empty((taps * p.ic, p.oc), np.float32)
-            k.gemm(_pairs(a), bp, dw, kc2, mc)
-            return dw.reshape(ws)
+            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, mc).reshape(ws)
         bwd = p.direction == "bwd_d"
         if bwd and any(s != 1 for s in p.stride):
             return self._bwd_d_phases(p, ops, kc2)
@@ -196,40 +219,29 @@ class Bf16Dot(Strategy):
             a = memory.empty((m, kp), np.uint16)
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
-        if not bwd:
-            b = w.reshape(taps * c_in, c_out)
-        elif taps == 1:  # W^T as a view: the packing reads it through its strides
-            b = w.reshape(c_out, c_in).T
-        else:
-            b = np.ascontiguousarray(w.transpose(0, 2, 1)).reshape(taps * c_in, c_out)
-        bp = memory.empty((-(-c_out // k.NR), kp // 2, k.NR), np.uint32)
-        k.pack_pairs(b, bp)
-        c = memory.empty((m, c_out), np.float32)
-        k.gemm(_pairs(a), bp, c, kc2, mc)
-        return c.reshape(xs if bwd else ys)
+        b = _filter_t(w) if bwd else w.reshape(taps * c_in, c_out)
+        return _product(a, b, kp, kc2, mc).reshape(xs if bwd else ys)
 
     def _bwd_d_phases(self, p, ops, kc2):
         """Backward data at a stride above 1: per stride phase, its pixels' rows of dX as
         one product over the taps that reach it (im2col of dY with those taps flipped),
         written into the phase's pixels of dX; a phase no tap reaches is zeros."""
         from ..kernels.cpu import bf16dot as k
-        from ..runtime import threads as _threads
 
         xs, _, _ = canonical_shapes(p)
         dy = _bits(ops["dy"])
         w5 = _bits(ops["w"]).reshape(*p.ksz, p.ic, p.oc)
         dx = memory.empty((p.mb, *p.isz, p.ic), np.float32)
-        for q in itertools.product(*(range(s) for s in p.stride)):
-            grid = tuple(-(-(i - qa) // s) for i, qa, s in zip(p.isz, q, p.stride))
+        for q, grid, taps in stride_phases(p):
             m = p.mb * math.prod(grid)
             if m == 0:
                 continue
             view = dx[(slice(None), *(slice(qa, None, s) for qa, s in zip(q, p.stride)))]
-            axes = _phase_axes(p, q)
-            nq = math.prod(n for _, _, n, _, _ in axes)
-            if nq == 0:
+            if not taps:
                 view[...] = 0
                 continue
+            axes = _phase_axes(p, q)  # the phase's taps, a regular grid along each axis
+            nq = len(taps)
             kp = -(-nq * p.oc // 2) * 2
             if (nq == 1 and p.oc % 2 == 0 and all(b0 == 0 for _, _, _, b0, _ in axes)
                     and grid == tuple(p.osz)):
@@ -240,18 +252,8 @@ class Bf16Dot(Strategy):
                                 *(n for _, _, n, _, _ in axes)], np.int64)
                 k.im2col(dy, np.array([p.mb, *grid], np.int64), a, geo, -1)
             sub = w5[tuple(slice(t0, t0 + n * st, st) for t0, st, n, _, _ in axes)]
-            if nq == 1:  # W^T as a view: the packing reads it through its strides
-                b = sub.reshape(p.ic, p.oc).T
-            else:
-                b = np.ascontiguousarray(np.moveaxis(sub, -1, -2)).reshape(nq * p.oc, p.ic)
-            bp = memory.empty((-(-p.ic // k.NR), kp // 2, k.NR), np.uint32)
-            k.pack_pairs(b, bp)
-            c = memory.empty((m, p.ic), np.float32)
-            per = -(-m // (BLOCKS_PER_THREAD * max(1, _threads())))
-            mc = max(k.MR, min(MAX_MC, -(-per // k.MR) * k.MR))
-            k.gemm(_pairs(a), bp, c, kc2, mc)
+            c = _product(a, _filter_t(sub.reshape(nq, p.ic, p.oc)), kp, kc2, _block_rows(m))
             view[...] = c.reshape(p.mb, *grid, p.ic)
         return dx.reshape(xs)
-
 
 STRATEGY = Bf16Dot()

@@ -184,6 +184,21 @@ def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, thr
     return _TABLES[key]
 
 
+@functools.lru_cache(maxsize=512)
+def _reads_dy(p):
+    """Whether every stride phase of ``p`` with pixels runs by exact regions (see
+    :func:`_regions`), whose tables then address dY itself (no zero-padded copy)."""
+    for _, grid, taps in stride_phases(p):
+        if p.mb * math.prod(grid) == 0:
+            continue
+        if not taps:
+            return False
+        _, skipped, exact = _regions(p, grid, taps)
+        if skipped < MIN_SKIPPED or not exact:
+            return False
+    return True
+
+
 def _unpadded(p):
     """dY itself as the frame of :func:`_region_tables`: no leading pads, its own extents."""
     return tuple((0, n) for n in p.osz)
@@ -342,22 +357,14 @@ class ImplicitGemm(Strategy):
         from ..kernels.cpu import igemm
         ct = np.dtype(p.compute_dtype)
         q = _group(p)  # with groups, each group's problem, run on the whole arrays
-        nr = igemm.panel(ct.itemsize)
-        npan = -(-q.ic // nr)
         pads = _pads(q, stride_phases(q))
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]
         padded = (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
-        threads = max(1, int(tiles.get("threads", 1)))
-        bt = max(1, int(tiles["block_tiles"]))
         half_out = dy.dtype == np.uint16
         frame = pads
-        strides = (p.oc, p.ic, 0, 0)
-        if padded and self.regions and not half_out and dy.dtype == ct and all(
-                _phase_regions(q, ph, grid, taps, _unpadded(p), strides, npan * nr, bt, nr,
-                               threads) is not None
-                for ph, grid, taps, *_ in _phase_arrays(q, pads, strides)):
-            # every phase by regions, whose taps read inside dY only: no padded copy
+        if padded and self.regions and not half_out and dy.dtype == ct and _reads_dy(q):
+            # every phase by exact regions, whose taps read inside dY only: no padded copy
             padded, frame = False, _unpadded(p)
         if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
