@@ -89,10 +89,11 @@ def test_row_tiles_cover_rows_with_the_fewest_products():
         assert k.row_tile(9, 3) == (7, 3, 3)   # not 27 one-vector tiles
         assert k.row_tile(14, 16) == (P - 1, NV, 1)  # 15 pixels x 16 beat 14 x 18
         assert k.row_tile(28, 16) == (P, NV, 2)
-    else:
+        assert k.row_tile(7, 2) == (1, 1, 0)
+    else:  # 256-bit vectors: two output channels fill the tile's vectors (NV = 2)
         assert k.row_tile(7, 16)[2] in (1, 2)
+        assert k.row_tile(7, 1) == (1, 1, 0)
     assert k.row_tile(3, 16) == (1, 1, 0)
-    assert k.row_tile(7, 2) == (1, 1, 0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -143,20 +143,27 @@ def test_implicit_variant_one_thread():
         nc.set_num_threads(nt)
 
 
+@pytest.mark.parametrize("nr", [8, 16, 32, 48])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("C,K", [(64, 40), (80, 17), (16, 33)])
-def test_pack_filter(C, K):
-    """The packed panels hold w[t, c, k] at [panel, t, k, lane], zeros past C."""
+def test_pack_filter(C, K, dtype, nr):
+    """The packed panels hold w[t, c, k] at [panel, t, k, lane], zeros past C, for every
+    panel width a host's tiles use (8: float64 with 256-bit vectors, narrower than the
+    16 x 16 transposes; 48: a panel-parallel width), writing nothing past the panels (the
+    8-channel panels once overran the buffer: heap corruption on AVX2 hosts)."""
     rng = np.random.default_rng(1)
-    w = rng.standard_normal((5, C, K)).astype(np.float32)
+    w = rng.standard_normal((5, C, K)).astype(dtype)
     taps = np.array([3, 0, 4], np.int64)
-    nr = igemm.panel(4)
     npan = -(-C // nr)
-    out = np.full((npan, len(taps), K, nr), np.nan, np.float32)
+    size = npan * len(taps) * K * nr
+    buf = np.full(size + 64, np.nan, dtype)
+    out = buf[:size].reshape(npan, len(taps), K, nr)
     igemm.pack_filter(w, taps, out)
-    want = np.zeros((len(taps), npan * nr, K), np.float32)
+    want = np.zeros((len(taps), npan * nr, K), dtype)
     want[:, :C] = w[taps]
     want = want.reshape(len(taps), npan, nr, K).transpose(1, 0, 3, 2)
     assert np.array_equal(out, want)
+    assert np.isnan(buf[size:]).all(), "wrote past the panels"
 
 
 def test_implicit_variant_choice():

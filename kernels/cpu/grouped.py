@@ -78,12 +78,14 @@ TILE_W = (4, 4) if VECTOR_BYTES == 64 else (2, 4)
 HALF_BYTES = VECTOR_BYTES // 2
 
 
-def lanes(itemsize, vbytes=VECTOR_BYTES):
-    """Groups in one vector for an element size (8 float32 or 4 float64 with AVX2)."""
-    return vbytes // itemsize
+def lanes(itemsize, vbytes=None):
+    """Groups in one vector for an element size (8 float32 or 4 float64 with AVX2);
+    ``vbytes``: the vector's bytes (default: the module's ``VECTOR_BYTES``, read when
+    called, so that a test can plan for another host's width)."""
+    return (VECTOR_BYTES if vbytes is None else vbytes) // itemsize
 
 
-def group_vectors(g, itemsize, vbytes=VECTOR_BYTES):
+def group_vectors(g, itemsize, vbytes=None):
     """Vectors across ``g`` groups (the last one padded with zero lanes)."""
     return -(-g // lanes(itemsize, vbytes))
 

@@ -222,23 +222,26 @@ TB = 16
 def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
     """``od[dbase + k*nr + l] = ws[(tap*C + p*nr + l)*K + k]`` (0 past ``C``): one tap of
     panel ``p``, transposed in ``TB x TB`` blocks through ``tmp`` (rows read and written
-    contiguously; unsigned offsets, see :mod:`numbaconv.kernels.cpu.winograd`)."""
+    contiguously; unsigned offsets, see :mod:`numbaconv.kernels.cpu.winograd`). A panel
+    narrower than ``TB`` (float64 with 256-bit vectors: 8 channels) takes blocks of its
+    width: each block's channels stay inside the panel's rows."""
     sbase = np.uint64(tap * C * K)
     db = np.uint64(dbase)
     for c0 in range(0, nr, TB):
+        cb = min(TB, nr - c0)
         for k0 in range(0, K, TB):
-            if p * nr + c0 + TB <= C and k0 + TB <= K:
-                for i in range(TB):
+            if p * nr + c0 + cb <= C and k0 + TB <= K:
+                for i in range(cb):
                     so = sbase + np.uint64((p * nr + c0 + i) * K + k0)
                     for j in range(TB):
                         tmp[j, i] = ws[so + np.uint64(j)]
                 for j in range(TB):
                     do = db + np.uint64((k0 + j) * nr + c0)
-                    for i in range(TB):
+                    for i in range(cb):
                         od[do + np.uint64(i)] = tmp[j, i]
             else:  # a block past C or K: element by element, zeros past C
                 for j in range(k0, min(K, k0 + TB)):
-                    for i in range(TB):
+                    for i in range(cb):
                         c = p * nr + c0 + i
                         v = ws[sbase + np.uint64(c * K + j)] if c < C else 0
                         od[db + np.uint64(j * nr + c0 + i)] = v
@@ -447,7 +450,7 @@ def bwd_d_phase_panels_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dx, segs,
           "int64[:, :, ::1], int64)", float32="float32", float64="float64")
 def _phase_panel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk, nr, work, offs, p):
     """Panel ``p`` of :func:`bwd_d_phase_panels_kernel` (``offs``: every row tile's A and C
-    row offsets). ``nr``: a multiple of the vector and of ``TB``, at most ``NR``."""
+    row offsets). ``nr``: a multiple of the vector, at most ``NR``."""
     K, C = pg[7], pg[14]
     ntaps = taps.shape[0]
     it = dx.itemsize
