@@ -152,6 +152,14 @@ class _Gemm(Strategy):
     def _packed_channels(self, p):
         return p.ocg if p.direction == "bwd_d" else p.icg
 
+    def _slot_columns(self, p, tiles):
+        """Packed columns per row of one worker's buffer: a weight gradient whose dW rows
+        are split into ``col_parts`` blocks packs one block's input channels per task."""
+        c = self._packed_channels(p)
+        if p.direction == "bwd_w":
+            c = -(-c // int(tiles.get("col_parts", 1)))
+        return math.prod(p.ksz) * c
+
     def half_operands(self, p, tiles):
         """Packed forward and backward weights widen X as they pack its columns
         (``gemm.im2col``; never the identity: it packs nothing); one group's backward
@@ -179,7 +187,7 @@ class _Gemm(Strategy):
         r = tiles["slab_rows"]
         nw = tiles.get("workers", 1)
         numba_engine = tiles.get("engine") == "numba"
-        ws = nw * r * ntaps * self._packed_channels(p) * item if self.packed else 0
+        ws = nw * r * self._slot_columns(p, tiles) * item if self.packed else 0
         if numba_engine:
             from ..kernels.cpu import ukernel as uk
             ws += nw * uk.workspace(tiles["kc"], item, tiles["nc"]) * item
@@ -223,8 +231,7 @@ class _Gemm(Strategy):
         R = tiles["slab_rows"]
         ct = np.dtype(p.compute_dtype)
         nw = int(tiles.get("workers", 1))
-        cols = Buffers(R * math.prod(p.ksz) * self._packed_channels(p) if self.packed
-                       else 0, ct)
+        cols = Buffers(R * self._slot_columns(p, tiles) if self.packed else 0, ct)
         tasks, finish = self._tasks(p, ops, R, cols, ct, Multiply(tiles, ct, nw),
                                     int(tiles.get("col_parts", 1)), self.per_tap)
         run_tasks(tasks, nw)
@@ -350,23 +357,28 @@ class _Gemm(Strategy):
         from ..kernels.cpu import convert
         half_dy = dy2.dtype == np.uint16  # float16 bits (one group): widened slab by slab
         dbuf = Buffers(R * p.oc if half_dy else 0, ct)
-        # fixed ownership: each group's slabs in ``nruns`` contiguous runs, one task per run
-        # summing its slabs in order into its own partial dW (the first slab's product
+        # fixed ownership: each group's slabs in ``nruns`` contiguous runs and its input
+        # channels in ``col_parts`` blocks (dW's rows; one block unless the reduction is
+        # too short for every worker to take a run of it), one task per run and block
+        # summing its slabs in order into its own partial (the first slab's product
         # written, later ones added), the partials added in run order: the same bits
         # whichever worker takes a task, and when
         nslabs = -(-M // R)
-        nruns = max(1, min(mm.workers, nslabs))
+        nruns = max(1, min(mm.workers // col_parts, nslabs))
+        bounds = [icg * b // col_parts for b in range(col_parts + 1)]
         acc = {}
-        prod = Buffers(0 if mm.numba else len(taps) * icg * ocg, ct)
+        prod = Buffers(0 if mm.numba else len(taps) * -(-icg // col_parts) * ocg, ct)
 
-        def bwd_w_task(gi, run):
+        def bwd_w_task(gi, run, b):
             s0, s1 = nslabs * run // nruns, nslabs * (run + 1) // nruns
+            c0, cn = gi * icg + bounds[b], bounds[b + 1] - bounds[b]
+            rows = len(taps) * cn
 
             def task(slot):
                 a = None
                 for r0 in range(s0 * R, min(M, s1 * R), R):
                     r1 = min(M, r0 + R)
-                    c = col(gi, r0, r1, slot)
+                    c = self._col(x, p.osz, p.stride, boff, c0, cn, r0, r1, cols[slot], runs)
                     if half_dy:
                         d = dbuf[slot][: (r1 - r0) * p.oc].reshape(r1 - r0, p.oc)
                         convert.convert(dy2[r0:r1].reshape(-1), d.reshape(-1), True)
@@ -375,27 +387,31 @@ class _Gemm(Strategy):
                     if mm.numba:  # accumulates in place
                         first = a is None
                         if first:
-                            a = np.empty((len(taps) * icg, ocg), ct)
+                            a = np.empty((rows, ocg), ct)
                         mm(c.T, d, a, slot, accumulate=not first)
                     elif a is None:
                         a = c.T @ d
                     else:
-                        pr = np.matmul(c.T, d, out=prod[slot].reshape(len(taps) * icg, ocg))
+                        pr = np.matmul(c.T, d, out=prod[slot][: rows * ocg].reshape(rows, ocg))
                         np.add(a, pr, out=a)
-                acc[gi, run] = a
+                acc[gi, run, b] = a
             return task
 
         def finish():
             dw = np.empty(ws, ct)
-            dW4 = dw.reshape(len(taps) * icg, g, ocg)
+            if g == 1 and col_parts == 1:
+                return sum_partials([acc[0, run, 0] for run in range(nruns)],
+                                    mm.workers).reshape(ws)
+            dW5 = dw.reshape(len(taps), icg, g, ocg)
             for gi in range(g):
-                total = sum_partials([acc[gi, run] for run in range(nruns)], mm.workers)
-                if g == 1:
-                    return total.reshape(ws)
-                dW4[:, gi] = total
+                for b in range(col_parts):
+                    total = sum_partials([acc[gi, run, b] for run in range(nruns)],
+                                         mm.workers)
+                    dW5[:, bounds[b]:bounds[b + 1], gi] = total.reshape(len(taps), -1, ocg)
             return dw
 
-        return [bwd_w_task(gi, run) for gi in range(g) for run in range(nruns)], finish
+        return [bwd_w_task(gi, run, b) for gi in range(g) for run in range(nruns)
+                for b in range(col_parts)], finish
 
     def _bwd_w_split_dw(self, p, ops, M, taps, col, dy2, ws, ct, mm):
         """Backward weights over one slab: col (every row, every group) packed once, then
@@ -804,11 +820,31 @@ class GemmSlabs(_Gemm):
     def tiles(self, p, machine):
         _, engine_tiles, workers = _engine_setup(p, machine)
         rows, row_bytes, budget = self._slab_budget(p, machine)
-        slab = max(config.GEMM_MIN_ROWS, budget // row_bytes)
+        parts = dw_row_parts(p, rows, workers) if p.direction == "bwd_w" else 1
+        slab = max(config.GEMM_MIN_ROWS, budget * parts // row_bytes)
         n = -(-rows // slab)
-        n = -(-n // workers) * workers
-        return {"slab_rows": int(max(1, min(rows, -(-rows // n)))), "workers": workers,
-                **engine_tiles}
+        n = -(-n // (workers // parts)) * (workers // parts)
+        tiles = {"slab_rows": int(max(1, min(rows, -(-rows // n)))), "workers": workers,
+                 **engine_tiles}
+        if parts > 1:
+            tiles["col_parts"] = parts
+        return tiles
+
+
+def dw_row_parts(p, rows, workers):
+    """Blocks of dW's rows (input channels) that a packed weight gradient's tasks split,
+    besides runs of its reduction: one while every worker can take a run of at least
+    ``config.GEMM_MIN_ROWS`` rows. Beyond that (many workers, few pixels) splitting the
+    reduction further would give each worker a dW-sized partial of a short GEMM, and the
+    partials' sum grows with the workers (16 workers over ResNet-50's res4a_branch2b: 16
+    partials of 2.4 MB from 98 rows each); instead the runs are the largest divisor of
+    ``workers`` that leaves each at least that many rows, and the blocks take the rest
+    (at least 8 channels each), so that runs x blocks tasks keep every worker busy."""
+    if workers < 2 or rows // workers >= config.GEMM_MIN_ROWS:
+        return 1
+    most_runs = max(1, rows // config.GEMM_MIN_ROWS)
+    nruns = max(d for d in range(1, workers + 1) if workers % d == 0 and d <= most_runs)
+    return max(1, min(workers // nruns, p.icg // 8))
 
 
 #: Best first (see the module's docstring).
