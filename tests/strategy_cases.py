@@ -215,10 +215,21 @@ CASES = [
     _c("winograd-bwdd-f2", "bwd_d", 1, 64, 64, 1, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
        strategy="winograd", label="winograd", tiles={"m": 2}),
     _c("winograd-bwdw-f2", "bwd_w", 1, 64, 64, 1, (16, 16), (3, 3), pads=((1, 1), (1, 1)),
-       strategy="winograd", label="winograd", tiles={"m": 2},
-       consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8}),)),
+       strategy="winograd", label="winograd", tiles={"m": 2, "split": None},
+       consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8,
+                                                  "POSITIONS_BELOW_TILES": 0}),)),
     _c("winograd-bwdw-f4", "bwd_w", 1, 64, 64, 2, (24, 24), (3, 3), pads=((1, 1), (1, 1)),
-       strategy="winograd", label="winograd", tiles={"m": 4},
+       strategy="winograd", label="winograd", tiles={"m": 4, "split": None},
+       consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8,
+                                                  "POSITIONS_BELOW_TILES": 0}),)),
+    # few tiles per worker (64 and 72 over 2): split by position, no partials
+    _c("winograd-bwdw-positions-f2", "bwd_w", 1, 64, 64, 1, (16, 16), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="winograd", label="winograd",
+       tiles={"m": 2, "split": "positions"},
+       consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8}),)),
+    _c("winograd-bwdw-positions-f4", "bwd_w", 1, 64, 80, 2, (24, 24), (3, 3),
+       pads=((1, 1), (1, 0)), strategy="winograd", label="winograd",
+       tiles={"m": 4, "split": "positions"},
        consts=(("numbaconv.strategies.winograd", {"TILE_ROWS": 8}),)),
     # -- direct and its grouped and depthwise variants ------------------------------------
     _c("direct-fwd", "fwd", 1, 8, 8, 2, (8, 8), (3, 3), pads=((1, 1), (1, 1)),
@@ -287,7 +298,7 @@ _HALF = ("gemm-bwdw-slabs-blas", "gemm-bwdw-slabs-numba", "gemm-bwdw-slabs-dw-bl
          "gemm-bwdd-claimed", "gemm-bwdd-claimed-grouped", "gemm-bwdw-split-k-grouped",
          "gemm-bwdw-split-k-odd", "rows-bwdw-2d", "patch-bwdw-2d", "patch-t-bwdw-2d", "patch-t-bwdw-head", "windows-bwdw", "implicit-bwdd-blocks", "implicit-bwdd-panels",
          "implicit-bwdd-grouped",
-         "col2im-images", "winograd-bwdw-f2", "grouped-bwdw", "depthwise-bwdw-rows",
+         "col2im-images", "winograd-bwdw-f2", "winograd-bwdw-positions-f4", "grouped-bwdw", "depthwise-bwdw-rows",
          "depthwise-bwdd-rows")
 CASES += [Case(**{**c.__dict__, "id": c.id + "-f16", "dtype": "float16"})
           for c in CASES if c.id in _HALF]

@@ -147,6 +147,7 @@ def test_blocks_as_worker_tasks_match_reference(direction, tile_size, monkeypatc
         pytest.skip("needs two Numba threads")
     monkeypatch.setattr(config, "THREADS", 2)
     monkeypatch.setattr(W, "TILE_ROWS", 3)
+    monkeypatch.setattr(W, "POSITIONS_BELOW_TILES", 0)  # by tiles, with partials
     tile_size(2)
     rng = np.random.default_rng(11)
     isz, pb, pe = (9, 11), (1, 0), (2, 1)
@@ -160,6 +161,30 @@ def test_blocks_as_worker_tasks_match_reference(direction, tile_size, monkeypatc
     assert t["workers"] == 2 and -(-T // t["tile_rows"]) >= 4
     assert _run(direction, "float64", x, w, dy, isz, pb, pe) <= 1e-12
     assert _run(direction, "float32", x, w, dy, isz, pb, pe) <= R.WINOGRAD_TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_weight_gradient_split_by_position_for_many_workers(m, tile_size, monkeypatch):
+    """With few tiles per worker (16 workers), backward weights is split by position (each
+    task one position's product over every tile, for a block of C rows; then blocks of C
+    rows of the output transform): no partials, every dtype within tolerance, the same
+    bits twice."""
+    monkeypatch.setattr(W, "task_workers", lambda p: 16)
+    monkeypatch.setattr(W, "TILE_ROWS", 5)
+    tile_size(m)
+    rng = np.random.default_rng(12)
+    isz, pb, pe = (14, 13), (1, 0), (1, 1)
+    x, w, dy = _operands(rng, 2, isz, 64, 72, pb, pe)
+    plan = nc.plan("convolution_backprop_filters", x, w.shape, dy, strides=(1, 1),
+                   pads_begin=pb, pads_end=pe, strategy="winograd")
+    assert plan.tiles["split"] == "positions" and plan.tiles["m"] == m, plan
+    assert _run("bwd_w", "float64", x, w, dy, isz, pb, pe) <= 1e-12
+    for dtype in ("float32", "float16"):
+        assert _run("bwd_w", dtype, x, w, dy, isz, pb, pe) <= R.WINOGRAD_TOLERANCE[dtype]
+    kw = dict(strides=(1, 1), pads_begin=pb, pads_end=pe, strategy="winograd")
+    xs, dys = x.astype(np.float32), dy.astype(np.float32)
+    first = nc.convolution_backprop_filters(xs, w.shape[:2], dys, **kw)
+    assert np.array_equal(first, nc.convolution_backprop_filters(xs, w.shape[:2], dys, **kw))
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd_d", "bwd_w"])

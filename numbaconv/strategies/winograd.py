@@ -72,6 +72,14 @@ CHANNEL_BLOCK = 256
 #: transforms and the GEMMs (measured: docs/performance.md, Numbers behind the constants).
 #: 0: the whole problem in one block.
 TILE_ROWS = 256
+#: Backward weights with fewer tiles than this per worker split the work by position
+#: instead of by tiles (``tiles["split"] = "positions"``): every block's tiles transformed
+#: into one array per operand, then each task one position's product (a block of its C
+#: rows) over all the tiles, and each task a block of C rows of the output transform. By
+#: tiles, every worker would write an ``alpha^2 x C x K`` partial from a few tiles and the
+#: partials' sum would grow with the workers (16 workers over ResNet-50's res3b_branch2b:
+#: 16 partials of 2.4 MB, 25 tiles each).
+POSITIONS_BELOW_TILES = 64
 
 R_DEPTH = "kernel depth {kd} != 1"
 R_DEPTH_GEOMETRY = "depth stride, dilation or padding (depth joins the batch only without)"
@@ -186,7 +194,10 @@ class Winograd(Strategy):
         if workers > 1:  # whole rounds of blocks: the workers end together
             nblocks = -(-nblocks // workers) * workers
         rows = -(-T // nblocks)
-        return {"m": m, "tile_rows": rows, "threads": _threads(), "workers": workers}
+        tiles = {"m": m, "tile_rows": rows, "threads": _threads(), "workers": workers}
+        if p.direction == "bwd_w" and workers > 1 and T // workers < POSITIONS_BELOW_TILES:
+            tiles["split"] = "positions"
+        return tiles
 
     def workspace_bytes(self, p, tiles):
         """The transformed buffers: one block of tiles of each operand, and the transformed
@@ -197,6 +208,12 @@ class Winograd(Strategy):
         ck = p.ic * p.oc
         nw = min(int(tiles.get("workers", 1)), -(-n_tiles(p, m) // rows))
         n = nw * alpha * alpha * rows * (p.ic + p.oc) + alpha * alpha * ck + 3 * alpha * ck
+        if p.direction == "bwd_w" and tiles.get("split") == "positions":
+            # every tile of both operands transformed (and a row of slack each), and the
+            # product; no partials
+            T = n_tiles(p, m)
+            return (alpha * alpha * T * (p.ic + p.oc) + T * (p.ic + p.oc)
+                    + 2 * alpha * alpha * ck) * itemsize(p)
         if p.direction == "bwd_w":
             # a partial product per worker beyond the first, and one block's product each
             n += (nw - 1) * alpha * alpha * ck
@@ -252,6 +269,9 @@ class Winograd(Strategy):
         if p.direction == "bwd_w":
             x = ops["x"].reshape(nb, H, W, C)
             dy = ops["dy"].reshape(nb, OH, OW, K)
+            if tiles.get("split") == "positions":
+                return self._bwd_w_positions(p, x, dy, fwd_tiles, blocks,
+                                             int(tiles.get("workers", 1)), m, G, ct, T)
             vbuf, dbuf = Buffers(a2 * rows * C, ct), Buffers(a2 * rows * K, ct)
             # fixed ownership: the blocks in ``nw`` contiguous runs, one task per run adding
             # its blocks' products in order into its own partial, the partials added in
@@ -319,6 +339,60 @@ class Winograd(Strategy):
 
         run_tasks([block_task(t0, t1) for t0, t1 in blocks], nw)
         return dst
+
+
+    @staticmethod
+    def _bwd_w_positions(p, x, dy, fwd_tiles, blocks, nw, m, G, ct, T):
+        """Backward weights split by position (see ``POSITIONS_BELOW_TILES``): the blocks'
+        tiles transformed into ``V [a2, T, C]`` and ``D [a2, T, K]`` (block ``b`` writes
+        through a view that starts at its first tile; the slack past the end keeps the
+        view inside the buffer), ``M[xi] = V[xi]^T D[xi]`` over all the tiles per position
+        and block of C rows, then ``dw = G^T M G`` per block of C rows: every task writes
+        its own part of one result, so no partials are summed."""
+        C, K = p.ic, p.oc
+        alpha = m + 2
+        a2 = alpha * alpha
+        vflat = memory.empty(a2 * T * C + T * C, ct)
+        dflat = memory.empty(a2 * T * K + T * K, ct)
+
+        def transform_task(t0, t1):
+            def task(slot):
+                fwd_tiles(x, 0, vflat[t0 * C:t0 * C + a2 * T * C].reshape(a2, T, C),
+                          -p.pad_begin[1], -p.pad_begin[2], t0, t1)
+                fwd_tiles(dy, 1, dflat[t0 * K:t0 * K + a2 * T * K].reshape(a2, T, K),
+                          0, 0, t0, t1)
+            return task
+
+        run_tasks([transform_task(t0, t1) for t0, t1 in blocks], nw)
+        V = vflat[:a2 * T * C].reshape(a2, T, C)
+        D = dflat[:a2 * T * K].reshape(a2, T, K)
+        M = memory.empty((a2, C, K), ct)
+        # positions x blocks of C rows: at least two tasks per worker
+        parts = max(1, min(C // 16, -(-2 * nw // a2)))
+        cuts = [C * i // parts for i in range(parts + 1)]
+
+        def product_task(xi, c0, c1):
+            def task(slot):
+                np.matmul(V[xi, :, c0:c1].T, D[xi], out=M[xi, c0:c1])
+            return task
+
+        run_tasks([product_task(xi, cuts[i], cuts[i + 1]) for xi in range(a2)
+                   for i in range(parts)], nw)
+        # dw[r, s, c, k] = sum_a,b G^T[r, a] M[a, b, c, k] G^T[s, b], per block of C rows
+        GT = np.ascontiguousarray(G.T)
+        M4 = M.reshape(alpha, alpha, C, K)
+        dw = memory.empty((3, 3, C, K), ct)
+        nblk = max(1, min(C // 8, 2 * nw))
+        ccuts = [C * i // nblk for i in range(nblk + 1)]
+
+        def inverse_task(c0, c1):
+            def task(slot):
+                t = np.tensordot(GT, M4[:, :, c0:c1], axes=(1, 0))      # [r, b, c, k]
+                dw[:, :, c0:c1] = np.tensordot(t, GT, axes=(1, 1)).transpose(0, 3, 1, 2)
+            return task
+
+        run_tasks([inverse_task(ccuts[i], ccuts[i + 1]) for i in range(nblk)], nw)
+        return dw.reshape(1, 3, 3, C, K)
 
 
 STRATEGY = Winograd()
