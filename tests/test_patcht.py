@@ -208,3 +208,35 @@ def test_patch_t_declines_the_blas_engine(monkeypatch):
     plan = nc.plan("convolution_backprop_filters", x, (3, 3), dy, strides=1, pads_begin=1,
                    pads_end=1)
     assert plan.variant != "patch-t" and "GEMM_ENGINE" in str(plan)
+
+
+@pytest.mark.parametrize("cores", [4, 8, 16])
+def test_patch_t_shares_groups_among_many_threads(cores, monkeypatch):
+    """From ``GROUP_SPLIT_CORES`` cores on, grouped weight gradients share the groups among
+    the threads (each writes only its own groups' rows, with the rows of the output split
+    among what threads are left): the 4- and 3-group cases against the reference in every
+    dtype, inputs untouched, the same bits twice."""
+    import dataclasses
+
+    import numbaconv.machine
+    real = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, cores=cores))
+    for index, groups in ((10, 4), (11, 3)):
+        x, dy, k, _, attrs = _operands(CASES[index], "float32", 7)
+        plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy="gemm[patch-t]",
+                       **attrs)
+        assert plan.tiles.get("group_parts") == min(groups, cores), str(plan)
+        assert plan.tiles["chunks"] == max(1, cores // min(groups, cores)), plan
+        for dtype in ("float32", "float64", "float16"):
+            assert _run(CASES[index], dtype, seed=7) <= tolerance(dtype), (index, dtype)
+        kw = dict(strategy="gemm[patch-t]", **attrs)
+        first = nc.convolution_backprop_filters(x, k, dy, **kw)
+        assert np.array_equal(first, nc.convolution_backprop_filters(x, k, dy, **kw))
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, cores=patcht.GROUP_SPLIT_CORES - 1))
+    from numbaconv import planner
+    planner.clear_plan_cache()  # (the plans above were made for more cores)
+    x, dy, k, _, attrs = _operands(CASES[10], "float32", 7)
+    plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy="gemm[patch-t]", **attrs)
+    assert "group_parts" not in plan.tiles, plan

@@ -151,37 +151,42 @@ def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
         _t12_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
 
 
-def bwd_w(x, dy, part, geo, rb, shape, segs):
+def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1):
     """See :func:`bwd_w_kernel` (its address table added)."""
     name = "float16" if x.dtype == np.uint16 else dtype_name(part.dtype)
-    bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs)
+    bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs,
+                 np.int64(group_parts))
 
 
 @kernel(parallel=False)
-def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs):
+def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
-    the shares in parallel. ``x [mb, id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``:
+    each share's groups in ``group_parts`` contiguous parts, shares and parts in parallel
+    (every item writes its own groups' rows of its share's partial). ``x [mb, id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``:
     per group ``Cp`` input channels (a whole number of vectors) and ``Kp`` output channels
     (a whole number of the tile's rows), read in place (a copy with zeros past the
     channels where a single group's are not); ``x`` as float16 bits (uint16) for a float32
     ``part``, widened as it loads; ``part [chunks, g, Kp, taps*Cp]`` zeroed,
     its rows ``(group, output channel)`` and columns ``(tap, input channel)``; ``shape``
-    the register tile (an index into :data:`TILES`); ``segs [chunks, 3*rb]`` scratch.
-    Output rows go in blocks of ``rb``."""
-    par_for(_chunk, fns, part.shape[0], x, dy, part, geo, rb, shape, segs)
+    the register tile (an index into :data:`TILES`); ``segs [chunks*group_parts, 3*rb]``
+    scratch. Output rows go in blocks of ``rb``."""
+    par_for(_chunk, fns, part.shape[0] * group_parts, x, dy, part, geo, rb, shape, segs,
+            group_parts)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], int64[::1], "
-          "int64, int64, int64[:, ::1], int64)", noalias=True,
+          "int64, int64, int64[:, ::1], int64, int64)", noalias=True,
           float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
           float16=dict(S="uint16", T="float32"))
-def _chunk(x, dy, parts, geo, rb, shape, seg_all, j):
-    """Share ``j`` of :func:`bwd_w_kernel`'s output rows into its partial ``parts[j]``
-    (``seg_all[j]``: its segment lists)."""
+def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, j):
+    """Item ``j`` of :func:`bwd_w_kernel`: share ``j // group_parts`` of the output rows,
+    part ``j % group_parts`` of the groups, into that share's partial (``seg_all[j]``: its
+    segment lists)."""
     nch = parts.shape[0]
+    jr, jg = j // group_parts, j % group_parts
     rows = geo[0] * geo[10] * geo[11]
-    r0, r1 = rows * j // nch, rows * (j + 1) // nch
-    part, segs = parts[j], seg_all[j]
+    r0, r1 = rows * jr // nch, rows * (jr + 1) // nch
+    part, segs = parts[jr], seg_all[j]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -189,6 +194,7 @@ def _chunk(x, dy, parts, geo, rb, shape, seg_all, j):
     dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
     g = part.shape[0]
+    g0, g1 = g * jg // group_parts, g * (jg + 1) // group_parts
     kp = part.shape[1]
     ldc = part.shape[2]
     cp = ldc // (kd * kh * kw)
@@ -203,7 +209,7 @@ def _chunk(x, dy, parts, geo, rb, shape, seg_all, j):
     for rs in range(r0, r1, rb):
         re = min(r1, rs + rb)
         # group by group, so that a group's block of dy stays in L1 across the taps
-        for gi in range(g):
+        for gi in range(g0, g1):
             for t_d in range(kd):
                 for t_h in range(kh):
                     for t_w in range(kw):

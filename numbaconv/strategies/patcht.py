@@ -64,6 +64,11 @@ HEAD_TILE, HEAD_OUTPUTS, HEAD_INPUT_CHANNELS = 2, MIN_N, 64
 #: rows: the tile broadcasts from it for every tap and vector of input channels, so it
 #: stays in L1 (the block's other output channels wait in L2).
 BLOCK_BYTES = 16 * 1024
+#: Grouped weight gradients share their groups among the threads (``tiles["group_parts"]``)
+#: from this many cores on, instead of splitting the output rows into one partial of every
+#: group's dW per thread, zeroed and then summed on the calling thread. On 2 cores both
+#: ways measured alike, so 2-core plans keep the rows (docs/performance.md, "Many cores").
+GROUP_SPLIT_CORES = 4
 
 R_DIRECTION = "the patch-t variant is backward weights only"
 R_DEPTHWISE = "depthwise (groups == channels): one channel per group"
@@ -162,8 +167,15 @@ class PatchT(Strategy):
         shape = tile_shape(p)[0]
         # a tile's rows of dY (its output channels) over the block
         per_row = p.osz[2] * _kernels().TILES[shape][0] * itemsize(p)
-        return {"chunks": max(1, min(machine.cores, rows)),
-                "block_rows": max(1, BLOCK_BYTES // per_row), "tile": shape}
+        # from GROUP_SPLIT_CORES cores on, groups are shared out before rows: a share of
+        # the rows writes a partial of every group's dW, a part of the groups only its
+        # own rows of one
+        gparts = max(1, min(p.g, machine.cores)) if machine.cores >= GROUP_SPLIT_CORES else 1
+        tiles = {"chunks": max(1, min(machine.cores // gparts, rows)),
+                 "block_rows": max(1, BLOCK_BYTES // per_row), "tile": shape}
+        if gparts > 1:
+            tiles["group_parts"] = gparts
+        return tiles
 
     def workspace_bytes(self, p, tiles):
         cp, kp = padded(p, tiles["tile"])
@@ -199,8 +211,9 @@ class PatchT(Strategy):
         chunks = int(tiles["chunks"])
         rb = int(tiles["block_rows"])
         part = np.zeros((chunks, p.g, kp, taps * cp), ct)
-        segs = np.empty((chunks, 3 * rb), np.int64)
-        k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs)
+        gparts = int(tiles.get("group_parts", 1))
+        segs = np.empty((chunks * gparts, 3 * rb), np.int64)
+        k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs, gparts)
         acc = part[0]
         for j in range(1, chunks):  # in a fixed order: the same bits for the same inputs
             acc += part[j]
