@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize
-from ._gemm_common import MIN_N
+from ._gemm_common import MIN_N, sum_partials
 from .. import config, memory
 
 #: Output channels (of a group) it takes on any layer; beyond them, up to
@@ -214,9 +214,9 @@ class PatchT(Strategy):
         gparts = int(tiles.get("group_parts", 1))
         segs = np.empty((chunks * gparts, 3 * rb), np.int64)
         k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs, gparts)
-        acc = part[0]
-        for j in range(1, chunks):  # in a fixed order: the same bits for the same inputs
-            acc += part[j]
+        # in a fixed order (the same bits for the same inputs); on the workers from
+        # SUM_MIN_WORKERS threads on
+        acc = sum_partials(list(part), chunks * gparts)
         # [g, Kp, taps, Cp] -> [taps, icg, g, ocg]
         dw = acc[:, :p.ocg].reshape(p.g, p.ocg, taps, cp)[..., :p.icg].transpose(2, 3, 0, 1)
         return np.ascontiguousarray(dw).reshape(canonical_shapes(p)[2])
