@@ -189,6 +189,10 @@ def test_patch_t_takes_3d_volumes_with_many_outputs(monkeypatch):
     """3-D filters of 27+ taps over enough output positions take up to
     VOLUME_OUTPUT_CHANNELS outputs; a small volume (a short reduction into a large dW)
     does not."""
+    from numbaconv.machine import machine
+    if machine().vector_bytes < 64:
+        pytest.skip("256-bit vectors: at most NARROW_VECTOR_OUTPUTS outputs per group")
+
     def plan(n, oc=256, ic=64):
         x = np.zeros((1, n, n, n, ic), np.float32)
         dy = np.zeros((1, n, n, n, oc), np.float32)
@@ -240,3 +244,31 @@ def test_patch_t_shares_groups_among_many_threads(cores, monkeypatch):
     x, dy, k, _, attrs = _operands(CASES[10], "float32", 7)
     plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy="gemm[patch-t]", **attrs)
     assert "group_parts" not in plan.tiles, plan
+
+
+@pytest.mark.parametrize("vector_bytes", [32, 64])
+def test_patch_t_on_256_bit_vectors_takes_narrow_layers_only(vector_bytes, monkeypatch):
+    """With 256-bit vectors the entry takes at most NARROW_VECTOR_OUTPUTS output channels
+    per group and NARROW_VECTOR_GROUPS groups (the GEMM entries and direct[grouped] are
+    faster beyond); with 512-bit vectors both layers below are its."""
+    import dataclasses
+
+    import numbaconv.machine
+    real = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, vector_bytes=vector_bytes))
+
+    def why(ic, oc, g=1):
+        p = nc.problem.ConvProblem("bwd_w", 8, g, ic, oc, (1, 14, 14), (1, 3, 3),
+                                   (1, 14, 14), (1, 1, 1), (1, 1, 1), (0, 1, 1), (0, 1, 1),
+                                   2, "float32")
+        return patcht.STRATEGY.accepts(p)
+
+    assert why(128, 32) is None                          # DenseNet's growth layer
+    assert why(48, patcht.NARROW_VECTOR_OUTPUTS) is None
+    wide, grouped = why(64, 64), why(512, 512, g=32)     # 16 outputs a group, 32 groups
+    if vector_bytes == 64:
+        assert wide is None and grouped is None
+    else:
+        assert "256-bit vectors" in wide and "64 output channels" in wide
+        assert "256-bit vectors" in grouped and "32 group(s)" in grouped

@@ -69,9 +69,17 @@ BLOCK_BYTES = 16 * 1024
 #: group's dW per thread, zeroed and then summed on the calling thread. On 2 cores both
 #: ways measured alike, so 2-core plans keep the rows (docs/performance.md, "Many cores").
 GROUP_SPLIT_CORES = 4
+#: On hosts with 256-bit vectors (AVX2) the entry takes at most this many output channels
+#: per group and this many groups: beyond them the GEMM entries and ``direct[grouped]``
+#: are faster there (68 zoo and suite layers the planner gave it, each against the entry
+#: it goes ahead of: docs/performance.md, "CPU, AVX2 host").
+NARROW_VECTOR_OUTPUTS, NARROW_VECTOR_GROUPS = 48, 4
 
 R_DIRECTION = "the patch-t variant is backward weights only"
 R_DEPTHWISE = "depthwise (groups == channels): one channel per group"
+R_NARROW_VECTORS = ("{k} output channels in each of {g} group(s) with 256-bit vectors: the "
+                    "GEMM entries take more than {most} per group, direct[grouped] more than "
+                    "{groups} groups, faster")
 R_GROUP_VECTORS = ("{g} groups of {c} input and {k} output channels: not whole vectors and "
                    "tile rows (a group's channels are read in place)")
 R_WIDE = ("{k} output channels (> {most} {why}): the GEMMs with vectors across them are as "
@@ -140,6 +148,11 @@ class PatchT(Strategy):
             return R_DIRECTION
         if p.g > 1 and p.g == p.ic:
             return R_DEPTHWISE
+        from ..machine import machine
+        if machine().vector_bytes < 64 and (p.ocg > NARROW_VECTOR_OUTPUTS
+                                            or p.g > NARROW_VECTOR_GROUPS):
+            return R_NARROW_VECTORS.format(k=p.ocg, g=p.g, most=NARROW_VECTOR_OUTPUTS,
+                                           groups=NARROW_VECTOR_GROUPS)
         most, why = _most_outputs(p)
         if p.ocg > most:
             return R_WIDE.format(k=p.ocg, most=most, why=why)
