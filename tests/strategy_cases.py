@@ -162,7 +162,7 @@ CASES = [
        pads=((1, 1, 1), (1, 1, 1)), label="gemm[patch]"),
     _c("patch-bwdw-1d", "bwd_w", 1, 2, 13, 3, (40,), (5,), dilation=(2,), pads=((4,), (3,)),
        label="gemm[patch]"),
-    _c("patch-bwdw-wide", "bwd_w", 1, 24, 20, 2, (6, 40), (3, 3), pads=((1, 1), (1, 1)),
+    _c("patch-bwdw-wide", "bwd_w", 1, 16, 20, 2, (6, 40), (3, 3), pads=((1, 1), (1, 1)),
        strategy="gemm[patch]", label="gemm[patch]"),
     # no padding along w: the input rows read in place (the cases above copy them padded)
     _c("patch-bwdw-valid-w", "bwd_w", 1, 3, 20, 2, (7, 23), (3, 3), stride=(1, 2),

@@ -13,6 +13,22 @@ from numbaconv import config
 from numbaconv.strategies import patch
 from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
 
+
+
+@pytest.fixture(autouse=True)
+def wide_vector_planner(monkeypatch):
+    """The planner's model of a host with 512-bit vectors, where the entry's rules were
+    set and which its wider cases need (with 256-bit vectors it declines more than
+    ``NARROW_VECTOR_INPUTS`` input channels: ``test_patch_narrow_vectors``); the kernels
+    run at the host's own width either way."""
+    import dataclasses
+
+    import numbaconv.machine
+    real = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, vector_bytes=64))
+
+
 # (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
     # an RGB 3x3 stem at stride 2 (27 patch rows; one vector of output channels)
@@ -141,3 +157,24 @@ def test_patch_variant_declines_the_blas_engine(monkeypatch):
     plan = nc.plan("convolution_backprop_filters", x, (7,), dy, strides=1, pads_begin=0,
                    pads_end=0)
     assert plan.variant != "patch" and "GEMM_ENGINE" in str(plan)
+
+
+def test_patch_narrow_vectors(monkeypatch):
+    """With 256-bit vectors the entry takes at most NARROW_VECTOR_INPUTS input channels
+    (stems, narrow inputs); wider layers decline with the reason."""
+    import dataclasses
+
+    import numbaconv.machine
+    real = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, vector_bytes=32))
+
+    def why(ic, oc=64):
+        p = nc.problem.ConvProblem("bwd_w", 8, 1, ic, oc, (1, 1, 300), (1, 1, 3),
+                                   (1, 1, 298), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0),
+                                   1, "float32")
+        return patch.STRATEGY.accepts(p)
+
+    assert why(3) is None and why(patch.NARROW_VECTOR_INPUTS) is None
+    wide = why(patch.NARROW_VECTOR_INPUTS + 1)
+    assert "256-bit vectors" in wide and "17 input channels" in wide

@@ -45,6 +45,10 @@ MAX_POINTWISE_CHANNELS = 32
 #: past 128 im2col slabs feed a full-width GEMM (the 1-D encoders of speech models, 1 input
 #: channel against 512 outputs).
 MAX_OUTPUT_CHANNELS = 128
+#: On hosts with 256-bit vectors (AVX2) the most input channels: beyond them im2col slabs
+#: on BLAS were faster there on 19 of the 24 zoo layers it took (docs/performance.md,
+#: "CPU, AVX2 host"); stems (3 input channels) run 1.3-8.7x faster on it.
+NARROW_VECTOR_INPUTS = 16
 
 R_DIRECTION = "the patch variant is backward weights only"
 R_GROUPS = "{g} groups (one group only)"
@@ -58,6 +62,8 @@ R_SHORT = ("{c} input channels (> %d, not a stem) and {ow} output pixels per row
 R_ENDS = ("{c} input channels (> %d, not a stem) and {e} of the row's {ow} output pixels "
           "at its ends (> 1/%d), each copied per tap row" % (MAX_STEM_CHANNELS, END_SHARE))
 R_BLAS = "GEMM_ENGINE is 'blas' (the patch variant runs on the Numba engine)"
+R_NARROW_VECTORS = ("{c} input channels (> %d) with 256-bit vectors: im2col slabs on BLAS "
+                    "are faster" % NARROW_VECTOR_INPUTS)
 
 
 class Patch(Strategy):
@@ -77,6 +83,9 @@ class Patch(Strategy):
             return R_WIDE.format(k=p.oc)
         if math.prod(p.ksz) == 1 and p.ic > MAX_POINTWISE_CHANNELS:
             return R_POINTWISE.format(c=p.ic)
+        from ..machine import machine
+        if p.ic > NARROW_VECTOR_INPUTS and machine().vector_bytes < 64:
+            return R_NARROW_VECTORS.format(c=p.ic)
         if p.ic > MAX_STEM_CHANNELS:
             ow = p.osz[2]
             if ow < MIN_ROW_PIXELS:
