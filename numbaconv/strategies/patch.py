@@ -46,8 +46,8 @@ MAX_POINTWISE_CHANNELS = 32
 #: channel against 512 outputs).
 MAX_OUTPUT_CHANNELS = 128
 #: On hosts with 256-bit vectors (AVX2) the most input channels: beyond them im2col slabs
-#: on BLAS were faster there on 19 of the 24 zoo layers it took (docs/performance.md,
-#: "CPU, AVX2 host"); on stems (3 input channels) it is 1.3-8.7x faster.
+#: on BLAS are faster there, on stems this entry is (measured: docs/performance.md, "CPU,
+#: AVX2 host").
 NARROW_VECTOR_INPUTS = 16
 
 R_DIRECTION = "the patch variant is backward weights only"

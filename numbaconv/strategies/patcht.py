@@ -71,8 +71,7 @@ BLOCK_BYTES = 16 * 1024
 GROUP_SPLIT_CORES = 4
 #: On hosts with 256-bit vectors (AVX2) the entry takes at most this many output channels
 #: per group and this many groups: beyond them the GEMM entries and ``direct[grouped]``
-#: are faster there (68 zoo and suite layers the planner gave it, each against the entry
-#: it goes ahead of: docs/performance.md, "CPU, AVX2 host").
+#: are faster there (measured: docs/performance.md, "CPU, AVX2 host").
 NARROW_VECTOR_OUTPUTS, NARROW_VECTOR_GROUPS = 48, 4
 
 R_DIRECTION = "the patch-t variant is backward weights only"
