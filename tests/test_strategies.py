@@ -40,6 +40,18 @@ def small_slabs(monkeypatch):
     monkeypatch.setattr(config, "GEMM_MIN_ROWS", 7)
 
 
+def _bwd_w_plan(case, strategy):
+    """Zero operands of a weight-gradient case (batch 2), the plan ``strategy`` makes for
+    it, and the call's keyword arguments."""
+    g, ic, oc, isz, k, st, dl, pb, pe = case
+    x = np.zeros((2, *isz, ic), np.float32)
+    kw = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
+              strategy=strategy)
+    dy = nc.convolution(x, np.zeros((*k, ic // g, oc), np.float32),
+                        **{a: v for a, v in kw.items() if a != "strategy"})
+    return x, dy, nc.plan("convolution_backprop_filters", x, k, dy, **kw), kw
+
+
 def _run(direction, case, dtype, strategy, rng):
     g, ic, oc, isz, k, st, dl, pb, pe = case
     x = rng.standard_normal((2, *isz, ic))
@@ -240,12 +252,8 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
     rng = np.random.default_rng(5)
     for case in [(1, 40, 50, (9,), (3,), (1,), (1,), (1,), (0,)),
                  (2, 40, 48, (4, 5), (3, 3), (1, 2), (1, 1), (1, 0), (0, 1))]:
-        g, ic, oc, isz, k, st, dl, pb, pe = case
-        x = np.zeros((2, *isz, ic), np.float32)
-        dy = nc.convolution(x, np.zeros((*k, ic // g, oc), np.float32), strides=st,
-                            dilations=dl, pads_begin=pb, pads_end=pe, groups=g)
-        plan = nc.plan("convolution_backprop_filters", x, k, dy, strides=st, dilations=dl,
-                       pads_begin=pb, pads_end=pe, groups=g, strategy="gemm[split-dw]")
+        g = case[0]
+        plan = _bwd_w_plan(case, "gemm[split-dw]")[2]
         if nc.get_num_threads() > 1:
             assert plan.variant == "split-dw", plan
             if engine == "auto" and g == 1:
@@ -604,19 +612,13 @@ def test_gemm_slabs_many_workers_split_dw_rows(engine, monkeypatch):
                         ((1, 96, 64, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)), 4),
                         ((1, 20, 16, (6, 7, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1),
                           (1, 1, 1)), 2)]:
-        g, ic, oc, isz, k, st, dl, pb, pe = case
-        x = np.zeros((2, *isz, ic), np.float32)
-        dy = nc.convolution(x, np.zeros((*k, ic // g, oc), np.float32), strides=st,
-                            dilations=dl, pads_begin=pb, pads_end=pe, groups=g)
-        plan = nc.plan("convolution_backprop_filters", x, k, dy, strides=st, dilations=dl,
-                       pads_begin=pb, pads_end=pe, groups=g, strategy="gemm[slabs]")
+        x, dy, plan, kw = _bwd_w_plan(case, "gemm[slabs]")
         assert plan.tiles["workers"] == 16 and plan.tiles["col_parts"] == parts, plan
         for dtype in ("float32", "float16", "float64"):
             err = _run("bwd_w", case, dtype, "gemm[slabs]", rng)
             assert err <= R.TOLERANCE[dtype], (case, dtype)
         xs = rng.standard_normal(x.shape).astype(np.float32)
         dys = rng.standard_normal(dy.shape).astype(np.float32)
-        kw = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe, groups=g,
-                  strategy="gemm[slabs]")
+        k = case[4]
         first = nc.convolution_backprop_filters(xs, k, dys, **kw)
         assert np.array_equal(first, nc.convolution_backprop_filters(xs, k, dys, **kw))

@@ -162,8 +162,8 @@ def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1):
 def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     each share's groups in ``group_parts`` contiguous parts, shares and parts in parallel
-    (every item writes its own groups' rows of its share's partial). ``x [mb, id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``:
-    per group ``Cp`` input channels (a whole number of vectors) and ``Kp`` output channels
+    (every item writes its own groups' rows of its share's partial). ``x [mb, id, ih, iw,
+    g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``: per group ``Cp`` input channels (a whole number of vectors) and ``Kp`` output channels
     (a whole number of the tile's rows), read in place (a copy with zeros past the
     channels where a single group's are not); ``x`` as float16 bits (uint16) for a float32
     ``part``, widened as it loads; ``part [chunks, g, Kp, taps*Cp]`` zeroed,

@@ -398,10 +398,10 @@ class _Gemm(Strategy):
             return task
 
         def finish():
-            dw = np.empty(ws, ct)
             if g == 1 and col_parts == 1:
                 return sum_partials([acc[0, run, 0] for run in range(nruns)],
                                     mm.workers).reshape(ws)
+            dw = np.empty(ws, ct)
             dW5 = dw.reshape(len(taps), icg, g, ocg)
             for gi in range(g):
                 for b in range(col_parts):

@@ -340,7 +340,6 @@ class Winograd(Strategy):
         run_tasks([block_task(t0, t1) for t0, t1 in blocks], nw)
         return dst
 
-
     @staticmethod
     def _bwd_w_positions(p, x, dy, fwd_tiles, blocks, nw, m, G, ct, T):
         """Backward weights split by position (see ``POSITIONS_BELOW_TILES``): the blocks'
