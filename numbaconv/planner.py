@@ -12,7 +12,7 @@ Every kernel choice is one entry, ``family[variant]`` (``Plan.strategy`` is the 
 micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 
 * ``fwd``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
-  direct[depthwise-unrolled], direct[depthwise], direct
+  direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
 * ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[regions],
   gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im],
   direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
@@ -69,7 +69,8 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   dilation 1;
 * ``direct[depthwise-unrolled]``: depthwise 3x3, multiplier 1 (backward data: stride 1,
   no depth padding, >= 256 bytes of channels per pixel);
-* ``direct[depthwise-spans]``: depthwise, multiplier 1;
+* ``direct[depthwise-spans]``: depthwise, multiplier 1 (forward: column stride 1, at most
+  1 KiB of channels per pixel);
 * ``direct[depthwise]``: any depthwise problem;
 * ``direct``: everything.
 

@@ -255,6 +255,8 @@ CASES = [
        label="direct[depthwise-unrolled]"),
     _c("depthwise-fwd-m2", "fwd", 16, 16, 32, 2, (10, 10), (5, 5), pads=((2, 2), (2, 2)),
        label="direct[depthwise]"),
+    _c("depthwise-fwd-spans", "fwd", 32, 32, 32, 2, (10, 12), (5, 5), pads=((2, 2), (2, 1)),
+       label="direct[depthwise-spans]"),
     _c("depthwise-bwdd-rows", "bwd_d", 32, 32, 32, 2, (10, 10), (3, 3),
        pads=((1, 1), (1, 1)), label="direct[depthwise-rows]"),
     _c("depthwise-bwdd-unrolled", "bwd_d", 64, 64, 64, 2, (10, 10), (3, 3),

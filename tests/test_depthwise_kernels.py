@@ -13,8 +13,8 @@ from numbaconv.kernels.cpu import depthwise as k
 from numbaconv.kernels.cpu import depthwise_spans as ks
 from numbaconv.kernels.cpu import depthwise_rows as kr
 
-from reference import conv_bwd_data_ref, conv_bwd_filter_ref, normalized_error, out_shape, \
-    same_pads_nd, tolerance
+from reference import conv_bwd_data_ref, conv_bwd_filter_ref, conv_fwd_ref, normalized_error, \
+    out_shape, same_pads_nd, tolerance
 
 # (channels, input spatial, kernel, stride, dilation, pads_begin, pads_end, multiplier)
 CASES = {
@@ -113,6 +113,57 @@ def test_depthwise_backward_matches_reference(name, dtype):
     assert got.dtype == np.dtype(dtype)
     err = normalized_error(got, conv_bwd_filter_ref, x, dy, ks, **ref_attrs)
     assert err <= tolerance(dtype), f"bwd_w {name} {dtype}: {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[-1] == 1])
+def test_forward_span_driver_matches_reference(name, dtype):
+    """The forward pass on backward data's spans, called directly on every multiplier-1
+    case (strided and dilated ones too, which the planner leaves to the general loop
+    nest): Y from np.empty, every element written, with one, two and five row chunks."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    case = CASES[name]
+    x, w, _, attrs = _operands(case, dtype, seed=5)
+    p = nc.plan("convolution", x, w, **attrs).problem
+    xs, ys, ws = canonical_shapes(p)
+    want = conv_fwd_ref(x, w, stride=attrs["strides"], dilation=attrs["dilations"],
+                        pads_begin=attrs["pads_begin"], pads_end=attrs["pads_end"],
+                        groups=attrs["groups"])
+    for chunks in (1, 2, 5):
+        y = np.full(ys, np.nan, dtype)
+        ks.fwd_depthwise_m1(x.reshape(xs), w.reshape(ws), y, geo(p), chunks)
+        got = y.reshape(want.shape)
+        assert not np.isnan(got).any(), f"{name}: pixels left unwritten"
+        err = normalized_error(got, conv_fwd_ref, x, w, stride=attrs["strides"],
+                               dilation=attrs["dilations"], pads_begin=attrs["pads_begin"],
+                               pads_end=attrs["pads_end"], groups=attrs["groups"])
+        assert err <= tolerance(dtype), f"fwd {name} {dtype} chunks {chunks}: {err:.2e}"
+
+
+def test_forward_spans_rule():
+    """Forward takes the spans at column stride 1 up to SPANS_FWD_MAX_BYTES of channels per
+    pixel (3x3: the nine-term kernel first), the general loop nest otherwise; forced, the
+    entry names its reason."""
+    from numbaconv.strategies.depthwise import SPANS_FWD_MAX_BYTES
+
+    def forward(c, stride=1, k=5, dtype=np.float32):
+        x = np.zeros((1, 12, 12, c), dtype)
+        w = np.zeros((k, k, 1, c), dtype)
+        kw = dict(strides=stride, groups=c, pads_begin=k // 2, pads_end=k // 2)
+        return nc.plan("convolution", x, w, strategy="direct", **kw), kw, x, w
+
+    most = SPANS_FWD_MAX_BYTES // 4
+    assert _kernel(forward(most)[0]) == "spans"
+    assert _kernel(forward(most, k=7)[0]) == "spans"
+    assert _kernel(forward(most // 2, dtype=np.float64)[0]) == "spans"
+    assert _kernel(forward(most + 1)[0]) == "general"
+    assert _kernel(forward(most // 2 + 1, dtype=np.float64)[0]) == "general"
+    assert _kernel(forward(16, stride=2)[0]) == "general"
+    assert _kernel(forward(16, k=3)[0]) == "unrolled_3x3"
+    _, kw, x, w = forward(16, stride=(1, 2))
+    with pytest.raises(ValueError, match="column stride 2"):
+        nc.convolution(x, w, **{**kw, "strides": (1, 2)}, strategy="direct[depthwise-spans]")
 
 
 def test_wide_rows_driver_choice():

@@ -1,5 +1,6 @@
 """Depthwise span kernels for multiplier 1, with explicit SIMD: any kernel size, stride,
-dilation, padding and rank (backward data and backward weights).
+dilation, padding and rank (backward data and backward weights; the forward pass on
+backward data's spans, with X in dY's place).
 
 Canonical arrays as in :mod:`numbaconv.kernels`; the filter is ``[kd, kh, kw, 1, C]``.
 """
@@ -492,6 +493,102 @@ _bwd_d_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
 _bwd_d_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows)
 
 
+@helper
+def _column_ranges(iw, kw, sw, dw, pw, ow, lo_t, hi_t):
+    """Per column tap ``t_w`` of an output row of ``ow`` columns, the columns ``lo_t[t_w] <=
+    o_w < hi_t[t_w]`` whose input column ``o_w*sw - pw + t_w*dw`` lies inside the ``iw``
+    input columns; returns ``(lo, hi)``, the columns where every tap does (the interior
+    span; empty where ``lo == hi``)."""
+    lo = 0
+    hi = ow
+    for t_w in range(kw):
+        a = pw - t_w * dw  # input column o_w*sw - a
+        lo_t[t_w] = (a + sw - 1) // sw if a > 0 else 0
+        hi_t[t_w] = min(ow, (iw - 1 + a) // sw + 1) if iw - 1 + a >= 0 else 0
+        lo = max(lo, lo_t[t_w])
+        hi = min(hi, hi_t[t_w])
+    lo = min(lo, ow)
+    return lo, max(hi, lo)
+
+
+@helper
+def _input_row_taps(geo, r, roff, rw, wbase):
+    """The row taps (depth x height) of output row ``r`` (of ``mb*od*oh``) whose input row
+    lies inside the input: the input rows' offsets into ``roff`` and the filter rows'
+    offsets plus ``wbase`` into ``rw`` (elements); returns how many."""
+    C = geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh = geo[10], geo[11]
+    sd, sh = geo[13], geo[14]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    n = r // (od * oh)
+    o_d = (r // oh) % od
+    o_h = r % oh
+    nr = 0
+    for t_d in range(kd):
+        i_d = o_d * sd - pd + t_d * dd
+        if i_d < 0 or i_d >= id_:
+            continue
+        for t_h in range(kh):
+            i_h = o_h * sh - ph + t_h * dh
+            if i_h < 0 or i_h >= ih:
+                continue
+            roff[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
+            rw[nr] = wbase + (t_d * kh + t_h) * kw * C
+            nr += 1
+    return nr
+
+
+def _fwd_rows(x, w, y, geo, nchunks, chunk):
+    """The rows of Y in chunk ``chunk`` of ``nchunks`` (see :func:`fwd_depthwise_m1`): the
+    backward-data spans with X in dY's place. Per Y row, the row taps that reach it; its
+    interior (every column tap inside X) is one span, border pixels spans of one. The
+    column taps are listed last first, so that a span's pixel p reads X pixel p - k of
+    its tap k's table entry, as backward data's sliding blocks expect."""
+    mb, C, iw = geo[0], geo[1], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sw, dw, pw = geo[15], geo[18], geo[21]
+    rows = mb * od * oh
+    r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
+    it = y.itemsize
+    xb, wb, yb = x.ctypes.data, w.ctypes.data, y.ctypes.data
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    lo_t = np.empty(kw, np.int64)
+    hi_t = np.empty(kw, np.int64)
+    tx = np.empty(kw, np.int64)
+    tw = np.empty(kw, np.int64)
+    lo, hi = _column_ranges(iw, kw, sw, dw, pw, ow, lo_t, hi_t)
+    for r in range(r0, r1):
+        nr = _input_row_taps(geo, r, roff, rw, 0)
+        j = 0
+        while j < ow:
+            j1 = hi if lo <= j < hi else j + 1
+            nt = 0
+            for t_w in range(kw - 1, -1, -1):
+                if lo_t[t_w] <= j < hi_t[t_w]:
+                    tx[nt] = (j * sw - pw + t_w * dw) * C
+                    tw[nt] = t_w * C
+                    nt += 1
+            yp = yb + (r * ow + j) * C * it
+            if nr == 0 or nt == 0:
+                for p in range(j1 - j):
+                    for c in range(C):
+                        _store_zero(yp, p * C + c, y)
+            else:
+                _d_chunks(xb, wb, yp, roff, rw, nr, tx, tw, 0, nt, j1 - j, C, sw * C, C, 0, y)
+            j = j1
+
+
+#: the forward drivers: backward data's wide-row spans where its rule takes them
+_fwd_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
+    specialise(_fwd_rows, "wide", _d_chunks=_d_chunks_wide))
+_fwd_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_fwd_rows)
+
+
 def wide_rows(geo):
     """Whether backward data of ``geo`` takes the wide-row driver (column dilation 1): a
     kernel row of at least ``FOLD_TAPS`` taps in one stride phase, or of 5 or 7 taps at
@@ -507,13 +604,23 @@ def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
     bwd_d_m1_kernel(rows.table(dtype_name(dx.dtype)), dy, w, dx, geo, nchunks)
 
 
+def fwd_depthwise_m1(x, w, y, geo, nchunks):
+    """y = depthwise conv(x, w) for multiplier 1, any kernel, stride, dilation and padding:
+    :func:`bwd_d_m1_kernel` running the forward row driver (:func:`_fwd_rows`; the wide-row
+    one where :func:`wide_rows`), ``nchunks`` contiguous ranges of Y rows."""
+    rows = _fwd_rows_wide if wide_rows(geo) else _fwd_rows
+    bwd_d_m1_kernel(rows.table(dtype_name(y.dtype)), x, w, y, geo, nchunks)
+
+
 @kernel(parallel=False)
 def bwd_d_m1_kernel(fns, dy, w, dx, geo, nchunks):
     """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
     padding. Per dX row: the row taps that reach it; per column stride phase of the row:
     its column taps; the phase's interior (every column tap in range) is one span, its
     border pixels spans of one pixel. Threads take ``nchunks`` contiguous ranges of rows
-    (the loop nest is a separate serial helper, run over the chunks by ``par_for``)."""
+    (the loop nest is a separate serial helper, run over the chunks by ``par_for``). The
+    forward pass runs here too, with the forward driver's table (:func:`fwd_depthwise_m1`:
+    X, W and Y in the places of dY, W and dX)."""
     par_for(_bwd_d_rows, fns, nchunks, dy, w, dx, geo, nchunks)
 
 
@@ -522,13 +629,10 @@ def bwd_d_m1_kernel(fns, dy, w, dx, geo, nchunks):
 def _bwd_w_rows(x, dy, part, geo, ch):
     """The output rows of chunk ``ch`` (of ``part.shape[0]``) into the partial dW
     ``part[ch]`` (zeroed here)."""
-    mb, C = geo[0], geo[1]
-    id_, ih, iw = geo[4], geo[5], geo[6]
+    mb, C, iw = geo[0], geo[1], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh, sw = geo[13], geo[14], geo[15]
-    dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
+    sw, dw, pw = geo[15], geo[18], geo[21]
     rows = mb * od * oh
     nchunks = part.shape[0]
     r0, r1 = rows * ch // nchunks, rows * (ch + 1) // nchunks
@@ -543,32 +647,9 @@ def _bwd_w_rows(x, dy, part, geo, ch):
     hi_t = np.empty(kw, np.int64)
     tx = np.empty(kw, np.int64)
     tp = np.empty(kw, np.int64)
-    lo = 0
-    hi = ow
-    for t_w in range(kw):
-        a = pw - t_w * dw  # input column o_w*sw - a
-        lo_t[t_w] = (a + sw - 1) // sw if a > 0 else 0
-        hi_t[t_w] = min(ow, (iw - 1 + a) // sw + 1) if iw - 1 + a >= 0 else 0
-        lo = max(lo, lo_t[t_w])
-        hi = min(hi, hi_t[t_w])
-    lo = min(lo, ow)
-    hi = max(hi, lo)
+    lo, hi = _column_ranges(iw, kw, sw, dw, pw, ow, lo_t, hi_t)
     for r in range(r0, r1):
-        n = r // (od * oh)
-        o_d = (r // oh) % od
-        o_h = r % oh
-        nr = 0
-        for t_d in range(kd):
-            i_d = o_d * sd - pd + t_d * dd
-            if i_d < 0 or i_d >= id_:
-                continue
-            for t_h in range(kh):
-                i_h = o_h * sh - ph + t_h * dh
-                if i_h < 0 or i_h >= ih:
-                    continue
-                roff[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
-                rw[nr] = (ch * T + (t_d * kh + t_h) * kw) * C
-                nr += 1
+        nr = _input_row_taps(geo, r, roff, rw, ch * T * C)
         j = 0
         while nr > 0 and j < ow:
             j1 = hi if lo <= j < hi else j + 1

@@ -6,7 +6,8 @@ One planner entry per loop nest, best first:
   dilation 1: the register-blocked row kernels (:mod:`numbaconv.kernels.cpu.depthwise_rows`);
 * ``direct[depthwise-unrolled]``: forward 3x3, and backward data 3x3 at stride 1 over
   wide pixels: the nine-term kernels;
-* ``direct[depthwise-spans]``: backward passes with multiplier 1, any geometry;
+* ``direct[depthwise-spans]``: multiplier 1, any geometry (the forward pass on backward
+  data's spans);
 * ``direct[depthwise]``: every depthwise problem (any channel multiplier).
 """
 import math
@@ -90,6 +91,15 @@ R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
 SPANS_MIN_INTERIOR = 0.3
 R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
              "be border pixels")
+#: The forward pass on spans: column stride 1 (a strided span reads its X pixels apart and
+#: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and at
+#: most this many bytes of channels per pixel (wider, the general loop nest keeps up)
+#: (measured: docs/performance.md, Numbers behind the constants).
+SPANS_FWD_MAX_BYTES = 1024
+R_FWD_STRIDE = ("forward at column stride {s}: strided spans lose their sliding blocks; the "
+                "general loop nest is faster")
+R_FWD_WIDE = ("forward over {b} bytes of channels per pixel (> %d): the general loop nest "
+              "keeps up" % SPANS_FWD_MAX_BYTES)
 
 
 class DepthwiseDirect(Direct):
@@ -188,6 +198,9 @@ class DepthwiseDirect(Direct):
             if self.kernel == "unrolled_3x3":
                 y = memory.empty(ys, ct)
                 k.fwd_depthwise_3x3(ops["x"], ops["w"], y, g)
+            elif self.kernel == "spans":
+                y = memory.empty(ys, ct)
+                ks.fwd_depthwise_m1(ops["x"], ops["w"], y, g, tiles["chunks"])
             else:
                 y = memory.zeros(ys, ct)
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
@@ -283,11 +296,12 @@ class DepthwiseUnrolled(DepthwiseDirect):
 
 
 class DepthwiseSpans(DepthwiseDirect):
-    """Backward passes with multiplier 1, any geometry: one row tap at a time over spans
-    of channels, one contiguous range of rows per thread."""
+    """Multiplier 1, any geometry: spans of pixels that one table of taps reaches, over
+    vectors of channels, one contiguous range of rows per thread (the forward pass on
+    backward data's spans)."""
 
     variant = "depthwise-spans"
-    directions = ("bwd_d", "bwd_w")
+    directions = ("fwd", "bwd_d", "bwd_w")
     kernel = "spans"
 
     def accepts(self, p):
@@ -299,11 +313,16 @@ class DepthwiseSpans(DepthwiseDirect):
         n, ow = interior_columns(p), p.osz[-1]
         if n < SPANS_MIN_INTERIOR * ow:
             return R_BORDERS.format(n=n, ow=ow, f=SPANS_MIN_INTERIOR)
+        if p.direction == "fwd":
+            if p.stride[-1] != 1:
+                return R_FWD_STRIDE.format(s=p.stride[-1])
+            if p.ic * itemsize(p) > SPANS_FWD_MAX_BYTES:
+                return R_FWD_WIDE.format(b=p.ic * itemsize(p))
         return None
 
     def tiles(self, p, machine):
         t = super().tiles(p, machine)
-        if p.direction == "bwd_d":  # one contiguous range of dX rows per thread
+        if p.direction in ("fwd", "bwd_d"):  # one contiguous range of rows per thread
             t["chunks"] = max(1, min(machine.cores, t["rows"]))
         return t
 
