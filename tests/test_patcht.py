@@ -31,8 +31,10 @@ CASES = [
     (2, 256, 24, (9, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
     # more output rows than a block (several blocks per thread), 36 outputs
     (8, 32, 36, (20, 24), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
-    # 1x1 over a speech model's 1024 channels, 29 outputs (three tiles, the last padded)
-    (2, 1024, 29, (40,), (1,), (1,), (1,), (0,), (0,)),
+    # 1x1 over a speech model's 1024 channels, 29 outputs (three tiles, the last padded);
+    # at stride 2, which keeps it the entry's with 256-bit vectors too (at stride 1 there,
+    # gemm[identity]'s)
+    (2, 1024, 29, (40,), (1,), (2,), (1,), (0,), (0,)),
     # 16 output channels: the 16-row tile, no padding
     (2, 32, 16, (6, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
     # ResNeXt-like: 4 groups of 16 channels at stride 2 (groups read in place)
@@ -272,3 +274,33 @@ def test_patch_t_on_256_bit_vectors_takes_narrow_layers_only(vector_bytes, monke
     else:
         assert "256-bit vectors" in wide and "64 output channels" in wide
         assert "256-bit vectors" in grouped and "32 group(s)" in grouped
+
+
+@pytest.mark.parametrize("vector_bytes", [32, 64])
+def test_patch_t_leaves_wider_1x1_layers_to_blas_on_256_bit_vectors(vector_bytes, monkeypatch):
+    """With 256-bit vectors a 1x1 layer on the arrays themselves into more than
+    NARROW_VECTOR_1X1_OUTPUTS output channels is gemm[identity]'s (one BLAS GEMM); a padded
+    or strided 1x1 layer and one into fewer channels stay the entry's; 512-bit hosts keep
+    their rules."""
+    import dataclasses
+
+    import numbaconv.machine
+    real = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, vector_bytes=vector_bytes))
+
+    def why(ic, oc, stride=1, pad=0):
+        o = (14 + 2 * pad - 1) // stride + 1
+        p = nc.problem.ConvProblem("bwd_w", 8, 1, ic, oc, (1, 14, 14), (1, 1, 1),
+                                   (1, o, o), (1, stride, stride), (1, 1, 1), (0, pad, pad),
+                                   (0, pad, pad), 2, "float32")
+        return patcht.STRATEGY.accepts(p) or ""
+
+    most = patcht.NARROW_VECTOR_1X1_OUTPUTS
+    wider = why(120, most + 16)
+    assert "1x1" not in why(64, 16) and "1x1" not in why(120, most)
+    assert "1x1" not in why(120, most + 16, stride=2) and "1x1" not in why(120, most + 16, pad=1)
+    if vector_bytes == 64:
+        assert "gemm[identity]" not in wider
+    else:
+        assert "1x1 layer into 40 output channels" in wider and "gemm[identity]" in wider

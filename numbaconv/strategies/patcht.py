@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes, geo, itemsize
-from ._gemm_common import MIN_N, sum_partials
+from ._gemm_common import MIN_N, identity, sum_partials
 from .. import config, memory
 
 #: Output channels (of a group) it takes on any layer; beyond them, up to
@@ -73,8 +73,15 @@ GROUP_SPLIT_CORES = 4
 #: per group and this many groups: beyond them the GEMM entries and ``direct[grouped]``
 #: are faster there (measured: docs/performance.md, "CPU, AVX2 host").
 NARROW_VECTOR_OUTPUTS, NARROW_VECTOR_GROUPS = 48, 4
+#: ... and of a 1x1 layer whose GEMM operands are the arrays themselves, at most this many
+#: output channels: from 32 on, one BLAS GEMM on the arrays (``gemm[identity]``) is
+#: 1.2-1.8x faster there; at 16 the entry is 1.5x ahead over 32-64 input channels
+#: (measured: docs/performance.md, "CPU, AVX2 host").
+NARROW_VECTOR_1X1_OUTPUTS = 24
 
 R_DIRECTION = "the patch-t variant is backward weights only"
+R_NARROW_1X1 = ("a 1x1 layer into {k} output channels (> {most}) with 256-bit vectors: one "
+                "BLAS GEMM on the arrays themselves (gemm[identity]) is faster")
 R_DEPTHWISE = "depthwise (groups == channels): one channel per group"
 R_NARROW_VECTORS = ("{k} output channels in each of {g} group(s) with 256-bit vectors: the "
                     "GEMM entries take more than {most} per group, direct[grouped] more than "
@@ -152,6 +159,9 @@ class PatchT(Strategy):
                                             or p.g > NARROW_VECTOR_GROUPS):
             return R_NARROW_VECTORS.format(k=p.ocg, g=p.g, most=NARROW_VECTOR_OUTPUTS,
                                            groups=NARROW_VECTOR_GROUPS)
+        if (machine().vector_bytes < 64 and identity(p)
+                and p.oc > NARROW_VECTOR_1X1_OUTPUTS):
+            return R_NARROW_1X1.format(k=p.oc, most=NARROW_VECTOR_1X1_OUTPUTS)
         most, why = _most_outputs(p)
         if p.ocg > most:
             return R_WIDE.format(k=p.ocg, most=most, why=why)
