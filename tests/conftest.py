@@ -9,6 +9,20 @@ import pytest
 # processes tests start (tests/test_ahead.py turns it on where it tests it).
 os.environ["NUMBACONV_COMPILE_AHEAD"] = "0"
 
+#: The files that take longest with an empty kernel cache (worker seconds on a 2-core host,
+#: 2026-11-27: test_cuda 149, test_strategies 88, test_depthwise_kernels 87, test_cuda_ptx
+#: 45, test_readonly 40, the next four 22-29; the other 50 files 2-14 each), longest
+#: first. ``--dist loadfile`` hands files to the workers in collection order: run these
+#: first, so that the run ends on short files rather than on one worker's long one.
+LONGEST_FILES = ("test_cuda.py", "test_strategies.py", "test_depthwise_kernels.py",
+                 "test_cuda_ptx.py", "test_readonly.py", "test_winograd.py", "test_ahead.py",
+                 "test_determinism.py", "test_dask.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order
+
 
 @pytest.fixture(scope="session")
 def rng():
