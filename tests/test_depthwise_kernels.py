@@ -518,6 +518,31 @@ def test_row_kernels_every_row_width(stride, pads):
                                    err_msg=f"backward weights, width {width}")
 
 
+@pytest.mark.parametrize("vector_bytes", [32, 64])
+def test_row_kernels_stream_dx_only_in_whole_lines(vector_bytes, monkeypatch):
+    """A dX beyond the streaming threshold is streamed where one vector store fills a cache
+    line (64-byte vectors), not with 32-byte vectors (half lines), nor in float16."""
+    import dataclasses
+
+    import numbaconv.machine
+    from numbaconv.strategies.depthwise import STREAM_MIN_VECTOR_BYTES
+    real = numbaconv.machine.machine()
+    # an L3 of 64 KiB: the problem below is past the streaming threshold on any host
+    monkeypatch.setattr(numbaconv.machine, "machine", lambda: dataclasses.replace(
+        real, vector_bytes=vector_bytes, l3_bytes=64 * 1024))
+
+    def stream(dtype):
+        dy = np.zeros((2, 16, 16, 32), dtype)
+        w = np.zeros((3, 3, 1, 32), dtype)
+        plan = nc.plan("convolution_backprop_data", dy, w, (16, 16), strides=1, pads_begin=1,
+                       pads_end=1, groups=32, strategy="direct[depthwise-rows]")
+        return plan.tiles["stream"]
+
+    assert stream(np.float32) == (vector_bytes >= STREAM_MIN_VECTOR_BYTES)
+    assert stream(np.float64) == (vector_bytes >= STREAM_MIN_VECTOR_BYTES)
+    assert not stream(np.float16)
+
+
 def _aligned_nan(shape, dtype, offset=0):
     """A NaN-filled array on a 64-byte boundary (plus ``offset`` elements)."""
     n = int(np.prod(shape))

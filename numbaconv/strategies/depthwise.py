@@ -69,6 +69,11 @@ def _prefetch(p, machine):
 #: (measured: docs/performance.md, Numbers behind the constants).
 HEAD_MIN_VECTORS = 8
 ALIGN_DX_L3_FRACTION = 0.25
+#: The row kernels stream a large dX (non-temporal stores) only where one vector store fills
+#: a cache line: a 32-byte store writes half a line, and the line's halves, one row kernel's
+#: channel vector apart, reach memory as partial lines. With 256-bit vectors streaming made
+#: backward data 1.1-1.6x slower (measured: docs/performance.md, "CPU, AVX2 host").
+STREAM_MIN_VECTOR_BYTES = 64
 
 
 def _wide(p, machine):
@@ -263,9 +268,11 @@ class DepthwiseRows(DepthwiseDirect):
             t["align"] = _wide(p, machine)
             return t
         t["chunks"] = max(1, min(machine.cores, t["rows"]))  # dX rows per thread
-        # a large dX streamed past the caches (float16 dX: half lines, not streamed)
-        t["stream"] = (p.dtype != "float16" and streams(
-            p.mb * (math.prod(p.isz) + math.prod(p.osz)) * p.ic, p, machine))
+        # a large dX streamed past the caches, where a vector store fills a cache line
+        # (float16 dX and 256-bit vectors: half lines, not streamed)
+        t["stream"] = (p.dtype != "float16"
+                       and machine.vector_bytes >= STREAM_MIN_VECTOR_BYTES and streams(
+                           p.mb * (math.prod(p.isz) + math.prod(p.osz)) * p.ic, p, machine))
         dx_bytes = p.mb * math.prod(p.isz) * p.ic * itemsize(p)
         t["align"] = (_wide(p, machine)
                       and dx_bytes < machine.l3_bytes * ALIGN_DX_L3_FRACTION)
