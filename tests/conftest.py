@@ -10,13 +10,17 @@ import pytest
 os.environ["NUMBACONV_COMPILE_AHEAD"] = "0"
 
 #: The files that take longest with an empty kernel cache (worker seconds on a 2-core host,
-#: 2026-11-27: test_cuda 149, test_strategies 88, test_depthwise_kernels 87, test_cuda_ptx
-#: 45, test_readonly 40, the next four 22-29; the other 50 files 2-14 each), longest
-#: first. ``--dist loadfile`` hands files to the workers in collection order: run these
-#: first, so that the run ends on short files rather than on one worker's long one.
-LONGEST_FILES = ("test_cuda.py", "test_strategies.py", "test_depthwise_kernels.py",
-                 "test_cuda_ptx.py", "test_readonly.py", "test_winograd.py", "test_ahead.py",
-                 "test_determinism.py", "test_dask.py")
+#: 2026-11-27: test_cuda 172, test_strategies 159, test_readonly 101,
+#: test_depthwise_kernels 83, test_winograd 39, test_cuda_ptx 38, the next four 14-24; the
+#: other 50 files at most 12 each), longest first. ``--dist loadfile`` with
+#: ``--no-loadscope-reorder`` (pyproject.toml) hands files to the workers in collection
+#: order: run these first, so that the run ends on short files rather than on one worker's
+#: long one. (Without ``--no-loadscope-reorder``, pytest-xdist orders files by their number
+#: of tests, and test_cuda's few long tests started last, 110 s after the other worker
+#: had finished.)
+LONGEST_FILES = ("test_cuda.py", "test_strategies.py", "test_readonly.py",
+                 "test_depthwise_kernels.py", "test_winograd.py", "test_cuda_ptx.py",
+                 "test_determinism.py", "test_dask.py", "test_threads.py", "test_separate.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
