@@ -1,4 +1,5 @@
-"""A fix for numba's CUDA simulator, applied in the children that run kernels in it.
+"""Two fixes for numba's CUDA simulator, applied in the children that run kernels in it
+(:func:`setup`).
 
 The simulator gives the threads of a block one array per ``cuda.shared.array`` source line,
 looked up in a dict and created on a miss (``FakeCUDAShared.array``: get, then ``np.empty``,
@@ -6,13 +7,77 @@ then set). Its threads are Python threads, so two of them can both miss and each
 an array of its own: a tile loaded by one thread is then not seen by the others, and a
 kernel that is correct on a GPU gives a wrong result, rarely and at random (the split-K
 backward-data GEMM, for one). :func:`lock_shared_arrays` makes the lookup
-and the creation one step under a lock. Nothing changes on a GPU or in numbaconv itself.
+and the creation one step under a lock.
+
+The simulator runs each block's threads as Python threads (256 for the GEMM tiles), and
+the launching thread polls them without pause until they finish, holding the interpreter
+lock for the rest of each switch interval: the block's threads start and run slowly
+(one test's launches: 51 s of CPU). :func:`yielding_poll` polls every ``POLL_SECONDS``
+and sleeps in between (37 s). Nothing changes on a GPU or in numbaconv itself.
 """
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
+
+
+#: How often the launching thread looks at a simulated block's threads.
+POLL_SECONDS = 0.0005
+
+
+def setup():
+    """Both fixes (no-op off the simulator)."""
+    lock_shared_arrays()
+    yielding_poll()
+
+
+def yielding_poll(cls=None):
+    """Replace the simulator's polling of a block's threads by one that sleeps between
+    looks (no-op off the simulator); ``cls``: patch this class instead (a test's copy).
+    What it does is the simulator's: start a thread per point of the block; whenever
+    every live thread waits in ``syncthreads``, release them all; when one has raised,
+    abort the others and raise its exception."""
+    from numba import config
+    if cls is None and not config.ENABLE_CUDASIM:
+        return
+    try:
+        from numba.cuda.simulator import kernel
+    except ImportError:  # pragma: no cover (a simulator laid out differently)
+        return
+    cls = kernel.BlockManager if cls is None else cls
+    if getattr(cls, "_polled_by_numbaconv_tests", False):
+        return
+
+    def release(threads):
+        for t in threads:
+            t.syncthreads_blocked = False
+            t.syncthreads_event.set()
+
+    def run(self, grid_point, *args):
+        def body():
+            self._f(*args)
+
+        threads = [kernel.BlockThread(body, self, grid_point, point, self._debug)
+                   for point in np.ndindex(*self._block_dim)]
+        for t in threads:
+            t.start()
+        live = threads
+        while live:
+            time.sleep(POLL_SECONDS)
+            failed = next((t for t in threads if t.exception), None)
+            if failed is not None:
+                for t in threads:
+                    t.abort = True
+                release(threads)
+                raise failed.exception[0].with_traceback(failed.exception[1])
+            live = [t for t in live if t.is_alive()]
+            if live and all(t.syncthreads_blocked for t in live):
+                release(live)
+
+    cls.run = run
+    cls._polled_by_numbaconv_tests = True
 
 
 def lock_shared_arrays(cls=None):

@@ -231,14 +231,13 @@ def _run_case(case):
 
 
 #: Run first by every child that may run kernels in the simulator (see tests/_cudasim.py).
-_SIM_PRELUDE = ("import sys; sys.path.insert(0, 'tests'); import _cudasim; "
-                "_cudasim.lock_shared_arrays()\n")
+_SIM_PRELUDE = "import sys; sys.path.insert(0, 'tests'); import _cudasim; _cudasim.setup()\n"
 
 
 def _child(group):
     sys.path.insert(0, os.path.dirname(HERE))
     import _cudasim
-    _cudasim.lock_shared_arrays()
+    _cudasim.setup()
     failures = []
     for case in _groups()[group]:
         why = _run_case(case)
@@ -555,6 +554,60 @@ def test_simulator_shared_arrays_are_one_per_block_line():
     locked = type("Locked", (kernelapi.FakeCUDAShared,), {})
     _cudasim.lock_shared_arrays(locked)
     assert arrays(locked, _cudasim) == 1
+
+
+_POLL_CODE = """
+import numpy as np
+from numba import cuda, float32
+from numba.cuda.simulator import kernel
+assert kernel.BlockManager._polled_by_numbaconv_tests
+
+
+@cuda.jit
+def tree_sum(a, out):  # a block's sum through shared memory: one barrier per level
+    s = cuda.shared.array(64, float32)
+    i = cuda.threadIdx.x
+    s[i] = a[cuda.blockIdx.x * 64 + i]
+    cuda.syncthreads()
+    step = 32
+    while step > 0:
+        if i < step:
+            s[i] += s[i + step]
+        cuda.syncthreads()
+        step //= 2
+    if i == 0:
+        out[cuda.blockIdx.x] = s[0]
+
+
+@cuda.jit
+def fails(a):
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 5:
+        a[a.size + 100] = 1.0  # out of bounds: the simulator raises IndexError
+    cuda.syncthreads()
+
+
+a = np.arange(192, dtype=np.float32)
+out = np.zeros(3, np.float32)
+tree_sum[3, 64](a, out)
+assert np.array_equal(out, a.reshape(3, 64).sum(axis=1)), out
+try:
+    fails[2, 32](np.zeros(4, np.float32))
+except IndexError:
+    print("raised")
+"""
+
+
+def test_simulator_polls_blocks_and_keeps_their_semantics():
+    """The children's other fix (tests/_cudasim.py): the simulator's polling of a
+    block's threads, replaced by one that sleeps between looks, still releases every
+    ``syncthreads`` (a tree sum over 64 threads: one barrier per level) and still raises
+    the exception of a thread that fails between two barriers."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    r = subprocess.run([sys.executable, "-c", _SIM_PRELUDE + _POLL_CODE], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split()[-1] == "raised", r.stdout
 
 
 def test_import_needs_no_cuda():
