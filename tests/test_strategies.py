@@ -266,10 +266,11 @@ def test_gemm_short_reduction_splits_dw(engine, monkeypatch):
 
 @pytest.mark.parametrize("vector_bytes", [64, 32])
 def test_gemm_engine_auto_choice(vector_bytes, monkeypatch, without_patch_t):
-    """"auto", as measured per host: on both the Numba engine for 1x1 backward data with a
-    short reduction (few output channels) or a packed W^T that fits half of L2; with
-    AVX-512 also for tall backward-weights reductions and for every 1x1 stride-1 weight
-    gradient (split-K in one parallel region); BLAS elsewhere."""
+    """"auto", as measured per host: on both the Numba engine for 1x1 backward data whose
+    packed W^T fits half of L2; with AVX-512 also for 1x1 backward data with a short
+    reduction (few output channels) whatever W^T's size, for tall backward-weights
+    reductions and for every 1x1 stride-1 weight gradient (split-K in one parallel
+    region); BLAS elsewhere."""
     from numbaconv.kernels.cpu import ukernel
     from numbaconv.strategies import igemm
     monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
@@ -293,12 +294,16 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch, without_patch_t):
                    (28, 28), **kw)
     huge = nc.plan("convolution_backprop_data", dy_wide, np.zeros((1, 1, 4096, 256), np.float32),
                    (28, 28), **kw)
-    engines = [p.tiles["engine"] for p in (tall, short, short1, data, wide, huge)]
+    # a short reduction (64 output channels) into many input channels over few pixels:
+    # W^T (1 MiB) does not fit
+    short_wide = nc.plan("convolution_backprop_data", dy[:, :7, :7],
+                         np.zeros((1, 1, 4096, 64), np.float32), (7, 7), **kw)
+    engines = [p.tiles["engine"] for p in (tall, short, short1, data, wide, huge, short_wide)]
     if vector_bytes == 64:
-        assert engines == ["numba", "blas", "numba", "numba", "numba", "blas"]
+        assert engines == ["numba", "blas", "numba", "numba", "numba", "blas", "numba"]
         assert tall.variant == short1.variant == "split-k"
     else:
-        assert engines == ["blas", "blas", "blas", "numba", "numba", "blas"]
+        assert engines == ["blas", "blas", "blas", "numba", "numba", "blas", "blas"]
     assert wide.variant == "claimed" and huge.variant != "claimed"
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"

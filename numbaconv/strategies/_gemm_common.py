@@ -129,12 +129,13 @@ UK_KC = 256
 #: stay on BLAS there, except the short or claimed 1x1 backward data below (measured:
 #: docs/performance.md, Numbers behind the constants).
 UK_MIN_ROWS = 16384
-#: "auto" on AVX2 hosts (a 6 x 16 register tile instead of 6 x 64) keeps backward weights on
-#: BLAS and picks the Numba engine for 1x1 backward data with at most this many output
+#: "auto" picks the Numba engine for 1x1 backward data with at most this many output
 #: channels (the GEMM's reduction), where OpenBLAS's packing of the tall dY outweighs a
 #: short reduction, and for longer reductions where the workers claim row blocks of one
-#: packed W^T that fits (``claims``) (measured: docs/performance.md, Numbers behind the
-#: constants).
+#: packed W^T that fits (``claims``). On AVX2 hosts (a 6 x 16 register tile instead of
+#: 6 x 64) it keeps backward weights on BLAS, and the short reductions too where W^T
+#: does not fit (``claims`` false: few pixels, many input channels), where OpenBLAS ran
+#: 1.3-2.0x faster (measured: docs/performance.md, Numbers behind the constants).
 UK_MAX_SHORT_K = 128
 
 
@@ -187,11 +188,9 @@ def choose_engine(p, machine):
     if narrow_blas(p):  # a few result columns: BLAS streams the operands
         return "blas"
     from ..kernels.cpu.ukernel import VECTOR_BYTES
-    short_1x1 = (p.direction == "bwd_d" and (p.g == 1 or grouped_identity(p))
-                 and math.prod(p.ksz) == 1
-                 and (p.ocg <= UK_MAX_SHORT_K or claims(p, machine)))
-    if short_1x1:
-        return "numba"
+    if p.direction == "bwd_d" and (p.g == 1 or grouped_identity(p)) and math.prod(p.ksz) == 1:
+        if claims(p, machine) or (p.ocg <= UK_MAX_SHORT_K and VECTOR_BYTES >= 64):
+            return "numba"
     if VECTOR_BYTES >= 64:
         if p.direction == "bwd_w" and (identity(p) or grouped_identity(p)):
             return "numba"  # split-K in one parallel region (per group)
