@@ -63,6 +63,20 @@ def cache_path():
     return os.path.join(d, "tune.json")
 
 
+def cache_stamp():
+    """The version of the cache file as it is now: its path, inode, size and modification
+    time (the file is only ever replaced whole, so every save gives it a new inode), or
+    the path alone where it cannot be looked at. The planner keeps a process's tuned plans
+    while this stays the same (:func:`numbaconv.planner.make_plan`): a call with
+    ``tune=True`` then costs a ``stat`` instead of reading and parsing the file."""
+    path = cache_path()
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _host_key(machine, threads):
     import numba
     from ._version import __version__
@@ -207,6 +221,12 @@ def _write(path, entries):
         raise
 
 
+#: How a failed save's problem starts, and what a tuned plan's reason then says: the
+#: planner does not keep such a plan in memory, so that the next call tunes and saves again.
+_SAVE_FAILED = "tuned result not saved"
+NOT_SAVED = ", not saved"
+
+
 def _save(path, key, entry):
     """Merge ``{key: entry}`` into the file as it is now, under the inter-process lock.
     Returns the problems met (a list, empty when all went well). Never raises."""
@@ -215,13 +235,13 @@ def _save(path, key, entry):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with _file_lock(lock_path, LOCK_TIMEOUT) as locked:
             if not locked:
-                return [f"tuned result not saved: {lock_path} was held by another process for "
+                return [f"{_SAVE_FAILED}: {lock_path} was held by another process for "
                         f"{LOCK_TIMEOUT:g} s (delete it if no other process is tuning)"]
             entries, problem = _read(path)
             entries[key] = entry
             _write(path, entries)
     except Exception as exc:
-        return [f"tuned result not saved ({_short(exc)})"]
+        return [f"{_SAVE_FAILED} ({_short(exc)})"]
     return [problem] if problem else []
 
 
@@ -265,9 +285,10 @@ def tuned_choice(problem, accepted, threads, machine):
         ops = _random_operands(problem)
         times = {label(s): time_strategy(s, problem, machine, ops) for s in accepted}
         best = min(times, key=times.get)
-        problems += [p for p in _save(path, key, {"strategy": best, "seconds": times})
-                     if p not in problems]
+        failed = _save(path, key, {"strategy": best, "seconds": times})
+        saved = not any(p.startswith(_SAVE_FAILED) for p in failed)
+        problems += [p for p in failed if p not in problems]
         if problems:
             _warn(path, problems)
     shown = ", ".join(f"{n} {t * 1e3:.3g} ms" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
-    return names[best], f"tuned now ({shown})"
+    return names[best], f"tuned now{'' if saved else NOT_SAVED} ({shown})"

@@ -35,12 +35,46 @@ def test_tune_times_once_then_uses_cache(tune_dir, monkeypatch):
 
     monkeypatch.setattr(tune, "time_strategy", no_timing)
     p2 = nc.plan("conv2d_backprop_filter", *_args(), tune=True)
+    assert p2 is p1  # kept in memory while the file stays as this process saved it
+    from numbaconv import planner
+    planner.clear_plan_cache()
+    p2 = nc.plan("conv2d_backprop_filter", *_args(), tune=True)  # read from the file
     assert (p2.strategy, p2.variant) == (p1.strategy, p1.variant) and "cached" in p2.reason
     # the op itself runs with the tuned plan and gives the right answer
     x, fs, dy, s, pad = _args()
     got = nc.conv2d_backprop_filter(x, fs, dy, s, pad, tune=True)
     ref = nc.conv2d_backprop_filter(x, fs, dy, s, pad, strategy="direct")
     np.testing.assert_allclose(got, ref, rtol=1e-5)
+
+
+def test_tuned_calls_read_the_file_only_when_it_changed(tune_dir, monkeypatch):
+    """A tuned plan is kept in memory with the version of the file it was made under: the
+    calls that follow neither time nor read the file; once another process has replaced
+    the file (here: a different winner for this problem), the next call plans from it."""
+    args = _args()
+    first = nc.plan("conv2d_backprop_filter", *args, tune=True)
+    reads = []
+    real_read = tune._read
+    monkeypatch.setattr(tune, "_read", lambda path: (reads.append(path), real_read(path))[1])
+    x, fs, dy, s, pad = args
+    for _ in range(3):
+        got = nc.conv2d_backprop_filter(x, fs, dy, s, pad, tune=True)
+        assert nc.plan("conv2d_backprop_filter", *args, tune=True) is first
+    assert reads == []
+    np.testing.assert_allclose(got, nc.conv2d_backprop_filter(x, fs, dy, s, pad,
+                                                               strategy="direct"), rtol=1e-5)
+    path = tune_dir / "tune.json"
+    data = json.loads(path.read_text())
+    (key,) = data["entries"]
+    other = next(n for n in data["entries"][key]["seconds"]
+                 if n != data["entries"][key]["strategy"])
+    data["entries"][key]["strategy"] = other
+    tmp = tune_dir / "other-process.json"  # replaced whole, as every writer does
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+    again = nc.plan("conv2d_backprop_filter", *args, tune=True)
+    assert reads == [str(path)] and "cached" in again.reason
+    assert again.strategy + (f"[{again.variant}]" if again.variant else "") == other
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": "other"}), "[]"])
