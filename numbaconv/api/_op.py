@@ -241,25 +241,33 @@ def op(parse):
             tune = _arg(args, kwargs, "tune")
             stream = _arg(args, kwargs, "stream")
             precision = _arg(args, kwargs, "precision")
-            if entry is not None and (tune is None or tune is False) and not config.VERBOSE:
+            if entry is not None and not config.VERBOSE:
                 device = entry[3]
                 if device is None:  # (the call's first run; TypeError when host and device mix)
                     device = entry[3] = cuda.on_device(operands, out)
                 if not device and stream is None and precision is None:
-                    # a memoised host call (strategy= and out's shape in the key): its plan,
-                    # made for the present threads and planner settings
-                    # (one slot, replaced whole: Python threads may differ in Numba's threads)
-                    pkey = (runtime.threads(), planner._settings())
-                    kept = entry[2]
-                    if kept is None or kept[0] != pkey:
-                        kept = (pkey, planner.make_plan(problem, strategy=_arg(args, kwargs,
-                                                                               "strategy"),
-                                                        device="cpu"))
-                        entry[2] = kept
+                    strategy = _arg(args, kwargs, "strategy")
+                    untuned = tune is None or tune is False
+                    if not untuned:
+                        # tune=True (checked by the planner): the planner keeps the tuned
+                        # plan while the tuning cache file is unchanged (one stat)
+                        the_plan = planner.make_plan(problem, strategy=strategy, tune=tune,
+                                                     device="cpu")
+                    else:
+                        # a memoised host call (strategy= and out's shape in the key): its
+                        # plan, made for the present threads and planner settings (one
+                        # slot, replaced whole: Python threads may differ in Numba's threads)
+                        pkey = (runtime.threads(), planner._settings())
+                        kept = entry[2]
+                        if kept is None or kept[0] != pkey:
+                            kept = (pkey, planner.make_plan(problem, strategy=strategy,
+                                                            device="cpu"))
+                            entry[2] = kept
+                        the_plan = kept[1]
                     # without config.THREADS the plan's threads are the calling thread's own
-                    return cpu.execute(kept[1], operands, out=out,
+                    return cpu.execute(the_plan, operands, out=out,
                                        threads_current=not config.THREADS)
-                if device:
+                if device and (tune is None or tune is False):
                     # a memoised device call (strategy=, precision= and the layouts of the
                     # operands and out in the key): its launches, prepared once for the
                     # present config.CUDA_* settings, replayed through the driver once
