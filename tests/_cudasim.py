@@ -15,6 +15,7 @@ lock for the rest of each switch interval: the block's threads start and run slo
 (one test's launches: 51 s of CPU). :func:`yielding_poll` polls every ``POLL_SECONDS``
 and sleeps in between (37 s). Nothing changes on a GPU or in numbaconv itself.
 """
+import importlib
 import sys
 import threading
 import time
@@ -33,21 +34,30 @@ def setup():
     yielding_poll()
 
 
+def _to_patch(cls, module_name, class_name, flag):
+    """``(module, class)`` for a fix to patch: the simulator's module and ``cls``, or its
+    ``class_name`` there; ``(None, None)`` off the simulator (unless ``cls`` is given), where
+    the simulator is laid out differently, or where the class carries ``flag`` (patched)."""
+    from numba import config
+    if cls is None and not config.ENABLE_CUDASIM:
+        return None, None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:  # pragma: no cover (a simulator laid out differently)
+        return None, None
+    cls = getattr(module, class_name) if cls is None else cls
+    return (None, None) if getattr(cls, flag, False) else (module, cls)
+
+
 def yielding_poll(cls=None):
     """Replace the simulator's polling of a block's threads by one that sleeps between
     looks (no-op off the simulator); ``cls``: patch this class instead (a test's copy).
     What it does is the simulator's: start a thread per point of the block; whenever
     every live thread waits in ``syncthreads``, release them all; when one has raised,
     abort the others and raise its exception."""
-    from numba import config
-    if cls is None and not config.ENABLE_CUDASIM:
-        return
-    try:
-        from numba.cuda.simulator import kernel
-    except ImportError:  # pragma: no cover (a simulator laid out differently)
-        return
-    cls = kernel.BlockManager if cls is None else cls
-    if getattr(cls, "_polled_by_numbaconv_tests", False):
+    kernel, cls = _to_patch(cls, "numba.cuda.simulator.kernel", "BlockManager",
+                            "_polled_by_numbaconv_tests")
+    if cls is None:
         return
 
     def release(threads):
@@ -83,18 +93,12 @@ def yielding_poll(cls=None):
 def lock_shared_arrays(cls=None):
     """Replace the simulator's shared-array lookup by a locked one (no-op off the
     simulator); ``cls``: patch this class instead (a test's copy)."""
-    from numba import config
-    if cls is None and not config.ENABLE_CUDASIM:
+    _, cls = _to_patch(cls, "numba.cuda.simulator.kernelapi", "FakeCUDAShared",
+                       "_locked_by_numbaconv_tests")
+    if cls is None:
         return
-    try:
-        from numba.cuda.simulator import kernelapi
-        from numba.np import numpy_support
-        from numba.core import types
-    except ImportError:  # pragma: no cover (a simulator laid out differently)
-        return
-    cls = kernelapi.FakeCUDAShared if cls is None else cls
-    if getattr(cls, "_locked_by_numbaconv_tests", False):
-        return
+    from numba.core import types
+    from numba.np import numpy_support
     lock = threading.Lock()
 
     def array(self, shape, dtype):

@@ -241,13 +241,13 @@ def op(parse):
             tune = _arg(args, kwargs, "tune")
             stream = _arg(args, kwargs, "stream")
             precision = _arg(args, kwargs, "precision")
+            untuned = tune is None or tune is False
             if entry is not None and not config.VERBOSE:
                 device = entry[3]
                 if device is None:  # (the call's first run; TypeError when host and device mix)
                     device = entry[3] = cuda.on_device(operands, out)
                 if not device and stream is None and precision is None:
                     strategy = _arg(args, kwargs, "strategy")
-                    untuned = tune is None or tune is False
                     if not untuned:
                         # tune=True (checked by the planner): the planner keeps the tuned
                         # plan while the tuning cache file is unchanged (one stat)
@@ -267,7 +267,7 @@ def op(parse):
                     # without config.THREADS the plan's threads are the calling thread's own
                     return cpu.execute(the_plan, operands, out=out,
                                        threads_current=not config.THREADS)
-                if device and (tune is None or tune is False):
+                if device and untuned:
                     # a memoised device call (strategy=, precision= and the layouts of the
                     # operands and out in the key): its launches, prepared once for the
                     # present config.CUDA_* settings, replayed through the driver once
