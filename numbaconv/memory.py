@@ -250,3 +250,28 @@ def ascontiguous(a, dtype=None):
     out = empty(a.shape, dtype)
     np.copyto(out, a, casting="unsafe")
     return out
+
+
+class _Alias:
+    """An ``__array_interface__`` over another array's memory that NumPy takes as
+    writable; it holds the array, so the memory lives as long as the alias."""
+
+    def __init__(self, a):
+        iface = dict(a.__array_interface__)
+        iface["data"] = (iface["data"][0], False)
+        self.__array_interface__ = iface
+        self.base = a
+
+
+def kernel_view(a):
+    """``a`` where it is writable, else a writable view of the same memory (no copy).
+
+    Numba types a read-only array apart from a writable one and compiles every kernel a
+    second time for it, though no kernel writes an operand. Operands reach the kernels
+    through this, so a memory map or a frozen buffer runs on the kernels already compiled
+    (or cached) for writable arrays. Nothing writes through the view: every kernel takes
+    its operands as inputs only (``tests/test_readonly.py`` checks their bits after every
+    path)."""
+    if a.flags.writeable:
+        return a
+    return np.asarray(_Alias(a)).view(a.dtype)

@@ -113,3 +113,34 @@ def test_memory_mapped_operands(tmp_path, monkeypatch):
         want = fn(np.array(maps[0]), k, np.array(maps[1]), s, "SAME")
         got = fn(maps[0], k, maps[1], s, "SAME")
         assert np.array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_read_only_operands_compile_nothing_more(dtype, monkeypatch):
+    """A read-only operand runs on the kernels compiled for writable ones: after each op's
+    call on writable arrays, the same call on read-only copies compiles nothing."""
+    from numba.core import event
+
+    every_strategy(monkeypatch)
+
+    class Compiles(event.Listener):
+        def __init__(self):
+            self.names = []
+
+        def on_start(self, ev):
+            self.names.append(ev.data["dispatcher"].py_func.__qualname__)
+
+        def on_end(self, ev):
+            pass
+
+    for name, fn, args in _tf_calls(np.random.default_rng(8), dtype):
+        want = fn(*args)
+        frozen = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        for a in frozen:
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+        listener = Compiles()
+        with event.install_listener("numba:compile", listener):
+            got = fn(*frozen)
+        assert listener.names == [], f"{name}: compiled {listener.names} for read-only operands"
+        assert np.array_equal(_bits(got), _bits(want)), name

@@ -372,6 +372,9 @@ def _plain_operands(prep, operands):
 def _compute(prep, operands):
     """The canonical operands, the plan's bound call, the result in the user's layout."""
     p = prep.plan.problem
+    if not all(a.flags.writeable for a in operands.values()):
+        # (one set of compiled kernels for read-only and writable operands alike)
+        operands = {k: memory.kernel_view(a) for k, a in operands.items()}
     ops = None if prep.plain is None else _plain_operands(prep, operands)
     plain = ops is not None
     if not plain:
