@@ -459,8 +459,9 @@ ROWS_BWD_D = [((7, 9), (2, 2), (1, 1), (1, 1), (1, 1)), ((6, 12), (2, 2), (1, 1)
 @pytest.mark.parametrize("geometry", ROWS_BWD_D)
 def test_rows_backward_data_kernel(geometry, dtype):
     """The row kernel's backward data called directly on a NaN-filled dX with channels that
-    are not a whole number of vectors, in one and several row chunks: every pixel written
-    (pixels and rows no tap reaches get zeros), and equal to the reference."""
+    are not a whole number of vectors, in one and several row chunks, channel vectors or
+    blocks of pixels outermost: every pixel written (pixels and rows no tap reaches get
+    zeros), and equal to the reference."""
     from numbaconv.strategies import canonical_shapes, geo
 
     isz, st, dl, pb, pe = geometry
@@ -472,13 +473,15 @@ def test_rows_backward_data_kernel(geometry, dtype):
     p = plan.problem
     xs, ys, ws = canonical_shapes(p)
     want = conv_bwd_data_ref(dy, w, isz, st, dl, pb, pe, c).reshape(xs)
-    for chunks, pf in ((1, False), (3, True), (3, False)):
+    for chunks, pf, blocks in ((1, False, False), (3, True, True), (3, False, False),
+                               (1, False, True)):
         dx = np.full(xs, np.nan, dtype)
-        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks, pf)
-        assert not np.isnan(dx).any(), f"{chunks} chunks"
+        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), chunks, pf,
+                                    blocks=blocks)
+        assert not np.isnan(dx).any(), f"{chunks} chunks, blocks outer {blocks}"
         np.testing.assert_allclose(dx, want, rtol=tolerance(dtype),
                                    atol=tolerance(dtype) * np.abs(want).max(),
-                                   err_msg=f"{chunks} chunks, prefetch {pf}")
+                                   err_msg=f"{chunks} chunks, prefetch {pf}, blocks {blocks}")
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -486,8 +489,9 @@ def test_rows_backward_data_kernel(geometry, dtype):
 def test_row_kernels_every_row_width(stride, pads):
     """Both row kernels over every row width from 1 to 27 (full 8-pixel blocks followed by
     every combination of the 4-, 2- and 1-pixel tail blocks, then the checked pixels), at
-    column stride 1 and 2, with symmetric, TF-SAME-like and one-sided padding: dX written
-    everywhere and both gradients equal to the float64 reference."""
+    column stride 1 and 2, with symmetric, TF-SAME-like and one-sided padding (backward
+    data in both loop orders): dX written everywhere and both gradients equal to the
+    float64 reference."""
     from numbaconv.strategies import canonical_shapes, geo
 
     pb, pe = pads
@@ -502,11 +506,13 @@ def test_row_kernels_every_row_width(stride, pads):
         assert _kernel(nc.plan("convolution_backprop_data", dy, w, isz,
                                **attrs)) == "rows_3x3"
         xs, ys, ws = canonical_shapes(p)
-        dx = np.full(xs, np.nan)
-        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2, False)
         want = conv_bwd_data_ref(dy, w, isz, (1, stride), (1, 1), pb, pe, c).reshape(xs)
-        np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12,
-                                   err_msg=f"backward data, width {width}")
+        for blocks in (False, True):
+            dx = np.full(xs, np.nan)
+            kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), dx, geo(p), 2, False,
+                                        blocks=blocks)
+            np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12,
+                                       err_msg=f"backward data, width {width}, blocks {blocks}")
         part = np.full((2, *ws), np.nan)
         dw = np.full(ws, np.nan)
         kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), part, dw, geo(p), False)
@@ -612,6 +618,11 @@ def test_row_kernels_any_head(stride, dtype):
             kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), wo, placed, geo(p), 2, False,
                                         False, head, True)
             np.testing.assert_array_equal(placed, dx, err_msg=f"head {head}, filter {off}")
+        # blocks of pixels outermost (stride 1; stride 2's only order): the same sums
+        blocks = np.full(xs, np.nan, dtype)
+        kr.bwd_d_depthwise_3x3_rows(dy.reshape(ys), w.reshape(ws), blocks, geo(p), 2, False,
+                                    False, head, False, True)
+        np.testing.assert_array_equal(blocks, dx, err_msg=f"head {head}, blocks outer")
         dw = np.full(ws, np.nan, dtype)
         kr.bwd_w_depthwise_3x3_rows(x.reshape(xs), dy.reshape(ys), np.empty((2, *ws), dtype),
                                     dw, geo(p), False, head)

@@ -103,25 +103,28 @@ def _drow(NR, S):
     pixels take the checked path. Addresses: ``inp``, ``wp``, ``outp`` (floats),
     ``trows``, ``twrow`` (NR int64 each).
 
-    At stride 1 the channel vectors are the outer loop (the filter loaded once per row and
-    vector), at stride 2 the blocks (the filter loaded again per block, but each block's
-    operands read while they are in L1). Measured in alternating processes (Zen 4, 2
+    ``flags``: bit 0 streams dX's whole vectors past the caches; bit 1 (stride 1 only)
+    makes the blocks the outer loop, as they always are at stride 2. Channel vectors outer
+    load the filter once per row and vector, but walk each dY row ``C`` elements apart per
+    vector; blocks outer load the filter again per block and read each block's operands
+    while they are in L1. Which wins depends on the host (the plan's ``order``, see
+    :mod:`numbaconv.strategies.depthwise`). Measured in alternating processes (Zen 4, 2
     threads, float32, ms channels outer / blocks outer): dw144_56_s2 0.28-0.34 / 0.22,
     dw576_14_s2 0.11 / 0.086, dw96_112_s2 3.1-3.3 / 3.0-3.2; but dw576_14_s1 0.14-0.16 /
     0.19, dw960_7_s1 0.08-0.09 / 0.13-0.14."""
     lo = -(2 // S)  # the first dY column of a block, relative to m0
 
     @intrinsic
-    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream,
+    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags,
             head, work):
         sig = types.void(*([types.intp] * 13), work)
 
         def codegen(context, builder, signature, args):
-            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, _ = args
+            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags, head, _ = args
             # float16 data: dY and dX as half bits, the filter in float32
             vty, vl, (pin, pwt, pout), fma = _prologue(
                 context, builder, work, (inp, wp, outp), (True, False, True))
-            streamed = builder.icmp_signed("!=", stream, _const(0))
+            streamed = builder.icmp_signed("!=", builder.and_(flags, _const(1)), _const(0))
             nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
 
             def put(values, offs, mask):
@@ -204,7 +207,8 @@ def _drow(NR, S):
                         each(builder.add(mend, builder.and_(rest, _const(-2 * P))), P)
 
             left = builder.select(builder.icmp_signed("<", a0lo, npix), a0lo, npix)
-            if S == 1:
+
+            def channels_outer():
                 def body(c, mask):
                     wv = filt(c, mask)
                     with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
@@ -216,7 +220,8 @@ def _drow(NR, S):
                         checked(a, c, mask, wv)
 
                 _channel_vectors(builder, C, vl, body, head)
-            else:
+
+            def blocks_outer():
                 with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
                                      lambda c, mask: checked(a, c, mask, filt(c, mask)), head)
@@ -228,6 +233,16 @@ def _drow(NR, S):
                 with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
                                      lambda c, mask: checked(a, c, mask, filt(c, mask)), head)
+
+            if S == 1:
+                by_blocks = builder.icmp_signed("!=", builder.and_(flags, _const(2)), _const(0))
+                with builder.if_else(by_blocks) as (yes, no):
+                    with yes:
+                        blocks_outer()
+                    with no:
+                        channels_outer()
+            else:
+                blocks_outer()
             return context.get_dummy_value()
 
         return sig, codegen
@@ -405,11 +420,12 @@ _SW = 0
 _ROW3 = _ROW2 = _ROW1 = None
 
 
-def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, stream, head, chunk):
+def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, flags, head, chunk):
     """The dX rows of chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_rows_kernel`), column
     stride ``_SW``; the row kernels over 3, 2 and 1 dY rows (``_ROW3``, ``_ROW2``,
     ``_ROW1``, each compiled apart) through the address tables ``rt[0]``, ``rt[1]``,
-    ``rt[2]``. With ``stream``, an ``sfence`` after the chunk's streamed stores."""
+    ``rt[2]``, with ``flags`` (see :func:`_drow`). Where they stream (bit 0), an ``sfence``
+    after the chunk's streamed stores."""
     rows = geo[0] * geo[4] * geo[5]
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     C = geo[1]
@@ -454,12 +470,12 @@ def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, stream, head, chunk):
         if nr == 0:
             dxf[r * iw * C:(r + 1) * iw * C] = 0
         elif nr == 3:
-            _ROW3(rt[0], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
+            _ROW3(rt[0], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, flags, head, dx)
         elif nr == 2:
-            _ROW2(rt[1], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
+            _ROW2(rt[1], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, flags, head, dx)
         else:
-            _ROW1(rt[2], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
-    if stream:
+            _ROW1(rt[2], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, flags, head, dx)
+    if flags & 1:
         _sfence()
 
 
@@ -489,10 +505,10 @@ def w_tables(sw, name):
 
 
 def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
-                             place=False):
+                             place=False, blocks=False):
     """See :func:`bwd_d_rows_kernel` (its address tables for ``dy``'s dtype added)."""
     bwd_d_rows_kernel(*d_tables(int(geo[15]), variant(dy)), dy, w, dx, geo, nchunks,
-                      prefetch, stream, head, place)
+                      prefetch, stream, head, place, blocks)
 
 
 def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
@@ -503,7 +519,7 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
 
 @kernel(parallel=False)
 def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, stream=False,
-                      head=0, place=False):
+                      head=0, place=False, blocks=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
@@ -515,7 +531,9 @@ def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, s
     :func:`row_head`; any value is correct, taken modulo the vector's lanes). ``place``:
     read the filter from a copy whose vectors past ``head`` channels start on vector
     boundaries, as dY's and dX's then do (9 x C elements, copied here: a copy in Python
-    took 8 us of a 60 us call)."""
+    took 8 us of a 60 us call). ``blocks``: at column stride 1, blocks of pixels as the
+    outer loop of a row, channel vectors inside (see :func:`_drow`; at stride 2 they always
+    are)."""
     it = dx.itemsize
     C = geo[1]
     head = min(max(head, 0) % (VECTOR_BYTES // max(it, 4)), C)  # less than a vector
@@ -533,12 +551,13 @@ def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, s
         buf = w.reshape(-1)
         s = 0
     wp = buf[s:s + n]
+    flags = (1 if nt else 0) | (2 if blocks else 0)
     if geo[15] == 1:
         par_for(_bwd_d_rows_s1, fns1, nchunks, rt1, dy, wp, dx, geo, nchunks, prefetch,
-                1 if nt else 0, head)
+                flags, head)
     else:
         par_for(_bwd_d_rows_s2, fns2, nchunks, rt2, dy, wp, dx, geo, nchunks, prefetch,
-                1 if nt else 0, head)
+                flags, head)
 
 
 def _bwd_w_rows(x, dy, part, geo, prefetch, head, ch):
@@ -646,11 +665,11 @@ _D_SIG = ("void(int64[:, ::1], {X}[:, :, :, :, ::1], {P}[::1], {X}[:, :, :, :, :
           "int64[::1], int64, int64, int64, int64, int64)")
 
 
-def _d_row(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work):
+def _d_row(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags, head, work):
     """One backward-data row kernel (``_ROW``, bound per copy) compiled on its own, so that
     a first call's helper process can compile the three of a stride while the call
     compiles the rest (see :mod:`numbaconv._ahead`)."""
-    _ROW(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work)
+    _ROW(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags, head, work)
 
 
 _ROW = None

@@ -74,6 +74,15 @@ ALIGN_DX_L3_FRACTION = 0.25
 #: channel vector apart, reach memory as partial lines. With 256-bit vectors streaming made
 #: backward data 1.1-1.6x slower (measured: docs/performance.md, "CPU, AVX2 host").
 STREAM_MIN_VECTOR_BYTES = 64
+#: Backward data at column stride 1 walks a row's channel vectors outermost (``order``
+#: ``"channels"``: the nine filter vectors loaded once per row and vector, beside a block's
+#: eight sums in registers) only with at least this many bytes per vector, where the 32
+#: vector registers hold them; with 256-bit vectors (16 registers) the blocks of pixels are
+#: outermost (``"blocks"``), as at stride 2: every load of a channel vector's dY row then
+#: missed L1, and the loop spilled. AVX2 host, alternating processes, ms channels / blocks:
+#: xception:middle_dw 1.90-2.54 / 0.74-0.92, mobilenet_v3:bneck3_dw3 1.33-1.46 /
+#: 0.48-1.21, shufflenet:stage4_dw 0.10-0.13 / 0.07, 12 layers 1.08-3.45x faster.
+CHANNELS_OUTER_MIN_VECTOR_BYTES = 64
 
 
 def _wide(p, machine):
@@ -159,6 +168,7 @@ class DepthwiseDirect(Direct):
             fns = kr.d_tables(p.stride[2], "float16" if half else ct.name)
             chunks = tiles["chunks"]
             stream = bool(tiles.get("stream"))
+            blocks = tiles.get("order") == "blocks"
 
             def call(ops):
                 # float16 bits in, float16 bits out (see half_operands); dX placed as dY
@@ -173,7 +183,7 @@ class DepthwiseDirect(Direct):
                 else:
                     head = 0
                     dx = empty(xs, rt)
-                kern(*fns, dy, ops["w"], dx, g, chunks, prefetch, stream, head, align)
+                kern(*fns, dy, ops["w"], dx, g, chunks, prefetch, stream, head, align, blocks)
                 return dx
             return call
 
@@ -276,6 +286,9 @@ class DepthwiseRows(DepthwiseDirect):
         dx_bytes = p.mb * math.prod(p.isz) * p.ic * itemsize(p)
         t["align"] = (_wide(p, machine)
                       and dx_bytes < machine.l3_bytes * ALIGN_DX_L3_FRACTION)
+        if p.stride[2] == 1:  # (at stride 2 the blocks are always outermost)
+            t["order"] = ("channels" if machine.vector_bytes >= CHANNELS_OUTER_MIN_VECTOR_BYTES
+                          else "blocks")
         return t
 
 
