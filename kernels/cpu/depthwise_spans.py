@@ -185,11 +185,20 @@ def _dspan(NT):
                             dyload = _block_loader(builder, load, pdy,
                                                    builder.add(dyc[0], builder.mul(p0, sdy)),
                                                    C, mask, ty)
-                            for q in range(PB_D):
-                                a = builder.load(acc[q])
+                            # each dY vector to every sum that reads it, then dead (from
+                            # the block's last pixel down, so that every sum adds its
+                            # taps in the order k = 0, 1, ...): PB_D sums, NT filter
+                            # vectors and one dY vector live. Each sum's taps in turn
+                            # kept up to NT dY vectors live, 18-22 values for 5 and 7
+                            # taps, and spilled with 16 vector registers (AVX2)
+                            a = [builder.load(acc[q]) for q in range(PB_D)]
+                            for j in range(PB_D - 1, -NT, -1):
+                                d = dyload(j)
                                 for k in range(NT):
-                                    a = builder.call(fma, [dyload(q - k), wv[k], a])
-                                builder.store(a, acc[q])
+                                    if 0 <= j + k < PB_D:
+                                        a[j + k] = builder.call(fma, [d, wv[k], a[j + k]])
+                            for q in range(PB_D):
+                                builder.store(a[q], acc[q])
                         row_taps(c, mask, sums)
                         for q in range(PB_D):
                             store(builder.load(acc[q]), px[q], mask)
