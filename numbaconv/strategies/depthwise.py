@@ -78,10 +78,10 @@ STREAM_MIN_VECTOR_BYTES = 64
 #: ``"channels"``: the nine filter vectors loaded once per row and vector, beside a block's
 #: eight sums in registers) only with at least this many bytes per vector, where the 32
 #: vector registers hold them; with 256-bit vectors (16 registers) the blocks of pixels are
-#: outermost (``"blocks"``), as at stride 2: every load of a channel vector's dY row then
-#: missed L1, and the loop spilled. AVX2 host, alternating processes, ms channels / blocks:
-#: xception:middle_dw 1.90-2.54 / 0.74-0.92, mobilenet_v3:bneck3_dw3 1.33-1.46 /
-#: 0.48-1.21, shufflenet:stage4_dw 0.10-0.13 / 0.07, 12 layers 1.08-3.45x faster.
+#: outermost (``"blocks"``), as at stride 2: the channel-outer walk read each dY row from
+#: beyond L1 once per channel vector, and spilled. AVX2 host, same process, ms channels /
+#: blocks: xception:middle_dw 1.59 / 1.07, dw192_28_s1_p1 1.22 / 0.51 (18 layers
+#: 0.96-2.38x; docs/performance.md, "CPU, AVX2 host").
 CHANNELS_OUTER_MIN_VECTOR_BYTES = 64
 
 
