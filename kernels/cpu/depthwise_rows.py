@@ -92,7 +92,7 @@ def _prologue(context, builder, work, addrs, halves):
     return vty, vl, ops, fma_fn(builder, vty, dtype, vl)
 
 
-def _drow(NR, S):
+def _drow(NR, S, blocks=False):
     """One dX row of a 3x3 backward-data correlation at column stride ``S`` (1 or 2) over
     ``NR`` dY rows: for each pixel ``a < npix`` and channel ``c < C``, ``out[a*C + c] =
     sum_r sum_{t: (a + pw - t) = S*m, 0 <= m < win} dy[rows[r] + m*C + c] *
@@ -103,11 +103,11 @@ def _drow(NR, S):
     pixels take the checked path. Addresses: ``inp``, ``wp``, ``outp`` (floats),
     ``trows``, ``twrow`` (NR int64 each).
 
-    ``flags``: bit 0 streams dX's whole vectors past the caches; bit 1 (stride 1 only)
-    makes the blocks the outer loop, as they always are at stride 2. Channel vectors outer
-    load the filter once per row and vector, but walk each dY row ``C`` elements apart per
-    vector; blocks outer load the filter again per block and read each block's operands
-    while they are in L1. Which wins depends on the host (the plan's ``order``, see
+    At stride 2 the blocks are the outer loop (the filter loaded again per block, but each
+    block's operands read while they are in L1); at stride 1 the channel vectors, unless
+    ``blocks`` (the filter loaded once per row and vector, but each dY row walked ``C``
+    elements apart per vector). Which wins at stride 1 depends on the host: the plan's
+    ``order`` picks the compiled variant (see :func:`d_tables` and
     :mod:`numbaconv.strategies.depthwise`). Measured in alternating processes (Zen 4, 2
     threads, float32, ms channels outer / blocks outer): dw144_56_s2 0.28-0.34 / 0.22,
     dw576_14_s2 0.11 / 0.086, dw96_112_s2 3.1-3.3 / 3.0-3.2; but dw576_14_s1 0.14-0.16 /
@@ -115,16 +115,16 @@ def _drow(NR, S):
     lo = -(2 // S)  # the first dY column of a block, relative to m0
 
     @intrinsic
-    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags,
+    def row(typingctx, inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream,
             head, work):
         sig = types.void(*([types.intp] * 13), work)
 
         def codegen(context, builder, signature, args):
-            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags, head, _ = args
+            inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, _ = args
             # float16 data: dY and dX as half bits, the filter in float32
             vty, vl, (pin, pwt, pout), fma = _prologue(
                 context, builder, work, (inp, wp, outp), (True, False, True))
-            streamed = builder.icmp_signed("!=", builder.and_(flags, _const(1)), _const(0))
+            streamed = builder.icmp_signed("!=", stream, _const(0))
             nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
 
             def put(values, offs, mask):
@@ -207,8 +207,7 @@ def _drow(NR, S):
                         each(builder.add(mend, builder.and_(rest, _const(-2 * P))), P)
 
             left = builder.select(builder.icmp_signed("<", a0lo, npix), a0lo, npix)
-
-            def channels_outer():
+            if S == 1 and not blocks:
                 def body(c, mask):
                     wv = filt(c, mask)
                     with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
@@ -220,8 +219,7 @@ def _drow(NR, S):
                         checked(a, c, mask, wv)
 
                 _channel_vectors(builder, C, vl, body, head)
-
-            def blocks_outer():
+            else:
                 with cgutils.for_range_slice(builder, _const(0), left, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
                                      lambda c, mask: checked(a, c, mask, filt(c, mask)), head)
@@ -233,16 +231,6 @@ def _drow(NR, S):
                 with cgutils.for_range_slice(builder, aend, npix, _const(1)) as (a, _):
                     _channel_vectors(builder, C, vl,
                                      lambda c, mask: checked(a, c, mask, filt(c, mask)), head)
-
-            if S == 1:
-                by_blocks = builder.icmp_signed("!=", builder.and_(flags, _const(2)), _const(0))
-                with builder.if_else(by_blocks) as (yes, no):
-                    with yes:
-                        blocks_outer()
-                    with no:
-                        channels_outer()
-            else:
-                blocks_outer()
             return context.get_dummy_value()
 
         return sig, codegen
@@ -334,6 +322,7 @@ def _wrow(NR, S):
 
 
 _drow1s1, _drow2s1, _drow3s1 = (_drow(n, 1) for n in (1, 2, 3))
+_drow1s1b, _drow2s1b, _drow3s1b = (_drow(n, 1, True) for n in (1, 2, 3))
 _drow1s2, _drow2s2, _drow3s2 = (_drow(n, 2) for n in (1, 2, 3))
 _wrow1s1, _wrow2s1, _wrow3s1 = (_wrow(n, 1) for n in (1, 2, 3))
 _wrow1s2, _wrow2s2, _wrow3s2 = (_wrow(n, 2) for n in (1, 2, 3))
@@ -420,12 +409,11 @@ _SW = 0
 _ROW3 = _ROW2 = _ROW1 = None
 
 
-def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, flags, head, chunk):
+def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, stream, head, chunk):
     """The dX rows of chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_rows_kernel`), column
     stride ``_SW``; the row kernels over 3, 2 and 1 dY rows (``_ROW3``, ``_ROW2``,
     ``_ROW1``, each compiled apart) through the address tables ``rt[0]``, ``rt[1]``,
-    ``rt[2]``, with ``flags`` (see :func:`_drow`). Where they stream (bit 0), an ``sfence``
-    after the chunk's streamed stores."""
+    ``rt[2]``. With ``stream``, an ``sfence`` after the chunk's streamed stores."""
     rows = geo[0] * geo[4] * geo[5]
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     C = geo[1]
@@ -470,12 +458,12 @@ def _bwd_d_rows(rt, dy, w, dx, geo, nchunks, prefetch, flags, head, chunk):
         if nr == 0:
             dxf[r * iw * C:(r + 1) * iw * C] = 0
         elif nr == 3:
-            _ROW3(rt[0], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, flags, head, dx)
+            _ROW3(rt[0], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
         elif nr == 2:
-            _ROW2(rt[1], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, flags, head, dx)
+            _ROW2(rt[1], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
         else:
-            _ROW1(rt[2], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, flags, head, dx)
-    if flags & 1:
+            _ROW1(rt[2], dyb, wb, dxp, ra, rb, iw, pw, m0lo, nblk, ow, C, stream, head, dx)
+    if stream:
         _sfence()
 
 
@@ -484,12 +472,14 @@ def variant(a):
     return "float16" if a.dtype == np.uint16 else dtype_name(a.dtype)
 
 
-def d_tables(sw, name):
+def d_tables(sw, name, blocks=False):
     """The address tables of the backward-data row drivers for column stride ``sw`` and
-    variant ``name``, and of their row kernels (``[3, variants]``, over 3, 2 and 1 dY rows):
-    the ones the kernel runs compiled, the others left as they are (the kernel never calls
-    them)."""
-    rows = [_d_rows[S] for S in (1, 2)]
+    variant ``name``, and of their row kernels (``[3, variants]``, over 3, 2 and 1 dY rows;
+    at stride 1 the ones with blocks of pixels outermost where ``blocks``): the ones the
+    kernel runs compiled, the others left as they are (the kernel never calls them). The
+    row kernels of one stride share their signature and variants, so the stride's driver
+    calls either order's through the table it is given."""
+    rows = [_d_rows["1b" if blocks else 1], _d_rows[2]]
     if sw == 1:
         return (_bwd_d_rows_s1.table(name), _bwd_d_rows_s2.table(),
                 np.stack([f.table(name) for f in rows[0]]), np.stack([f.table() for f in rows[1]]))
@@ -506,9 +496,10 @@ def w_tables(sw, name):
 
 def bwd_d_depthwise_3x3_rows(dy, w, dx, geo, nchunks, prefetch, stream=False, head=0,
                              place=False, blocks=False):
-    """See :func:`bwd_d_rows_kernel` (its address tables for ``dy``'s dtype added)."""
-    bwd_d_rows_kernel(*d_tables(int(geo[15]), variant(dy)), dy, w, dx, geo, nchunks,
-                      prefetch, stream, head, place, blocks)
+    """See :func:`bwd_d_rows_kernel` (its address tables for ``dy``'s dtype added; at column
+    stride 1 the row kernels with blocks of pixels outermost where ``blocks``)."""
+    bwd_d_rows_kernel(*d_tables(int(geo[15]), variant(dy), blocks), dy, w, dx, geo, nchunks,
+                      prefetch, stream, head, place)
 
 
 def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
@@ -519,7 +510,7 @@ def bwd_w_depthwise_3x3_rows(x, dy, part, dwt, geo, prefetch, head=0):
 
 @kernel(parallel=False)
 def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, stream=False,
-                      head=0, place=False, blocks=False):
+                      head=0, place=False):
     """dx = depthwise conv^T(dy, w) for 3x3 filters, multiplier 1, kernel depth 1, column
     stride 1 or 2 and column dilation 1 (any row stride, row dilation and padding). Each
     dX row is written once, a row kernel per channel vector (see the module docstring);
@@ -531,9 +522,7 @@ def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, s
     :func:`row_head`; any value is correct, taken modulo the vector's lanes). ``place``:
     read the filter from a copy whose vectors past ``head`` channels start on vector
     boundaries, as dY's and dX's then do (9 x C elements, copied here: a copy in Python
-    took 8 us of a 60 us call). ``blocks``: at column stride 1, blocks of pixels as the
-    outer loop of a row, channel vectors inside (see :func:`_drow`; at stride 2 they always
-    are)."""
+    took 8 us of a 60 us call)."""
     it = dx.itemsize
     C = geo[1]
     head = min(max(head, 0) % (VECTOR_BYTES // max(it, 4)), C)  # less than a vector
@@ -551,13 +540,12 @@ def bwd_d_rows_kernel(fns1, fns2, rt1, rt2, dy, w, dx, geo, nchunks, prefetch, s
         buf = w.reshape(-1)
         s = 0
     wp = buf[s:s + n]
-    flags = (1 if nt else 0) | (2 if blocks else 0)
     if geo[15] == 1:
         par_for(_bwd_d_rows_s1, fns1, nchunks, rt1, dy, wp, dx, geo, nchunks, prefetch,
-                flags, head)
+                1 if nt else 0, head)
     else:
         par_for(_bwd_d_rows_s2, fns2, nchunks, rt2, dy, wp, dx, geo, nchunks, prefetch,
-                flags, head)
+                1 if nt else 0, head)
 
 
 def _bwd_w_rows(x, dy, part, geo, prefetch, head, ch):
@@ -665,22 +653,24 @@ _D_SIG = ("void(int64[:, ::1], {X}[:, :, :, :, ::1], {P}[::1], {X}[:, :, :, :, :
           "int64[::1], int64, int64, int64, int64, int64)")
 
 
-def _d_row(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags, head, work):
+def _d_row(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work):
     """One backward-data row kernel (``_ROW``, bound per copy) compiled on its own, so that
     a first call's helper process can compile the three of a stride while the call
     compiles the rest (see :mod:`numbaconv._ahead`)."""
-    _ROW(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, flags, head, work)
+    _ROW(inp, wp, outp, trows, twrow, npix, pw, m0lo, nblk, win, C, stream, head, work)
 
 
 _ROW = None
 _R_SIG = "void(" + "int64, " * 13 + "{W}[:, :, :, :, ::1])"
 _R_VARIANTS = dict(float32=dict(W="float32"), float64=dict(W="float64"),
                    float16=dict(W="uint16"))
-#: Column stride -> the separate row kernels over 3, 2 and 1 dY rows.
+#: Column stride -> the separate row kernels over 3, 2 and 1 dY rows ("1b": stride 1 with
+#: blocks of pixels outermost; compiled only where a plan takes them).
 _d_rows = {S: [separate(_R_SIG, **_R_VARIANTS)(specialise(_d_row, f"{n}s{S}", _ROW=row))
                for n, row in ((3, r3), (2, r2), (1, r1))]
            for S, (r3, r2, r1) in ((1, (_drow3s1, _drow2s1, _drow1s1)),
-                                   (2, (_drow3s2, _drow2s2, _drow1s2)))}
+                                   (2, (_drow3s2, _drow2s2, _drow1s2)),
+                                   ("1b", (_drow3s1b, _drow2s1b, _drow1s1b)))}
 _W_SIG = ("void({X}[:, :, :, :, ::1], {X}[:, :, :, :, ::1], {P}[:, :, :, :, :, ::1], "
           "int64[::1], int64, int64, int64)")
 _bwd_d_rows_s1 = separate(_D_SIG, **_VARIANTS)(specialise(

@@ -165,10 +165,10 @@ class DepthwiseDirect(Direct):
         half = p.dtype == "float16"
         if p.direction == "bwd_d":
             kern = kr.bwd_d_rows_kernel
-            fns = kr.d_tables(p.stride[2], "float16" if half else ct.name)
+            fns = kr.d_tables(p.stride[2], "float16" if half else ct.name,
+                              tiles.get("order") == "blocks")
             chunks = tiles["chunks"]
             stream = bool(tiles.get("stream"))
-            blocks = tiles.get("order") == "blocks"
 
             def call(ops):
                 # float16 bits in, float16 bits out (see half_operands); dX placed as dY
@@ -183,7 +183,7 @@ class DepthwiseDirect(Direct):
                 else:
                     head = 0
                     dx = empty(xs, rt)
-                kern(*fns, dy, ops["w"], dx, g, chunks, prefetch, stream, head, align, blocks)
+                kern(*fns, dy, ops["w"], dx, g, chunks, prefetch, stream, head, align)
                 return dx
             return call
 
