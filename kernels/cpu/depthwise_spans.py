@@ -48,8 +48,9 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 #: Pixels per block of a span (backward data, backward weights): a block's slices of the
 #: operands stay in L1 while its channel vectors sweep it, and backward weights adds its
 #: register accumulators to the partial dW once per block (measured: docs/performance.md,
-#: Numbers behind the constants).
-PB_D = 8
+#: Numbers behind the constants). Backward data's 7: rows of 7, 14, 28 and 56 pixels are
+#: whole blocks, and 7 sums, 7 filter vectors and a dY vector fit 16 vector registers.
+PB_D = 7
 PB_W = 8
 #: Channel vectors per block, in bytes of one pixel's slice (wider channels are cut).
 CB_BYTES = 4096
@@ -116,12 +117,13 @@ def _dspan(NT):
     follow one another, each adding its NT products to the block of dX, in L1."""
 
     @intrinsic
-    def span(typingctx, dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, work):
-        sig = types.void(*([types.intp] * 13), work)
+    def span(typingctx, dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, tail,
+             work):
+        sig = types.void(*([types.intp] * 14), work)
         dtype = work.dtype
 
         def codegen(context, builder, signature, args):
-            dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, _ = args
+            dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, tail, _ = args
             f, vty, vl = ir_types(context, dtype)
             fp = f.as_pointer()
             i64 = ir.IntType(64)
@@ -165,10 +167,25 @@ def _dspan(NT):
                     dyc = [builder.add(builder.add(ody[k], c), rdy) for k in range(NT)]
                     body(r, dyc, wv, acc_on)
 
+            # a span whose dY may be read past its last pixel (a padded row): a short
+            # block takes the full blocks' code too, storing only its pixels
+            tail_on = builder.icmp_signed("!=", tail, ir.Constant(i64, 0))
+
             def emit(c, p0, cnt, mask):
                 zero = ir.Constant(ty, None)
-                full = builder.and_(slide, builder.icmp_signed("==", cnt,
-                                                               ir.Constant(i64, PB_D)))
+                full = builder.and_(slide, builder.or_(
+                    tail_on, builder.icmp_signed("==", cnt, ir.Constant(i64, PB_D))))
+
+                def each_pixel(body):
+                    """``body(q)`` for the block's pixels q < cnt (0 always is one)."""
+                    for q in range(PB_D):
+                        if q == 0:
+                            body(q)
+                        else:
+                            with builder.if_then(builder.icmp_signed(
+                                    "<", ir.Constant(i64, q), cnt)):
+                                body(q)
+
                 with builder.if_else(full) as (fast, rest):
                     with fast:
                         # a full block: its PB_D sums stay in registers across every row
@@ -178,8 +195,9 @@ def _dspan(NT):
                             for q in range(PB_D)]
                         acc = [cgutils.alloca_once(builder, ty) for _ in range(PB_D)]
                         for q in range(PB_D):
-                            builder.store(builder.select(add0, load(px[q], mask), zero),
-                                          acc[q])
+                            builder.store(zero, acc[q])
+                        with builder.if_then(add0):
+                            each_pixel(lambda q: builder.store(load(px[q], mask), acc[q]))
 
                         def sums(r, dyc, wv, acc_on):
                             dyload = _block_loader(builder, load, pdy,
@@ -200,8 +218,7 @@ def _dspan(NT):
                             for q in range(PB_D):
                                 builder.store(a[q], acc[q])
                         row_taps(c, mask, sums)
-                        for q in range(PB_D):
-                            store(builder.load(acc[q]), px[q], mask)
+                        each_pixel(lambda q: store(builder.load(acc[q]), px[q], mask))
                     with rest:
                         row_taps(c, mask, lambda r, dyc, wv, acc_on: loop_block(
                             c, p0, cnt, dyc, wv, acc_on, mask, zero))
@@ -313,31 +330,34 @@ _wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
 
 
 @helper
-def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work):
+def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, tail,
+              work):
     """Column taps ``k .. nt - 1`` of a backward-data span over ``nr`` row taps, in chunks
-    of 3, 2 and 1: the first chunk stores dX unless ``beta``, the others add to it."""
+    of 3, 2 and 1: the first chunk stores dX unless ``beta``, the others add to it.
+    ``tail``: dY may be read up to ``PB_D`` pixels past the span (a padded row), so that
+    a short block runs the full blocks' code."""
     ra, rb = trd.ctypes.data, trw.ctypes.data
     a, b = tdy.ctypes.data, tw.ctypes.data
     while k < nt:
         r = nt - k
         if r >= 3:
             _dspan3(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                    work)
+                    tail, work)
             k += 3
         elif r == 2:
             _dspan2(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                    work)
+                    tail, work)
             k += 2
         else:
             _dspan1(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                    work)
+                    tail, work)
             k += 1
         beta = 1
 
 
 @helper
 def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta,
-                   work):
+                   tail, work):
     """:func:`_d_chunks` for wide kernel rows (``_bwd_d_rows_wide``, see
     :func:`wide_rows`). From ``FOLD_TAPS`` column taps on consecutive dY pixels (a
     phase's interior without column dilation) the row's chunks of 7 become row taps of
@@ -363,19 +383,20 @@ def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C
                     frd[r * nch + j] = trd[r] + tdy[7 * j] - tdy[0]
                     frw[r * nch + j] = trw[r] + tw[7 * j] - tw[0]
             _dspan7(dyb, wb, dxp, frd.ctypes.data, frw.ctypes.data, nr * nch, a, b, npix,
-                    sdx, sdy, C, beta, work)
+                    sdx, sdy, C, beta, tail, work)
             k = 7 * nch
             beta = 1
     ra, rb = trd.ctypes.data, trw.ctypes.data
     if nt - k == 7:
         _dspan7(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                work)
+                tail, work)
         k = nt
     elif nt - k == 5:
         _dspan5(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                work)
+                tail, work)
         k = nt
-    _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work)
+    _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, tail,
+              work)
 
 
 @helper
@@ -489,12 +510,89 @@ def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
                             _store_zero(dxp, p * sw * C + c, dx)
                 else:
                     _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, 0, nt, j1 - j, sw * C,
-                              C, C, 0, dx)
+                              C, C, 0, 0, dx)
                 j = j1
+
+
+def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
+    """:func:`_bwd_d_rows` at column stride 1 without column dilation, over padded rows:
+    each dY row a dX row reads is copied once into a row of this thread's buffer with
+    zeros on both sides, so that every dX pixel takes every column tap and a dX row is one
+    span (no border pixels, whose one-pixel spans read and wrote dX once per row tap and
+    chunk of taps: 20-50% of the time of 5x5 and 7x7 layers over 14 to 56 columns). The
+    zeros cost ``kw - 1`` pixels' taps per row; a block short of ``PB_D`` pixels reads
+    into the zeros past the row (``tail``) and stores only its pixels. A buffer row is
+    kept per residue of the dY row's depth and height, enough for every row tap of a dX
+    row, so that consecutive dX rows reuse the rows they share."""
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh = geo[13], geo[14]
+    dd, dh = geo[16], geo[17]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * id_ * ih
+    r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
+    it = dx.itemsize
+    wb, dxb = w.ctypes.data, dx.ctypes.data
+    padl = max(0, kw - 1 - pw)
+    width = padl + max(ow, iw + pw) + PB_D  # columns of a buffer row
+    sl_d = (kd - 1) * dd // sd + 1
+    sl_h = (kh - 1) * dh // sh + 1
+    buf = np.zeros(sl_d * sl_h * width * C, dy.dtype)  # the middles copied on first use
+    tag = np.full(sl_d * sl_h, -1, np.int64)  # which dY row each buffer row holds
+    bb = buf.ctypes.data
+    dyf = dy.reshape(-1)
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    tdy = np.empty(kw, np.int64)
+    tw = np.empty(kw, np.int64)
+    for k in range(kw):  # dX column i reads buffer column i + pw + padl - k for tap k
+        tdy[k] = (pw + padl - k) * C
+        tw[k] = k * C
+    n_row = ow * C
+    for r in range(r0, r1):
+        n = r // (id_ * ih)
+        i_d = (r // ih) % id_
+        i_h = r % ih
+        nr = 0
+        for t_d in range(kd):
+            a_d = i_d + pd - t_d * dd
+            if a_d < 0:
+                break
+            if a_d % sd != 0 or a_d // sd >= od:
+                continue
+            o_d = a_d // sd
+            for t_h in range(kh):
+                a_h = i_h + ph - t_h * dh
+                if a_h < 0:
+                    break
+                if a_h % sh != 0 or a_h // sh >= oh:
+                    continue
+                o_h = a_h // sh
+                row = (n * od + o_d) * oh + o_h
+                s = (o_d % sl_d) * sl_h + o_h % sl_h
+                if tag[s] != row:
+                    dst = (s * width + padl) * C
+                    src = row * n_row
+                    for e in range(n_row):
+                        buf[dst + e] = dyf[src + e]
+                    tag[s] = row
+                roff[nr] = s * width * C
+                rw[nr] = (t_d * kh + t_h) * kw * C
+                nr += 1
+        dxp = dxb + r * iw * C * it
+        if nr == 0:
+            for e in range(iw * C):
+                _store_zero(dxp, e, dx)
+        else:
+            _d_chunks_wide(bb, wb, dxp, roff, rw, nr, tdy, tw, 0, kw, iw, C, C, C, 0, 1, dx)
 
 
 _D_ROWS_SIG = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
                "int64[::1], int64, int64)")
+#: the padded driver (see :func:`_bwd_d_rows_pad`, :func:`padded_rows`)
+_bwd_d_rows_pad = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows_pad)
 #: the driver for wide kernel rows: its own compiled copy, so that its wider spans (up to
 #: a 56-FMA block per row tap) are compiled only by the problems that use them
 _bwd_d_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
@@ -588,7 +686,8 @@ def _fwd_rows(x, w, y, geo, nchunks, chunk):
                     for c in range(C):
                         _store_zero(yp, p * C + c, y)
             else:
-                _d_chunks(xb, wb, yp, roff, rw, nr, tx, tw, 0, nt, j1 - j, C, sw * C, C, 0, y)
+                _d_chunks(xb, wb, yp, roff, rw, nr, tx, tw, 0, nt, j1 - j, C, sw * C, C, 0, 0,
+                          y)
             j = j1
 
 
@@ -606,10 +705,22 @@ def wide_rows(geo):
     return dw == 1 and (kw // sw >= FOLD_TAPS or (sw == 1 and kw in (5, 7)))
 
 
-def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks):
+def padded_rows(geo):
+    """Whether backward data of ``geo`` can run over padded rows (:func:`_bwd_d_rows_pad`):
+    column stride 1 and column dilation 1."""
+    return geo[15] == 1 and geo[18] == 1
+
+
+def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks, padded=False):
     """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the
-    wide-row driver's where :func:`wide_rows`)."""
-    rows = _bwd_d_rows_wide if wide_rows(geo) else _bwd_d_rows
+    padded driver's where ``padded`` (which needs :func:`padded_rows`), else the wide-row
+    driver's where :func:`wide_rows`)."""
+    if padded:
+        if not padded_rows(geo):
+            raise ValueError("padded rows need column stride 1 and column dilation 1")
+        rows = _bwd_d_rows_pad
+    else:
+        rows = _bwd_d_rows_wide if wide_rows(geo) else _bwd_d_rows
     bwd_d_m1_kernel(rows.table(dtype_name(dx.dtype)), dy, w, dx, geo, nchunks)
 
 

@@ -105,6 +105,13 @@ R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
 SPANS_MIN_INTERIOR = 0.3
 R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
              "be border pixels")
+#: Backward data at column stride 1 without column dilation runs over padded rows (the
+#: tile ``padded``) from this many column taps: each dY row a thread reads is copied once
+#: between zeros, so that every dX pixel takes every tap and a row is one span, with no
+#: border pixels (which read and wrote dX once per row tap and chunk of taps). With 3
+#: taps the copy costs more than the borders (a 1-D layer over 512 channels: 2x slower);
+#: from 5 taps, 1.0-1.6x faster (docs/performance.md, "Depthwise").
+PADDED_MIN_TAPS = 5
 #: The forward pass on spans: column stride 1 (a strided span reads its X pixels apart and
 #: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and at
 #: most this many bytes of channels per pixel (wider, the general loop nest keeps up)
@@ -225,7 +232,8 @@ class DepthwiseDirect(Direct):
                 dx = self.bind(p, tiles)(ops)
             elif self.kernel == "spans":
                 dx = memory.empty(xs, ct)
-                ks.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"])
+                ks.bwd_d_depthwise_m1(ops["dy"], ops["w"], dx, g, tiles["chunks"],
+                                      bool(tiles.get("padded")))
             elif self.kernel == "unrolled_3x3":
                 dx = memory.empty(xs, ct)
                 k.bwd_d_depthwise_3x3(ops["dy"], ops["w"], dx, g)
@@ -344,7 +352,16 @@ class DepthwiseSpans(DepthwiseDirect):
         t = super().tiles(p, machine)
         if p.direction in ("fwd", "bwd_d"):  # one contiguous range of rows per thread
             t["chunks"] = max(1, min(machine.cores, t["rows"]))
+        if p.direction == "bwd_d":
+            t["padded"] = padded(p)
         return t
+
+
+def padded(p):
+    """Whether backward data of ``p`` runs the span kernels over padded rows (the tile
+    ``padded``): column stride 1, column dilation 1 and at least ``PADDED_MIN_TAPS``
+    column taps."""
+    return p.stride[-1] == 1 and p.dilation[-1] == 1 and p.ksz[-1] >= PADDED_MIN_TAPS
 
 
 def interior_columns(p):
