@@ -369,10 +369,11 @@ def test_backward_data_writes_every_pixel(name):
 
 
 # (channels, input spatial, kernel, stride, dilation, pads_begin, pads_end) for the padded
-# backward-data driver (column stride 1, column dilation 1): rows of whole blocks and with
-# a short last block, a row of one block and rows shorter than the filter, channels with a
-# masked rest, folded long rows, row strides and dilations, asymmetric and large pads, no
-# pads, 3-D, and 6 taps (chunks of 3 that add to dX)
+# backward-data driver: rows of whole blocks and with a short last block, a row of one
+# block and rows shorter than the filter, channels with a masked rest, folded long rows,
+# row strides and dilations, asymmetric and large pads, no pads, 3-D, 6 taps (chunks of 3
+# that add to dX), column strides 2 to 4 (phases of 1 to 3 taps, and phases no tap
+# reaches), a folded strided row, and column dilation (phases without sliding blocks)
 PADDED = [(19, (9, 12), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
           (9, (6, 7), (3, 7), (1, 1), (1, 1), (1, 3), (1, 3)),
           (16, (3, 14), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
@@ -381,7 +382,12 @@ PADDED = [(19, (9, 12), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
           (17, (60,), (24,), (1,), (1,), (20,), (15,)),
           (4, (4, 5, 6), (2, 3, 5), (2, 1, 1), (1, 2, 1), (1, 1, 0), (0, 1, 4)),
           (8, (5, 3), (3, 6), (1, 1), (1, 1), (1, 0), (1, 5)),
-          (3, (2, 20), (1, 5), (1, 1), (1, 1), (0, 0), (0, 0))]
+          (3, (2, 20), (1, 5), (1, 1), (1, 1), (0, 0), (0, 0)),
+          (13, (9, 16), (5, 5), (2, 2), (1, 1), (1, 2), (2, 2)),
+          (10, (5, 23), (3, 7), (1, 3), (1, 1), (1, 3), (1, 3)),
+          (6, (3, 17), (1, 3), (1, 4), (1, 1), (0, 1), (0, 1)),
+          (20, (90,), (33,), (2,), (1,), (16,), (16,)),
+          (7, (6, 19), (3, 5), (1, 2), (1, 2), (1, 4), (1, 3))]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -397,7 +403,6 @@ def test_padded_backward_data_driver(geometry, dtype):
     p = nc.plan("convolution_backprop_data", dy, w, case[1], **attrs).problem
     xs, ys, ws = canonical_shapes(p)
     g = geo(p)
-    assert ks.padded_rows(g)
     want = conv_bwd_data_ref(dy, w, case[1], attrs["strides"], attrs["dilations"],
                              attrs["pads_begin"], attrs["pads_end"], case[0]).reshape(xs)
     tol = dict(rtol=tolerance(dtype), atol=tolerance(dtype) * np.abs(want).max())
@@ -411,33 +416,25 @@ def test_padded_backward_data_driver(geometry, dtype):
 
 
 def test_padded_rows_rule():
-    """The tile ``padded``: backward data at column stride 1 without column dilation from
-    5 column taps; the driver refuses any other geometry."""
-    from numbaconv.strategies import canonical_shapes, geo
+    """The tile ``padded``: backward data at column stride 1 from 5 column taps, dilated
+    or not."""
     from numbaconv.strategies.depthwise import PADDED_MIN_TAPS
 
-    def tiles(kw, sw=1, dw=1, c=16):
+    def plan(kw, sw=1, dw=1, c=16):
         dy_w = (80 + 2 * (kw // 2) * dw - dw * (kw - 1) - 1) // sw + 1
         dy = np.ones((1, 6, dy_w, c), np.float32)
         w = np.ones((3, kw, 1, c), np.float32)
-        plan = nc.plan("convolution_backprop_data", dy, w, (6, 80), strides=(1, sw),
+        return nc.plan("convolution_backprop_data", dy, w, (6, 80), strides=(1, sw),
                        dilations=(1, dw), pads_begin=(1, kw // 2 * dw),
                        pads_end=(1, kw // 2 * dw), groups=c)
-        return plan
 
     assert PADDED_MIN_TAPS == 5
-    for kw in (5, 7, 33):
-        plan = tiles(kw)
-        assert plan.variant == "depthwise-spans" and plan.tiles["padded"] is True, str(plan)
-    for kw, sw, dw in ((3, 1, 2), (5, 2, 1), (7, 1, 2), (4, 1, 1)):
-        plan = tiles(kw, sw, dw)
-        assert plan.tiles.get("padded", False) is False, str(plan)
-        if plan.variant == "depthwise-spans" and (sw, dw) != (1, 1):
-            p = plan.problem
-            xs, ys, ws = canonical_shapes(p)
-            with pytest.raises(ValueError, match="column stride 1"):
-                ks.bwd_d_depthwise_m1(np.ones(ys, np.float32), np.ones(ws, np.float32),
-                                      np.empty(xs, np.float32), geo(p), 1, True)
+    for kw, dw in ((5, 1), (7, 1), (33, 1), (7, 2)):
+        p = plan(kw, dw=dw)
+        assert p.variant == "depthwise-spans" and p.tiles["padded"] is True, str(p)
+    for kw, sw, dw in ((3, 1, 2), (5, 2, 1), (33, 2, 1), (4, 1, 1)):
+        p = plan(kw, sw, dw)
+        assert p.tiles.get("padded", False) is False, str(p)
 
 
 def test_backward_weights_reduces_every_chunk():

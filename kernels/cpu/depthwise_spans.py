@@ -515,28 +515,49 @@ def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
 
 
 def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
-    """:func:`_bwd_d_rows` at column stride 1 without column dilation, over padded rows:
-    each dY row a dX row reads is copied once into a row of this thread's buffer with
-    zeros on both sides, so that every dX pixel takes every column tap and a dX row is one
-    span (no border pixels, whose one-pixel spans read and wrote dX once per row tap and
-    chunk of taps: 20-50% of the time of 5x5 and 7x7 layers over 14 to 56 columns). The
-    zeros cost ``kw - 1`` pixels' taps per row; a block short of ``PB_D`` pixels reads
-    into the zeros past the row (``tail``) and stores only its pixels. A buffer row is
-    kept per residue of the dY row's depth and height, enough for every row tap of a dX
-    row, so that consecutive dX rows reuse the rows they share."""
+    """:func:`_bwd_d_rows` over padded rows: each dY row a dX row reads is copied once
+    into a row of this thread's buffer with zeros on both sides, so that every dX pixel
+    takes every column tap of its stride phase and a phase of a dX row is one span (no
+    border pixels, whose one-pixel spans read and wrote dX once per row tap and chunk of
+    taps: 20-50% of the time of 5x5 and 7x7 layers over 14 to 56 columns). The zeros cost
+    a few pixels' taps per row; a block short of ``PB_D`` pixels reads into the zeros
+    past the row (``tail``) and stores only its pixels. A buffer row is kept per residue
+    of the dY row's depth and height, enough for every row tap of a dX row, so that
+    consecutive dX rows reuse the rows they share."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh = geo[13], geo[14]
-    dd, dh = geo[16], geo[17]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
     pd, ph, pw = geo[19], geo[20], geo[21]
     rows = mb * id_ * ih
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     it = dx.itemsize
     wb, dxb = w.ctypes.data, dx.ctypes.data
-    padl = max(0, kw - 1 - pw)
-    width = padl + max(ow, iw + pw) + PB_D  # columns of a buffer row
+    # per stride phase q (dX columns q, q + sw, ...): its column taps, the phase's pixel
+    # j reading dY column j + base (as in _bwd_d_rows), listed by tap
+    nq = min(sw, iw)
+    big = (kw - 1) * dw // sw + 1  # keeps column arithmetic non-negative
+    ntap = np.zeros(nq, np.int64)
+    base = np.empty((nq, kw), np.int64)
+    tw = np.empty((nq, kw), np.int64)
+    lowest = 0
+    for q in range(nq):
+        for t_w in range(kw):
+            e = q + pw - t_w * dw + big * sw
+            if e % sw == 0:
+                base[q, ntap[q]] = e // sw - big
+                tw[q, ntap[q]] = t_w * C
+                lowest = min(lowest, e // sw - big)
+                ntap[q] += 1
+    padl = -lowest  # buffer column of dY column 0
+    # the last column read: a phase's last pixel plus a short block's overreach
+    width = padl + max(ow, (iw - 1 + pw) // sw + 1) + PB_D
+    tdy = np.empty((nq, kw), np.int64)
+    for q in range(nq):
+        for k in range(ntap[q]):
+            tdy[q, k] = (base[q, k] + padl) * C
     sl_d = (kd - 1) * dd // sd + 1
     sl_h = (kh - 1) * dh // sh + 1
     buf = np.zeros(sl_d * sl_h * width * C, dy.dtype)  # the middles copied on first use
@@ -545,11 +566,6 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     dyf = dy.reshape(-1)
     roff = np.empty(kd * kh, np.int64)
     rw = np.empty(kd * kh, np.int64)
-    tdy = np.empty(kw, np.int64)
-    tw = np.empty(kw, np.int64)
-    for k in range(kw):  # dX column i reads buffer column i + pw + padl - k for tap k
-        tdy[k] = (pw + padl - k) * C
-        tw[k] = k * C
     n_row = ow * C
     for r in range(r0, r1):
         n = r // (id_ * ih)
@@ -581,17 +597,21 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                 roff[nr] = s * width * C
                 rw[nr] = (t_d * kh + t_h) * kw * C
                 nr += 1
-        dxp = dxb + r * iw * C * it
-        if nr == 0:
-            for e in range(iw * C):
-                _store_zero(dxp, e, dx)
-        else:
-            _d_chunks_wide(bb, wb, dxp, roff, rw, nr, tdy, tw, 0, kw, iw, C, C, C, 0, 1, dx)
+        for q in range(nq):
+            npx = (iw - q + sw - 1) // sw
+            dxp = dxb + (r * iw + q) * C * it
+            if nr == 0 or ntap[q] == 0:
+                for p in range(npx):
+                    for c in range(C):
+                        _store_zero(dxp, p * sw * C + c, dx)
+            else:
+                _d_chunks_wide(bb, wb, dxp, roff, rw, nr, tdy[q], tw[q], 0, ntap[q], npx,
+                               sw * C, C, C, 0, 1, dx)
 
 
 _D_ROWS_SIG = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
                "int64[::1], int64, int64)")
-#: the padded driver (see :func:`_bwd_d_rows_pad`, :func:`padded_rows`)
+#: the padded driver (see :func:`_bwd_d_rows_pad`)
 _bwd_d_rows_pad = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows_pad)
 #: the driver for wide kernel rows: its own compiled copy, so that its wider spans (up to
 #: a 56-FMA block per row tap) are compiled only by the problems that use them
@@ -705,19 +725,11 @@ def wide_rows(geo):
     return dw == 1 and (kw // sw >= FOLD_TAPS or (sw == 1 and kw in (5, 7)))
 
 
-def padded_rows(geo):
-    """Whether backward data of ``geo`` can run over padded rows (:func:`_bwd_d_rows_pad`):
-    column stride 1 and column dilation 1."""
-    return geo[15] == 1 and geo[18] == 1
-
-
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks, padded=False):
     """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the
-    padded driver's where ``padded`` (which needs :func:`padded_rows`), else the wide-row
-    driver's where :func:`wide_rows`)."""
+    padded driver's where ``padded`` (:func:`_bwd_d_rows_pad`, any geometry), else the
+    wide-row driver's where :func:`wide_rows`)."""
     if padded:
-        if not padded_rows(geo):
-            raise ValueError("padded rows need column stride 1 and column dilation 1")
         rows = _bwd_d_rows_pad
     else:
         rows = _bwd_d_rows_wide if wide_rows(geo) else _bwd_d_rows

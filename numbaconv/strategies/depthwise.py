@@ -105,12 +105,14 @@ R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
 SPANS_MIN_INTERIOR = 0.3
 R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
              "be border pixels")
-#: Backward data at column stride 1 without column dilation runs over padded rows (the
-#: tile ``padded``) from this many column taps: each dY row a thread reads is copied once
-#: between zeros, so that every dX pixel takes every tap and a row is one span, with no
-#: border pixels (which read and wrote dX once per row tap and chunk of taps). With 3
-#: taps the copy costs more than the borders (a 1-D layer over 512 channels: 2x slower);
-#: from 5 taps, 1.0-1.6x faster (docs/performance.md, "Depthwise").
+#: Backward data at column stride 1 runs over padded rows (the tile ``padded``) from this
+#: many column taps: each dY row a thread reads is copied once between zeros, so that
+#: every dX pixel takes every tap and a row is one span, with no border pixels (which read
+#: and wrote dX once per row tap and chunk of taps). With 3 taps the copy costs more than
+#: the borders (ConvTasNet's 1-D layers: 2x slower); from 5 taps 1.0-1.4x faster, 1.5x
+#: with QuartzNet's 87 taps at dilation 2. At column stride 2 the padded rows were even
+#: with the borders on 5x5 layers and 0.7x on a 1-D one (a whole sequence copied), so
+#: strided layers keep their borders (docs/performance.md, "Depthwise").
 PADDED_MIN_TAPS = 5
 #: The forward pass on spans: column stride 1 (a strided span reads its X pixels apart and
 #: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and at
@@ -359,9 +361,8 @@ class DepthwiseSpans(DepthwiseDirect):
 
 def padded(p):
     """Whether backward data of ``p`` runs the span kernels over padded rows (the tile
-    ``padded``): column stride 1, column dilation 1 and at least ``PADDED_MIN_TAPS``
-    column taps."""
-    return p.stride[-1] == 1 and p.dilation[-1] == 1 and p.ksz[-1] >= PADDED_MIN_TAPS
+    ``padded``): column stride 1 and at least ``PADDED_MIN_TAPS`` column taps."""
+    return p.stride[-1] == 1 and p.ksz[-1] >= PADDED_MIN_TAPS
 
 
 def interior_columns(p):
