@@ -43,6 +43,12 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 # Channels beyond the last whole vector run the same code with masked loads and stores.
 # The drivers are separate serial helpers that serial kernels run over their chunks of
 # rows in parallel through ``par_for`` (no parallel region of their own to compile).
+#
+# Backward data over padded rows (``_bwd_d_rows_pad``, the strategy's tile ``padded``)
+# has no border pixels and no sliding block: each dY row is copied once between zeros in
+# blocks of ``PAD_VECTORS`` vectors of channels, and ``_pspan`` keeps PB_D pixels x
+# PAD_VECTORS vectors of sums in registers over a flat list of taps, each dY vector an FMA
+# memory operand at a constant offset from one pointer.
 # ---------------------------------------------------------------------------------------
 
 #: Pixels per block of a span (backward data, backward weights): a block's slices of the
@@ -117,13 +123,12 @@ def _dspan(NT):
     follow one another, each adding its NT products to the block of dX, in L1."""
 
     @intrinsic
-    def span(typingctx, dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, tail,
-             work):
-        sig = types.void(*([types.intp] * 14), work)
+    def span(typingctx, dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, work):
+        sig = types.void(*([types.intp] * 13), work)
         dtype = work.dtype
 
         def codegen(context, builder, signature, args):
-            dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, tail, _ = args
+            dyp, wp, dxp, trd, trw, nr, tdy, tw, npix, sdx, sdy, C, beta, _ = args
             f, vty, vl = ir_types(context, dtype)
             fp = f.as_pointer()
             i64 = ir.IntType(64)
@@ -167,25 +172,10 @@ def _dspan(NT):
                     dyc = [builder.add(builder.add(ody[k], c), rdy) for k in range(NT)]
                     body(r, dyc, wv, acc_on)
 
-            # a span whose dY may be read past its last pixel (a padded row): a short
-            # block takes the full blocks' code too, storing only its pixels
-            tail_on = builder.icmp_signed("!=", tail, ir.Constant(i64, 0))
-
             def emit(c, p0, cnt, mask):
                 zero = ir.Constant(ty, None)
-                full = builder.and_(slide, builder.or_(
-                    tail_on, builder.icmp_signed("==", cnt, ir.Constant(i64, PB_D))))
-
-                def each_pixel(body):
-                    """``body(q)`` for the block's pixels q < cnt (0 always is one)."""
-                    for q in range(PB_D):
-                        if q == 0:
-                            body(q)
-                        else:
-                            with builder.if_then(builder.icmp_signed(
-                                    "<", ir.Constant(i64, q), cnt)):
-                                body(q)
-
+                full = builder.and_(slide, builder.icmp_signed("==", cnt,
+                                                               ir.Constant(i64, PB_D)))
                 with builder.if_else(full) as (fast, rest):
                     with fast:
                         # a full block: its PB_D sums stay in registers across every row
@@ -195,9 +185,8 @@ def _dspan(NT):
                             for q in range(PB_D)]
                         acc = [cgutils.alloca_once(builder, ty) for _ in range(PB_D)]
                         for q in range(PB_D):
-                            builder.store(zero, acc[q])
-                        with builder.if_then(add0):
-                            each_pixel(lambda q: builder.store(load(px[q], mask), acc[q]))
+                            builder.store(builder.select(add0, load(px[q], mask), zero),
+                                          acc[q])
 
                         def sums(r, dyc, wv, acc_on):
                             dyload = _block_loader(builder, load, pdy,
@@ -218,7 +207,8 @@ def _dspan(NT):
                             for q in range(PB_D):
                                 builder.store(a[q], acc[q])
                         row_taps(c, mask, sums)
-                        each_pixel(lambda q: store(builder.load(acc[q]), px[q], mask))
+                        for q in range(PB_D):
+                            store(builder.load(acc[q]), px[q], mask)
                     with rest:
                         row_taps(c, mask, lambda r, dyc, wv, acc_on: loop_block(
                             c, p0, cnt, dyc, wv, acc_on, mask, zero))
@@ -328,36 +318,123 @@ _dspan7, _dspan5, _dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (7, 5, 3, 2, 1
 FOLD_TAPS = 16
 _wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
 
+#: Backward data over padded rows (:func:`_bwd_d_rows_pad`) keeps this many channel
+#: vectors of a pixel together in its buffers (a block of channels, ``VB`` elements), so
+#: that a block of PB_D pixels holds PB_D x PAD_VECTORS sums in registers and every dY
+#: vector is a memory operand at a constant offset from one pointer.
+PAD_VECTORS = 2
+
+
+@intrinsic
+def _pspan(typingctx, bp, wp, dxp, tdo, two, nt, npix, sdx, bs, wbs, nblk, C, work):
+    """Backward data of one stride phase of a dX row over padded rows in blocks of
+    channels: for each pixel ``p < npix`` and channel ``c < C`` (block ``b = c // VB``,
+    lane ``l = c % VB``), ``dx[p*sdx + c] = sum_i buf[tdo[i] + b*bs + p*VB + l] *
+    wpk[b*wbs + two[i] + l]`` over the ``nt`` taps ``i`` of the row (every row tap's
+    column taps). Addresses ``bp`` (the buffer), ``wp`` (the packed filter), ``dxp``
+    (floats), ``tdo``, ``two`` (``nt`` int64 each, elements). Per block of channels and
+    of PB_D pixels the sums stay in registers across the taps (each sum adds them in
+    their order); a block short of PB_D pixels reads on into the buffer's zeros and
+    stores only its pixels; the last block of channels stores under lane masks."""
+    sig = types.void(*([types.intp] * 12), work)
+    dtype = work.dtype
+
+    def codegen(context, builder, signature, args):
+        bp, wp, dxp, tdo, two, nt, npix, sdx, bs, wbs, nblk, C, _ = args
+        f, vty, vl = ir_types(context, dtype)
+        V, PB = PAD_VECTORS, PB_D
+        VB = V * vl
+        fp = f.as_pointer()
+        i64 = ir.IntType(64)
+
+        def k64(v):
+            return ir.Constant(i64, v)
+
+        pbuf, pw, pdx = (builder.inttoptr(a, fp) for a in (bp, wp, dxp))
+        ptd, ptw = (builder.inttoptr(a, i64.as_pointer()) for a in (tdo, two))
+        fma = fma_fn(builder, vty, dtype, vl)
+        load, store = masked_io(builder, vty, vl)
+        zero = ir.Constant(vty, None)
+        acc = [[cgutils.alloca_once(builder, vty) for _ in range(V)] for _ in range(PB)]
+        nblkp = builder.sdiv(builder.add(npix, k64(PB - 1)), k64(PB))
+        with cgutils.for_range(builder, nblk) as bl:
+            c0 = builder.mul(bl.index, k64(VB))
+            left = builder.sub(C, c0)
+            whole = builder.icmp_signed(">=", left, k64(VB))
+            masks = [lane_mask(builder, builder.sub(left, k64(v * vl)), vl) for v in range(V)]
+            wb0 = builder.mul(bl.index, wbs)
+            with cgutils.for_range(builder, nblkp) as pl:
+                p0 = builder.mul(pl.index, k64(PB))
+                cnt = builder.sub(npix, p0)
+                bb0 = builder.add(builder.mul(bl.index, bs), builder.mul(p0, k64(VB)))
+                for q in range(PB):
+                    for v in range(V):
+                        builder.store(zero, acc[q][v])
+                with cgutils.for_range(builder, nt) as kl:
+                    wo = builder.add(wb0, builder.load(builder.gep(ptw, [kl.index])))
+                    wv = [load(at(builder, pw, builder.add(wo, k64(v * vl)), vty), None)
+                          for v in range(V)]
+                    dp = builder.gep(pbuf, [builder.add(
+                        bb0, builder.load(builder.gep(ptd, [kl.index])))])
+                    for q in range(PB):
+                        for v in range(V):
+                            d = load(at(builder, dp, k64(q * VB + v * vl), vty), None)
+                            builder.store(builder.call(
+                                fma, [d, wv[v], builder.load(acc[q][v])]), acc[q][v])
+
+                def stores(mask):
+                    for q in range(PB):
+                        def one(q=q):
+                            px = builder.add(builder.mul(builder.add(p0, k64(q)), sdx), c0)
+                            for v in range(V):
+                                store(builder.load(acc[q][v]),
+                                      at(builder, pdx, builder.add(px, k64(v * vl)), vty),
+                                      mask[v])
+                        if q == 0:
+                            one()
+                        else:
+                            with builder.if_then(builder.icmp_signed("<", k64(q), cnt)):
+                                one()
+
+                with builder.if_else(whole) as (yes, no):
+                    with yes:
+                        stores([None] * V)
+                    with no:
+                        stores(masks)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+
+
 
 @helper
-def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, tail,
-              work):
+def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work):
     """Column taps ``k .. nt - 1`` of a backward-data span over ``nr`` row taps, in chunks
-    of 3, 2 and 1: the first chunk stores dX unless ``beta``, the others add to it.
-    ``tail``: dY may be read up to ``PB_D`` pixels past the span (a padded row), so that
-    a short block runs the full blocks' code."""
+    of 3, 2 and 1: the first chunk stores dX unless ``beta``, the others add to it."""
     ra, rb = trd.ctypes.data, trw.ctypes.data
     a, b = tdy.ctypes.data, tw.ctypes.data
     while k < nt:
         r = nt - k
         if r >= 3:
             _dspan3(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                    tail, work)
+                    work)
             k += 3
         elif r == 2:
             _dspan2(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                    tail, work)
+                    work)
             k += 2
         else:
             _dspan1(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                    tail, work)
+                    work)
             k += 1
         beta = 1
 
 
 @helper
 def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta,
-                   tail, work):
+                   work):
     """:func:`_d_chunks` for wide kernel rows (``_bwd_d_rows_wide``, see
     :func:`wide_rows`). From ``FOLD_TAPS`` column taps on consecutive dY pixels (a
     phase's interior without column dilation) the row's chunks of 7 become row taps of
@@ -383,20 +460,19 @@ def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C
                     frd[r * nch + j] = trd[r] + tdy[7 * j] - tdy[0]
                     frw[r * nch + j] = trw[r] + tw[7 * j] - tw[0]
             _dspan7(dyb, wb, dxp, frd.ctypes.data, frw.ctypes.data, nr * nch, a, b, npix,
-                    sdx, sdy, C, beta, tail, work)
+                    sdx, sdy, C, beta, work)
             k = 7 * nch
             beta = 1
     ra, rb = trd.ctypes.data, trw.ctypes.data
     if nt - k == 7:
         _dspan7(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                tail, work)
+                work)
         k = nt
     elif nt - k == 5:
         _dspan5(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                tail, work)
+                work)
         k = nt
-    _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, tail,
-              work)
+    _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work)
 
 
 @helper
@@ -510,20 +586,20 @@ def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
                             _store_zero(dxp, p * sw * C + c, dx)
                 else:
                     _d_chunks(dyb, wb, dxp, roff, rw, nr, tdy, tw, 0, nt, j1 - j, sw * C,
-                              C, C, 0, 0, dx)
+                              C, C, 0, dx)
                 j = j1
 
 
 def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
-    """:func:`_bwd_d_rows` over padded rows: each dY row a dX row reads is copied once
-    into a row of this thread's buffer with zeros on both sides, so that every dX pixel
-    takes every column tap of its stride phase and a phase of a dX row is one span (no
-    border pixels, whose one-pixel spans read and wrote dX once per row tap and chunk of
-    taps: 20-50% of the time of 5x5 and 7x7 layers over 14 to 56 columns). The zeros cost
-    a few pixels' taps per row; a block short of ``PB_D`` pixels reads into the zeros
-    past the row (``tail``) and stores only its pixels. A buffer row is kept per residue
-    of the dY row's depth and height, enough for every row tap of a dX row, so that
-    consecutive dX rows reuse the rows they share."""
+    """The rows of dX in chunk ``chunk`` of ``nchunks`` over padded rows (the tile
+    ``padded``): each dY row a dX row reads is copied once into a row of this thread's
+    buffer, between zeros and in blocks of ``VB`` channels (``PAD_VECTORS`` vectors), so
+    that every dX pixel takes every column tap of its stride phase and a phase of a dX
+    row is one :func:`_pspan` (no border pixels, whose one-pixel spans read and wrote dX
+    once per row tap and chunk of taps), and every dY load is a constant offset from one
+    pointer. The filter is packed the same way. A buffer row is kept per residue of the
+    dY row's depth and height, enough for every row tap of a dX row, so that consecutive
+    dX rows reuse the rows they share."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -534,39 +610,58 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     rows = mb * id_ * ih
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     it = dx.itemsize
-    wb, dxb = w.ctypes.data, dx.ctypes.data
+    VB = PAD_VECTORS * (VECTOR_BYTES // it)
+    nblk = (C + VB - 1) // VB
+    T = kd * kh * kw
+    # the filter in blocks of channels: wpk[b, t, l] = w[t, b*VB + l] (zeros past C)
+    # 64-byte aligned (the buffers' vectors whole: a load across a cache line costs two)
+    pad = 64 // it
+    wraw = np.zeros(nblk * T * VB + pad, dy.dtype)
+    s0 = (pad - (wraw.ctypes.data % 64) // it) % pad
+    wpk = wraw[s0:s0 + nblk * T * VB]
+    wf = w.reshape(-1)
+    for t in range(T):
+        for b in range(nblk):
+            m = min(VB, C - b * VB)
+            for l in range(m):
+                wpk[(b * T + t) * VB + l] = wf[t * C + b * VB + l]
     # per stride phase q (dX columns q, q + sw, ...): its column taps, the phase's pixel
-    # j reading dY column j + base (as in _bwd_d_rows), listed by tap
+    # j reading dY column j + base (as in _bwd_d_rows)
     nq = min(sw, iw)
     big = (kw - 1) * dw // sw + 1  # keeps column arithmetic non-negative
     ntap = np.zeros(nq, np.int64)
     base = np.empty((nq, kw), np.int64)
-    tw = np.empty((nq, kw), np.int64)
+    twt = np.empty((nq, kw), np.int64)
     lowest = 0
     for q in range(nq):
         for t_w in range(kw):
             e = q + pw - t_w * dw + big * sw
             if e % sw == 0:
                 base[q, ntap[q]] = e // sw - big
-                tw[q, ntap[q]] = t_w * C
+                twt[q, ntap[q]] = t_w * VB
                 lowest = min(lowest, e // sw - big)
                 ntap[q] += 1
     padl = -lowest  # buffer column of dY column 0
     # the last column read: a phase's last pixel plus a short block's overreach
     width = padl + max(ow, (iw - 1 + pw) // sw + 1) + PB_D
-    tdy = np.empty((nq, kw), np.int64)
+    tdb = np.empty((nq, kw), np.int64)
     for q in range(nq):
         for k in range(ntap[q]):
-            tdy[q, k] = (base[q, k] + padl) * C
+            tdb[q, k] = base[q, k] + padl
     sl_d = (kd - 1) * dd // sd + 1
     sl_h = (kh - 1) * dh // sh + 1
-    buf = np.zeros(sl_d * sl_h * width * C, dy.dtype)  # the middles copied on first use
+    bs = width * VB  # one block of channels of a buffer row
+    slot = nblk * bs
+    braw = np.zeros(sl_d * sl_h * slot + pad, dy.dtype)  # the middles copied on first use
+    s0 = (pad - (braw.ctypes.data % 64) // it) % pad
+    buf = braw[s0:s0 + sl_d * sl_h * slot]
     tag = np.full(sl_d * sl_h, -1, np.int64)  # which dY row each buffer row holds
-    bb = buf.ctypes.data
+    dxb = dx.ctypes.data
     dyf = dy.reshape(-1)
     roff = np.empty(kd * kh, np.int64)
     rw = np.empty(kd * kh, np.int64)
-    n_row = ow * C
+    tdo = np.empty(kd * kh * kw, np.int64)  # a phase's taps: buffer and filter offsets
+    two = np.empty(kd * kh * kw, np.int64)
     for r in range(r0, r1):
         n = r // (id_ * ih)
         i_d = (r // ih) % id_
@@ -589,13 +684,16 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                 row = (n * od + o_d) * oh + o_h
                 s = (o_d % sl_d) * sl_h + o_h % sl_h
                 if tag[s] != row:
-                    dst = (s * width + padl) * C
-                    src = row * n_row
-                    for e in range(n_row):
-                        buf[dst + e] = dyf[src + e]
+                    for o_w in range(ow):
+                        src = (row * ow + o_w) * C
+                        dst = s * slot + (padl + o_w) * VB
+                        for b in range(nblk):
+                            m = min(VB, C - b * VB)
+                            for l in range(m):
+                                buf[dst + b * bs + l] = dyf[src + b * VB + l]
                     tag[s] = row
-                roff[nr] = s * width * C
-                rw[nr] = (t_d * kh + t_h) * kw * C
+                roff[nr] = s * slot
+                rw[nr] = (t_d * kh + t_h) * kw * VB
                 nr += 1
         for q in range(nq):
             npx = (iw - q + sw - 1) // sw
@@ -605,8 +703,16 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                     for c in range(C):
                         _store_zero(dxp, p * sw * C + c, dx)
             else:
-                _d_chunks_wide(bb, wb, dxp, roff, rw, nr, tdy[q], tw[q], 0, ntap[q], npx,
-                               sw * C, C, C, 0, 1, dx)
+                nt = 0
+                for i in range(nr):
+                    for k in range(ntap[q]):
+                        tdo[nt] = roff[i] + tdb[q, k] * VB
+                        two[nt] = rw[i] + twt[q, k]
+                        nt += 1
+                # the buffers' addresses taken here, where they are used: Numba frees an
+                # array after its last use, and an address is not a use
+                _pspan(buf.ctypes.data, wpk.ctypes.data, dxp, tdo.ctypes.data,
+                       two.ctypes.data, nt, npx, sw * C, bs, T * VB, nblk, C, dx)
 
 
 _D_ROWS_SIG = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
@@ -706,8 +812,7 @@ def _fwd_rows(x, w, y, geo, nchunks, chunk):
                     for c in range(C):
                         _store_zero(yp, p * C + c, y)
             else:
-                _d_chunks(xb, wb, yp, roff, rw, nr, tx, tw, 0, nt, j1 - j, C, sw * C, C, 0, 0,
-                          y)
+                _d_chunks(xb, wb, yp, roff, rw, nr, tx, tw, 0, nt, j1 - j, C, sw * C, C, 0, y)
             j = j1
 
 
@@ -726,9 +831,9 @@ def wide_rows(geo):
 
 
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks, padded=False):
-    """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the
-    padded driver's where ``padded`` (:func:`_bwd_d_rows_pad`, any geometry), else the
-    wide-row driver's where :func:`wide_rows`)."""
+    """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the padded
+    driver's where ``padded`` (:func:`_bwd_d_rows_pad`, any geometry), else the wide-row
+    driver's where :func:`wide_rows`)."""
     if padded:
         rows = _bwd_d_rows_pad
     else:

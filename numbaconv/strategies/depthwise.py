@@ -101,18 +101,19 @@ R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
 #: The span kernels decline a layer where fewer than this fraction of the output columns
 #: read no padding: every span is a border pixel of one tap table, and the general loop
 #: nest runs 1.3-2.1x faster (ConvNeXt's 7x7 filters over 7x7 images, docs/performance.md,
-#: "Depthwise"); at 3 of 7 columns (5x5 over 7x7) the two are even.
+#: "Depthwise"); at 3 of 7 columns (5x5 over 7x7) the two are even. Backward data over
+#: padded rows has no border pixels and takes such layers (ConvNeXt's stage 4: 1.1x).
 SPANS_MIN_INTERIOR = 0.3
 R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
              "be border pixels")
 #: Backward data at column stride 1 runs over padded rows (the tile ``padded``) from this
-#: many column taps: each dY row a thread reads is copied once between zeros, so that
-#: every dX pixel takes every tap and a row is one span, with no border pixels (which read
-#: and wrote dX once per row tap and chunk of taps). With 3 taps the copy costs more than
-#: the borders (ConvTasNet's 1-D layers: 2x slower); from 5 taps 1.0-1.4x faster, 1.5x
-#: with QuartzNet's 87 taps at dilation 2. At column stride 2 the padded rows were even
-#: with the borders on 5x5 layers and 0.7x on a 1-D one (a whole sequence copied), so
-#: strided layers keep their borders (docs/performance.md, "Depthwise").
+#: many column taps: each dY row a thread reads is copied once, between zeros and in
+#: blocks of channels, so that every dX pixel takes every tap, a row is one span with no
+#: border pixels, and every dY load is a constant offset from one pointer (see
+#: ``depthwise_spans._bwd_d_rows_pad``). Same process against the bordered spans, AVX2:
+#: 7x7 1.5-2.0x, QuartzNet's 33-87 taps 1.4-3.2x, 5x5 0.96-1.3x; with 3 taps the copy
+#: costs more than the borders (ConvTasNet's 1-D layers: 2-3x slower), and at column
+#: stride 2 the padded rows lost 3-16% (docs/performance.md, "Depthwise").
 PADDED_MIN_TAPS = 5
 #: The forward pass on spans: column stride 1 (a strided span reads its X pixels apart and
 #: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and at
@@ -341,7 +342,7 @@ class DepthwiseSpans(DepthwiseDirect):
         if p.oc != p.ic:
             return R_MULTIPLIER.format(m=p.oc // p.ic)
         n, ow = interior_columns(p), p.osz[-1]
-        if n < SPANS_MIN_INTERIOR * ow:
+        if n < SPANS_MIN_INTERIOR * ow and not (p.direction == "bwd_d" and padded(p)):
             return R_BORDERS.format(n=n, ow=ow, f=SPANS_MIN_INTERIOR)
         if p.direction == "fwd":
             if p.stride[-1] != 1:
