@@ -305,7 +305,6 @@ def test_kernel_choice():
     # (2 of 8 columns read no padding at 7x7 -> declined below SPANS_MIN_INTERIOR; 4 at
     # 5x5 -> the spans), except backward data over padded rows, which has no borders
     assert kernels(wide, np.float32, 1, k=7) == ("spans", "general")
-    assert kernels(wide, np.float32, (1, 2), k=7) == ("general", "general")
     assert kernels(wide, np.float32, 1, k=5) == ("spans", "spans")
 
 
@@ -417,8 +416,7 @@ def test_padded_backward_data_driver(geometry, dtype):
 
 
 def test_padded_rows_rule():
-    """The tile ``padded``: backward data at column stride 1 from 5 column taps, dilated
-    or not."""
+    """The tile ``padded``: backward data from 5 column taps, strided or dilated or not."""
     from numbaconv.strategies.depthwise import PADDED_MIN_TAPS
 
     def plan(kw, sw=1, dw=1, c=16):
@@ -430,10 +428,10 @@ def test_padded_rows_rule():
                        pads_end=(1, kw // 2 * dw), groups=c)
 
     assert PADDED_MIN_TAPS == 5
-    for kw, dw in ((5, 1), (7, 1), (33, 1), (7, 2)):
-        p = plan(kw, dw=dw)
+    for kw, sw, dw in ((5, 1, 1), (7, 1, 1), (33, 1, 1), (7, 1, 2), (5, 2, 1), (33, 2, 1)):
+        p = plan(kw, sw, dw)
         assert p.variant == "depthwise-spans" and p.tiles["padded"] is True, str(p)
-    for kw, sw, dw in ((3, 1, 2), (5, 2, 1), (33, 2, 1), (4, 1, 1)):
+    for kw, sw, dw in ((3, 1, 2), (3, 3, 1), (4, 1, 1)):
         p = plan(kw, sw, dw)
         assert p.tiles.get("padded", False) is False, str(p)
 

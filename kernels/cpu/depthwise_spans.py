@@ -496,6 +496,21 @@ def _w_chunks(xb, dyp, pb, trx, trp, nr, tx, tp, nt, npix, sx, sdy, C, work):
 
 
 @intrinsic
+def _copy(typingctx, dst, src, nbytes):
+    """Copy ``nbytes`` from the address ``src`` to ``dst`` (``llvm.memcpy``: a constant
+    size becomes a few vector moves)."""
+    sig = types.void(types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        d, s, n = args
+        i8p = ir.IntType(8).as_pointer()
+        cgutils.raw_memcpy(builder, builder.inttoptr(d, i8p), builder.inttoptr(s, i8p), n, 1)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _store_zero(typingctx, base, index, work):
     """``base[index] = 0`` for an address ``base`` of ``work``'s dtype."""
     sig = types.void(types.intp, types.intp, work)
@@ -619,12 +634,10 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     wraw = np.zeros(nblk * T * VB + pad, dy.dtype)
     s0 = (pad - (wraw.ctypes.data % 64) // it) % pad
     wpk = wraw[s0:s0 + nblk * T * VB]
-    wf = w.reshape(-1)
     for t in range(T):
         for b in range(nblk):
-            m = min(VB, C - b * VB)
-            for l in range(m):
-                wpk[(b * T + t) * VB + l] = wf[t * C + b * VB + l]
+            _copy(wpk.ctypes.data + (b * T + t) * VB * it, w.ctypes.data + (t * C + b * VB) * it,
+                  min(VB, C - b * VB) * it)
     # per stride phase q (dX columns q, q + sw, ...): its column taps, the phase's pixel
     # j reading dY column j + base (as in _bwd_d_rows)
     nq = min(sw, iw)
@@ -657,7 +670,7 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     buf = braw[s0:s0 + sl_d * sl_h * slot]
     tag = np.full(sl_d * sl_h, -1, np.int64)  # which dY row each buffer row holds
     dxb = dx.ctypes.data
-    dyf = dy.reshape(-1)
+    dyb = dy.ctypes.data
     roff = np.empty(kd * kh, np.int64)
     rw = np.empty(kd * kh, np.int64)
     tdo = np.empty(kd * kh * kw, np.int64)  # a phase's taps: buffer and filter offsets
@@ -684,13 +697,16 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                 row = (n * od + o_d) * oh + o_h
                 s = (o_d % sl_d) * sl_h + o_h % sl_h
                 if tag[s] != row:
+                    # block by block (a copy of whole vectors; Numba's element loop, with
+                    # its index wraparound, took as long as the spans themselves)
+                    ba = buf.ctypes.data + s * slot * it
                     for o_w in range(ow):
-                        src = (row * ow + o_w) * C
-                        dst = s * slot + (padl + o_w) * VB
-                        for b in range(nblk):
-                            m = min(VB, C - b * VB)
-                            for l in range(m):
-                                buf[dst + b * bs + l] = dyf[src + b * VB + l]
+                        src = dyb + (row * ow + o_w) * C * it
+                        dst = ba + (padl + o_w) * VB * it
+                        for b in range(nblk - 1):
+                            _copy(dst + b * bs * it, src + b * VB * it, VB * it)
+                        _copy(dst + (nblk - 1) * bs * it, src + (nblk - 1) * VB * it,
+                              (C - (nblk - 1) * VB) * it)
                     tag[s] = row
                 roff[nr] = s * slot
                 rw[nr] = (t_d * kh + t_h) * kw * VB

@@ -106,14 +106,14 @@ R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
 SPANS_MIN_INTERIOR = 0.3
 R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
              "be border pixels")
-#: Backward data at column stride 1 runs over padded rows (the tile ``padded``) from this
-#: many column taps: each dY row a thread reads is copied once, between zeros and in
-#: blocks of channels, so that every dX pixel takes every tap, a row is one span with no
-#: border pixels, and every dY load is a constant offset from one pointer (see
+#: Backward data runs over padded rows (the tile ``padded``) from this many column taps:
+#: each dY row a thread reads is copied once, between zeros and in blocks of channels, so
+#: that every dX pixel takes every tap of its stride phase, a phase of a row is one span
+#: with no border pixels, and every dY load is a constant offset from one pointer (see
 #: ``depthwise_spans._bwd_d_rows_pad``). Same process against the bordered spans, AVX2:
-#: 7x7 1.5-2.0x, QuartzNet's 33-87 taps 1.4-3.2x, 5x5 0.96-1.3x; with 3 taps the copy
-#: costs more than the borders (ConvTasNet's 1-D layers: 2-3x slower), and at column
-#: stride 2 the padded rows lost 3-16% (docs/performance.md, "Depthwise").
+#: 5x5 1.4-2.0x, 7x7 2.3-2.8x, QuartzNet's 33-87 taps 2-3x, 5x5 and 33 taps at column
+#: stride 2 1.1-1.5x; with 3 taps the copy costs more than the borders (ConvTasNet's
+#: memory-bound 1-D layers: 2x slower) (docs/performance.md, "Depthwise").
 PADDED_MIN_TAPS = 5
 #: The forward pass on spans: column stride 1 (a strided span reads its X pixels apart and
 #: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and at
@@ -362,8 +362,8 @@ class DepthwiseSpans(DepthwiseDirect):
 
 def padded(p):
     """Whether backward data of ``p`` runs the span kernels over padded rows (the tile
-    ``padded``): column stride 1 and at least ``PADDED_MIN_TAPS`` column taps."""
-    return p.stride[-1] == 1 and p.ksz[-1] >= PADDED_MIN_TAPS
+    ``padded``): at least ``PADDED_MIN_TAPS`` column taps."""
+    return p.ksz[-1] >= PADDED_MIN_TAPS
 
 
 def interior_columns(p):
