@@ -139,23 +139,29 @@ def test_forward_span_driver_matches_reference(name, dtype):
 
 
 def test_forward_spans_rule():
-    """Forward takes the spans at column stride 1 up to SPANS_FWD_MAX_BYTES of channels per
-    pixel (3x3: the nine-term kernel first), the general loop nest otherwise; forced, the
-    entry names its reason."""
+    """Forward takes the spans at column stride 1: over padded rows from PADDED_MIN_TAPS
+    column taps, whatever the channels; with fewer, up to SPANS_FWD_MAX_BYTES of channels
+    per pixel (3x3: the nine-term kernel first), the general loop nest otherwise; forced,
+    the entry names its reason."""
     from numbaconv.strategies.depthwise import SPANS_FWD_MAX_BYTES
 
-    def forward(c, stride=1, k=5, dtype=np.float32):
+    def forward(c, stride=1, k=5, dtype=np.float32, kh=None):
+        kh = k if kh is None else kh
         x = np.zeros((1, 12, 12, c), dtype)
-        w = np.zeros((k, k, 1, c), dtype)
-        kw = dict(strides=stride, groups=c, pads_begin=k // 2, pads_end=k // 2)
+        w = np.zeros((kh, k, 1, c), dtype)
+        kw = dict(strides=stride, groups=c, pads_begin=(kh // 2, k // 2),
+                  pads_end=(kh // 2, k // 2))
         return nc.plan("convolution", x, w, strategy="direct", **kw), kw, x, w
 
     most = SPANS_FWD_MAX_BYTES // 4
     assert _kernel(forward(most)[0]) == "spans"
     assert _kernel(forward(most, k=7)[0]) == "spans"
-    assert _kernel(forward(most // 2, dtype=np.float64)[0]) == "spans"
-    assert _kernel(forward(most + 1)[0]) == "general"
-    assert _kernel(forward(most // 2 + 1, dtype=np.float64)[0]) == "general"
+    assert _kernel(forward(most + 1)[0]) == "spans"  # padded: any width
+    assert forward(most + 1)[0].tiles["padded"] is True
+    assert _kernel(forward(most, k=3, kh=5)[0]) == "spans"
+    assert _kernel(forward(most // 2, k=3, kh=5, dtype=np.float64)[0]) == "spans"
+    assert _kernel(forward(most + 1, k=3, kh=5)[0]) == "general"
+    assert _kernel(forward(most // 2 + 1, k=3, kh=5, dtype=np.float64)[0]) == "general"
     assert _kernel(forward(16, stride=2)[0]) == "general"
     assert _kernel(forward(16, k=3)[0]) == "unrolled_3x3"
     _, kw, x, w = forward(16, stride=(1, 2))
@@ -415,6 +421,26 @@ def test_padded_backward_data_driver(geometry, dtype):
     np.testing.assert_allclose(dx, want, **tol)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("geometry", [g for g in PADDED if g[3][-1] == 1])
+def test_padded_forward_driver(geometry, dtype):
+    """The padded forward driver (column stride 1) called directly on NaN-filled Y with 1,
+    2 and 64 chunks, against the reference."""
+    from numbaconv.strategies import canonical_shapes, geo
+
+    case = (*geometry, 1)
+    x, w, _, attrs = _operands(case, dtype, seed=9)
+    p = nc.plan("convolution", x, w, **attrs).problem
+    xs, ys, ws = canonical_shapes(p)
+    want = conv_fwd_ref(x, w, attrs["strides"], attrs["dilations"], attrs["pads_begin"],
+                        attrs["pads_end"], case[0]).reshape(ys)
+    tol = dict(rtol=tolerance(dtype), atol=tolerance(dtype) * np.abs(want).max())
+    for chunks in (1, 2, 64):
+        y = np.full(ys, np.nan, dtype)
+        ks.fwd_depthwise_m1(x.reshape(xs), w.reshape(ws), y, geo(p), chunks, True)
+        np.testing.assert_allclose(y, want, err_msg=f"{chunks} chunks", **tol)
+
+
 def test_padded_rows_rule():
     """The tile ``padded``: backward data from 5 column taps, strided or dilated or not."""
     from numbaconv.strategies.depthwise import PADDED_MIN_TAPS
@@ -434,6 +460,15 @@ def test_padded_rows_rule():
     for kw, sw, dw in ((3, 1, 2), (3, 3, 1), (4, 1, 1)):
         p = plan(kw, sw, dw)
         assert p.tiles.get("padded", False) is False, str(p)
+    # the forward pass: column stride 1 only (a strided output row reads its pixels apart)
+    x = np.ones((1, 6, 80, 16), np.float32)
+    for kw, sw, want in ((5, 1, True), (7, 1, True), (5, 2, None)):
+        p = nc.plan("convolution", x, np.ones((3, kw, 1, 16), np.float32), strides=(1, sw),
+                    pads_begin=(1, kw // 2), pads_end=(1, kw // 2), groups=16)
+        if want is None:
+            assert p.variant != "depthwise-spans", str(p)
+        else:
+            assert p.variant == "depthwise-spans" and p.tiles["padded"] is want, str(p)
 
 
 def test_backward_weights_reduces_every_chunk():

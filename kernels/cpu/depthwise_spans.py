@@ -605,6 +605,45 @@ def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
                 j = j1
 
 
+@helper
+def _aligned_zeros(n, like):
+    """``n`` zeros of ``like``'s dtype starting on a 64-byte boundary (a vector load across
+    a cache line costs two). The caller keeps the result in use until its last address is
+    taken: Numba frees an array after its last use, and an address is not a use."""
+    it = like.itemsize
+    pad = 64 // it
+    raw = np.zeros(n + pad, like.dtype)
+    s = (pad - (raw.ctypes.data % 64) // it) % pad
+    return raw[s:s + n]
+
+
+@helper
+def _pack_filter(w, wpk, T, C, VB):
+    """``wpk[b, t, l] = w[t, b*VB + l]``: the ``T`` taps' filter in blocks of ``VB``
+    channels (``wpk`` zeros past ``C``)."""
+    it = w.itemsize
+    for t in range(T):
+        for b in range((C + VB - 1) // VB):
+            _copy(wpk.ctypes.data + (b * T + t) * VB * it, w.ctypes.data + (t * C + b * VB) * it,
+                  min(VB, C - b * VB) * it)
+
+
+@helper
+def _copy_row(buf, dst, src, npx, C, VB, bs):
+    """``npx`` pixels of ``C`` channels at the address ``src`` into ``buf`` from element
+    ``dst`` in blocks of ``VB`` channels ``bs`` elements apart, a pixel ``VB`` elements
+    after the last (block by block: Numba's element loop, with its index wraparound, took
+    as long as the spans themselves)."""
+    it = buf.itemsize
+    nblk = (C + VB - 1) // VB
+    for p in range(npx):
+        d = buf.ctypes.data + (dst + p * VB) * it
+        s = src + p * C * it
+        for b in range(nblk - 1):
+            _copy(d + b * bs * it, s + b * VB * it, VB * it)
+        _copy(d + (nblk - 1) * bs * it, s + (nblk - 1) * VB * it, (C - (nblk - 1) * VB) * it)
+
+
 def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     """The rows of dX in chunk ``chunk`` of ``nchunks`` over padded rows (the tile
     ``padded``): each dY row a dX row reads is copied once into a row of this thread's
@@ -630,14 +669,8 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     T = kd * kh * kw
     # the filter in blocks of channels: wpk[b, t, l] = w[t, b*VB + l] (zeros past C)
     # 64-byte aligned (the buffers' vectors whole: a load across a cache line costs two)
-    pad = 64 // it
-    wraw = np.zeros(nblk * T * VB + pad, dy.dtype)
-    s0 = (pad - (wraw.ctypes.data % 64) // it) % pad
-    wpk = wraw[s0:s0 + nblk * T * VB]
-    for t in range(T):
-        for b in range(nblk):
-            _copy(wpk.ctypes.data + (b * T + t) * VB * it, w.ctypes.data + (t * C + b * VB) * it,
-                  min(VB, C - b * VB) * it)
+    wpk = _aligned_zeros(nblk * T * VB, dy)
+    _pack_filter(w, wpk, T, C, VB)
     # per stride phase q (dX columns q, q + sw, ...): its column taps, the phase's pixel
     # j reading dY column j + base (as in _bwd_d_rows)
     nq = min(sw, iw)
@@ -665,9 +698,7 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     sl_h = (kh - 1) * dh // sh + 1
     bs = width * VB  # one block of channels of a buffer row
     slot = nblk * bs
-    braw = np.zeros(sl_d * sl_h * slot + pad, dy.dtype)  # the middles copied on first use
-    s0 = (pad - (braw.ctypes.data % 64) // it) % pad
-    buf = braw[s0:s0 + sl_d * sl_h * slot]
+    buf = _aligned_zeros(sl_d * sl_h * slot, dy)  # the middles copied on first use
     tag = np.full(sl_d * sl_h, -1, np.int64)  # which dY row each buffer row holds
     dxb = dx.ctypes.data
     dyb = dy.ctypes.data
@@ -697,16 +728,8 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                 row = (n * od + o_d) * oh + o_h
                 s = (o_d % sl_d) * sl_h + o_h % sl_h
                 if tag[s] != row:
-                    # block by block (a copy of whole vectors; Numba's element loop, with
-                    # its index wraparound, took as long as the spans themselves)
-                    ba = buf.ctypes.data + s * slot * it
-                    for o_w in range(ow):
-                        src = dyb + (row * ow + o_w) * C * it
-                        dst = ba + (padl + o_w) * VB * it
-                        for b in range(nblk - 1):
-                            _copy(dst + b * bs * it, src + b * VB * it, VB * it)
-                        _copy(dst + (nblk - 1) * bs * it, src + (nblk - 1) * VB * it,
-                              (C - (nblk - 1) * VB) * it)
+                    _copy_row(buf, s * slot + padl * VB, dyb + row * ow * C * it, ow, C, VB,
+                              bs)
                     tag[s] = row
                 roff[nr] = s * slot
                 rw[nr] = (t_d * kh + t_h) * kw * VB
@@ -735,6 +758,73 @@ _D_ROWS_SIG = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :,
                "int64[::1], int64, int64)")
 #: the padded driver (see :func:`_bwd_d_rows_pad`)
 _bwd_d_rows_pad = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows_pad)
+
+
+def _fwd_rows_pad(x, w, y, geo, nchunks, chunk):
+    """The rows of Y in chunk ``chunk`` of ``nchunks`` over padded rows, column stride 1
+    (:func:`_bwd_d_rows_pad` with X in dY's place): each input row an output row reads is
+    copied once between zeros in blocks of channels, and an output row is one
+    :func:`_pspan` over its row taps' column taps."""
+    mb, C = geo[0], geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh = geo[13], geo[14]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    rows = mb * od * oh
+    r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
+    it = y.itemsize
+    VB = PAD_VECTORS * (VECTOR_BYTES // it)
+    nblk = (C + VB - 1) // VB
+    T = kd * kh * kw
+    wpk = _aligned_zeros(nblk * T * VB, x)
+    _pack_filter(w, wpk, T, C, VB)
+    # output column j, tap t_w reads buffer column j + t_w*dw (input column j - pw +
+    # t_w*dw at buffer column + pw); past the last: a short block's overreach
+    width = max(pw + iw, ow + (kw - 1) * dw) + PB_D
+    sl_d = (kd - 1) * dd + 1
+    sl_h = (kh - 1) * dh + 1
+    bs = width * VB
+    slot = nblk * bs
+    buf = _aligned_zeros(sl_d * sl_h * slot, x)
+    tag = np.full(sl_d * sl_h, -1, np.int64)
+    xb, yb = x.ctypes.data, y.ctypes.data
+    tdo = np.empty(kd * kh * kw, np.int64)
+    two = np.empty(kd * kh * kw, np.int64)
+    for r in range(r0, r1):
+        n = r // (od * oh)
+        o_d = (r // oh) % od
+        o_h = r % oh
+        nt = 0
+        for t_d in range(kd):
+            i_d = o_d * sd - pd + t_d * dd
+            if i_d < 0 or i_d >= id_:
+                continue
+            for t_h in range(kh):
+                i_h = o_h * sh - ph + t_h * dh
+                if i_h < 0 or i_h >= ih:
+                    continue
+                row = (n * id_ + i_d) * ih + i_h
+                s = (i_d % sl_d) * sl_h + i_h % sl_h
+                if tag[s] != row:
+                    _copy_row(buf, s * slot + pw * VB, xb + row * iw * C * it, iw, C, VB, bs)
+                    tag[s] = row
+                for k in range(kw):
+                    tdo[nt] = s * slot + k * dw * VB
+                    two[nt] = ((t_d * kh + t_h) * kw + k) * VB
+                    nt += 1
+        yp = yb + r * ow * C * it
+        if nt == 0:
+            for e in range(ow * C):
+                _store_zero(yp, e, y)
+        else:
+            _pspan(buf.ctypes.data, wpk.ctypes.data, yp, tdo.ctypes.data, two.ctypes.data, nt,
+                   ow, C, bs, T * VB, nblk, C, y)
+
+
+#: the padded forward driver (see :func:`_fwd_rows_pad`)
+_fwd_rows_pad = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_fwd_rows_pad)
 #: the driver for wide kernel rows: its own compiled copy, so that its wider spans (up to
 #: a 56-FMA block per row tap) are compiled only by the problems that use them
 _bwd_d_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
@@ -857,11 +947,17 @@ def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks, padded=False):
     bwd_d_m1_kernel(rows.table(dtype_name(dx.dtype)), dy, w, dx, geo, nchunks)
 
 
-def fwd_depthwise_m1(x, w, y, geo, nchunks):
+def fwd_depthwise_m1(x, w, y, geo, nchunks, padded=False):
     """y = depthwise conv(x, w) for multiplier 1, any kernel, stride, dilation and padding:
     :func:`bwd_d_m1_kernel` running the forward row driver (:func:`_fwd_rows`; the wide-row
-    one where :func:`wide_rows`), ``nchunks`` contiguous ranges of Y rows."""
-    rows = _fwd_rows_wide if wide_rows(geo) else _fwd_rows
+    one where :func:`wide_rows`; the padded one where ``padded``, which needs column
+    stride 1), ``nchunks`` contiguous ranges of Y rows."""
+    if padded:
+        if geo[15] != 1:
+            raise ValueError("the padded forward driver needs column stride 1")
+        rows = _fwd_rows_pad
+    else:
+        rows = _fwd_rows_wide if wide_rows(geo) else _fwd_rows
     bwd_d_m1_kernel(rows.table(dtype_name(y.dtype)), x, w, y, geo, nchunks)
 
 

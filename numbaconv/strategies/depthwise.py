@@ -106,19 +106,22 @@ R_NARROW = ("{b} bytes of channels per pixel (< %d): the span kernel wins"
 SPANS_MIN_INTERIOR = 0.3
 R_BORDERS = ("{n} of {ow} output columns read no padding (< {f:.0%}): the spans would all "
              "be border pixels")
-#: Backward data runs over padded rows (the tile ``padded``) from this many column taps:
-#: each dY row a thread reads is copied once, between zeros and in blocks of channels, so
-#: that every dX pixel takes every tap of its stride phase, a phase of a row is one span
-#: with no border pixels, and every dY load is a constant offset from one pointer (see
-#: ``depthwise_spans._bwd_d_rows_pad``). Same process against the bordered spans, AVX2:
-#: 5x5 1.4-2.0x, 7x7 2.3-2.8x, QuartzNet's 33-87 taps 2-3x, 5x5 and 33 taps at column
-#: stride 2 1.1-1.5x; with 3 taps the copy costs more than the borders (ConvTasNet's
-#: memory-bound 1-D layers: 2x slower) (docs/performance.md, "Depthwise").
+#: Backward data and the forward pass (at column stride 1) run over padded rows (the tile
+#: ``padded``) from this many column taps: each dY (X) row a thread reads is copied once,
+#: between zeros and in blocks of channels, so that every output pixel takes every tap of
+#: its stride phase, a phase of a row is one span with no border pixels, and every load
+#: is a constant offset from one pointer (see ``depthwise_spans._bwd_d_rows_pad``). Same
+#: process, AVX2: backward data against the bordered spans 5x5 1.4-2.0x, 7x7 2.3-2.8x,
+#: QuartzNet's 33-87 taps 2-3x, column stride 2 1.1-1.5x; forward against the faster of
+#: the general loop nest and the bordered spans 1.4-2.0x. With 3 taps the copy costs more
+#: than the borders (ConvTasNet's memory-bound 1-D layers: 2x slower)
+#: (docs/performance.md, "Depthwise").
 PADDED_MIN_TAPS = 5
 #: The forward pass on spans: column stride 1 (a strided span reads its X pixels apart and
-#: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and at
-#: most this many bytes of channels per pixel (wider, the general loop nest keeps up)
-#: (measured: docs/performance.md, Numbers behind the constants).
+#: loses backward data's sliding blocks: 1.5-2x slower than the general loop nest) and,
+#: without padded rows (fewer than PADDED_MIN_TAPS column taps), at most this many bytes
+#: of channels per pixel (wider, the general loop nest keeps up) (measured:
+#: docs/performance.md, Numbers behind the constants).
 SPANS_FWD_MAX_BYTES = 1024
 R_FWD_STRIDE = ("forward at column stride {s}: strided spans lose their sliding blocks; the "
                 "general loop nest is faster")
@@ -225,7 +228,8 @@ class DepthwiseDirect(Direct):
                 k.fwd_depthwise_3x3(ops["x"], ops["w"], y, g)
             elif self.kernel == "spans":
                 y = memory.empty(ys, ct)
-                ks.fwd_depthwise_m1(ops["x"], ops["w"], y, g, tiles["chunks"])
+                ks.fwd_depthwise_m1(ops["x"], ops["w"], y, g, tiles["chunks"],
+                                    bool(tiles.get("padded")))
             else:
                 y = memory.zeros(ys, ct)
                 k.fwd_depthwise(ops["x"], ops["w"], y, g)
@@ -341,29 +345,31 @@ class DepthwiseSpans(DepthwiseDirect):
             return why
         if p.oc != p.ic:
             return R_MULTIPLIER.format(m=p.oc // p.ic)
+        if p.direction == "fwd" and p.stride[-1] != 1:
+            return R_FWD_STRIDE.format(s=p.stride[-1])
+        if p.direction in ("fwd", "bwd_d") and padded(p):
+            return None  # no border pixels, no sliding block
         n, ow = interior_columns(p), p.osz[-1]
-        if n < SPANS_MIN_INTERIOR * ow and not (p.direction == "bwd_d" and padded(p)):
+        if n < SPANS_MIN_INTERIOR * ow:
             return R_BORDERS.format(n=n, ow=ow, f=SPANS_MIN_INTERIOR)
-        if p.direction == "fwd":
-            if p.stride[-1] != 1:
-                return R_FWD_STRIDE.format(s=p.stride[-1])
-            if p.ic * itemsize(p) > SPANS_FWD_MAX_BYTES:
-                return R_FWD_WIDE.format(b=p.ic * itemsize(p))
+        if p.direction == "fwd" and p.ic * itemsize(p) > SPANS_FWD_MAX_BYTES:
+            return R_FWD_WIDE.format(b=p.ic * itemsize(p))
         return None
 
     def tiles(self, p, machine):
         t = super().tiles(p, machine)
         if p.direction in ("fwd", "bwd_d"):  # one contiguous range of rows per thread
             t["chunks"] = max(1, min(machine.cores, t["rows"]))
-        if p.direction == "bwd_d":
+        if p.direction in ("fwd", "bwd_d"):
             t["padded"] = padded(p)
         return t
 
 
 def padded(p):
-    """Whether backward data of ``p`` runs the span kernels over padded rows (the tile
-    ``padded``): at least ``PADDED_MIN_TAPS`` column taps."""
-    return p.ksz[-1] >= PADDED_MIN_TAPS
+    """Whether backward data or the forward pass of ``p`` runs the span kernels over padded
+    rows (the tile ``padded``): at least ``PADDED_MIN_TAPS`` column taps (the forward
+    pass also column stride 1)."""
+    return p.ksz[-1] >= PADDED_MIN_TAPS and (p.direction != "fwd" or p.stride[-1] == 1)
 
 
 def interior_columns(p):
