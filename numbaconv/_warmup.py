@@ -28,8 +28,8 @@ def _problems(dt):
     # panels with a larger one)
     dilated = (np.ones((1, 13, 13, 64), dt), w3, 1, 4, 1, 4)
     dilated_wide = (np.ones((1, 13, 13, 128), dt), np.ones((3, 3, 128, 256), dt), 1, 4, 1, 4)
-    # a long depthwise kernel row (backward data's wide-row driver: QuartzNet's 1-D layers,
-    # 5x5 and 7x7 filters)
+    # a long depthwise kernel row (the padded rows' drivers: QuartzNet's 1-D layers, 5x5
+    # and 7x7 filters)
     long_row = (np.ones((1, 40, 16), dt), np.ones((17, 1, 16), dt), 16, 8, 1)
     return (dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head,
             dilated, dilated_wide, long_row, growth)

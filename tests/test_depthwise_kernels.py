@@ -33,14 +33,14 @@ CASES = {
     "5x2_mixed": (6, (7, 6), (5, 2), (1, 2), (2, 1), (2, 0), (1, 2), 1),
     "1x7_column_chunks": (3, (4, 13), (1, 7), (1, 1), (1, 1), (0, 3), (0, 3), 1),
     "1d": (5, (11,), (3,), (3,), (2,), (2,), (0,), 1),
-    # long kernel rows (the long-row driver: chunks of 8 folded into the row taps, the
-    # taps left over in chunks of 3, 2, 1; border spans and dilated rows unfolded)
+    # long kernel rows (planned: padded rows; the bordered spans, called directly: the
+    # column taps in chunks of 3, 2, 1)
     "1x20_fold": (9, (3, 40), (1, 20), (1, 1), (1, 1), (0, 9), (0, 10), 1),
     "3x17_fold_rows": (5, (4, 30), (3, 17), (1, 1), (1, 1), (1, 8), (1, 8), 1),
     "1d_k33_s2_fold": (20, (90,), (33,), (2,), (1,), (16,), (16,), 1),
     "1d_k24_big_pads": (17, (60,), (24,), (1,), (1,), (20,), (15,), 1),
     "1d_k21_d2_unfolded": (8, (60,), (21,), (1,), (2,), (20,), (20,), 1),
-    # 5- and 7-tap rows: one chunk each (and 39 = 4 chunks of 8 + one of 7)
+    # 5- and 7-tap rows (planned: padded rows)
     "5x5_one_chunk": (19, (9, 12), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2), 1),
     "3x7_one_chunk": (9, (6, 13), (3, 7), (1, 1), (1, 1), (1, 3), (1, 3), 1),
     "1d_k39_fold_and_7": (12, (70,), (39,), (1,), (1,), (19,), (19,), 1),
@@ -167,19 +167,6 @@ def test_forward_spans_rule():
     _, kw, x, w = forward(16, stride=(1, 2))
     with pytest.raises(ValueError, match="column stride 2"):
         nc.convolution(x, w, **kw, strategy="direct[depthwise-spans]")
-
-
-def test_wide_rows_driver_choice():
-    """Backward data takes the wide-row driver where a stride phase has at least
-    ``FOLD_TAPS`` column taps, or a row of 5 or 7 taps at column stride 1, and the
-    columns are not dilated."""
-    def geo(kw, sw=1, dw=1):
-        return (1, 8, 1, 1, 1, 1, 100, 1, 1, kw, 1, 1, 100, 1, 1, sw, 1, 1, dw, 0, 0, 0)
-    assert ks.wide_rows(geo(ks.FOLD_TAPS)) and ks.wide_rows(geo(33, sw=2))
-    assert ks.wide_rows(geo(5)) and ks.wide_rows(geo(7))
-    assert not ks.wide_rows(geo(ks.FOLD_TAPS - 1)) and not ks.wide_rows(geo(21, dw=2))
-    assert not ks.wide_rows(geo(31, sw=2)) and not ks.wide_rows(geo(5, sw=2))
-    assert not ks.wide_rows(geo(3)) and not ks.wide_rows(geo(7, dw=2))
 
 
 def test_channel_blocks_are_crossed():
@@ -457,6 +444,10 @@ def test_padded_rows_rule():
     for kw, sw, dw in ((5, 1, 1), (7, 1, 1), (33, 1, 1), (7, 1, 2), (5, 2, 1), (33, 2, 1)):
         p = plan(kw, sw, dw)
         assert p.variant == "depthwise-spans" and p.tiles["padded"] is True, str(p)
+        # each thread's buffer rows (3 row taps of dY's columns and more, 16 channels) and
+        # packed filter count as workspace
+        ow = p.problem.osz[-1]
+        assert p.workspace_bytes >= p.tiles["chunks"] * 4 * 16 * (3 * ow + 3 * kw), str(p)
     for kw, sw, dw in ((3, 1, 2), (3, 3, 1), (4, 1, 1)):
         p = plan(kw, sw, dw)
         assert p.tiles.get("padded", False) is False, str(p)

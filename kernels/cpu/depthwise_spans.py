@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import dtype_name, helper, kernel, par_for, separate, specialise
+from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io, table
 
@@ -18,7 +18,8 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 # Both backward passes use these for every multiplier-1 problem except 3x3 filters at
 # column stride 1 or 2 without column dilation (the row kernels of ``depthwise_rows``) and
 # backward data's 3x3 stride 1 with column dilation and wide channels (the nine-term
-# kernel of ``depthwise``): see the strategy.
+# kernel of ``depthwise``): see the strategy. Backward data from 5 column taps and the
+# forward pass run over padded rows (the end of this comment).
 #
 # Numba's loop vectoriser keeps accumulators in memory, not registers, so the inner loops are
 # written in LLVM IR through ``numba.extending.intrinsic``, as in ``ukernel``. A "span" is a
@@ -55,7 +56,7 @@ from numbaconv.kernels.cpu._ir import at, fma_fn, ir_types, lane_mask, masked_io
 #: operands stay in L1 while its channel vectors sweep it, and backward weights adds its
 #: register accumulators to the partial dW once per block (measured: docs/performance.md,
 #: Numbers behind the constants). Backward data's 7: rows of 7, 14, 28 and 56 pixels are
-#: whole blocks, and 7 sums, 7 filter vectors and a dY vector fit 16 vector registers.
+#: whole blocks (and the padded rows' blocks of 7 pixels x 2 vectors fit 16 registers).
 PB_D = 7
 PB_W = 8
 #: Channel vectors per block, in bytes of one pixel's slice (wider channels are cut).
@@ -195,9 +196,8 @@ def _dspan(NT):
                             # each dY vector to every sum that reads it, then dead (from
                             # the block's last pixel down, so that every sum adds its
                             # taps in the order k = 0, 1, ...): PB_D sums, NT filter
-                            # vectors and one dY vector live. Each sum's taps in turn
-                            # kept up to NT dY vectors live, 18-22 values for 5 and 7
-                            # taps, and spilled with 16 vector registers (AVX2)
+                            # vectors and one dY vector live (each sum's taps in turn
+                            # kept up to NT dY vectors live)
                             a = [builder.load(acc[q]) for q in range(PB_D)]
                             for j in range(PB_D - 1, -NT, -1):
                                 d = dyload(j)
@@ -313,9 +313,7 @@ def _wspan(NT):
     return span
 
 
-_dspan7, _dspan5, _dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (7, 5, 3, 2, 1))
-#: Column taps from which backward data folds its column chunks into the row taps (below).
-FOLD_TAPS = 16
+_dspan3, _dspan2, _dspan1 = (_dspan(n) for n in (3, 2, 1))
 _wspan3, _wspan2, _wspan1 = (_wspan(n) for n in (3, 2, 1))
 
 #: Backward data over padded rows (:func:`_bwd_d_rows_pad`) keeps this many channel
@@ -430,49 +428,6 @@ def _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, bet
                     work)
             k += 1
         beta = 1
-
-
-@helper
-def _d_chunks_wide(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta,
-                   work):
-    """:func:`_d_chunks` for wide kernel rows (``_bwd_d_rows_wide``, see
-    :func:`wide_rows`). From ``FOLD_TAPS`` column taps on consecutive dY pixels (a
-    phase's interior without column dilation) the row's chunks of 7 become row taps of
-    one span (each row tap's table entry moved by the chunk's first tap), so a full
-    block's sums stay in registers across all of them and dX is written once, not once
-    per chunk of 3; a remainder (or a row) of 7 or 5 taps is one chunk of its own; other
-    taps and spans as :func:`_d_chunks`. Chunks of 7 rather than 8: the same span serves
-    7-tap rows, one wide span compiled less. Dilated taps take the span's per-tap path,
-    where folding only widens each block's reach in dY (measured slower)."""
-    a, b = tdy.ctypes.data, tw.ctypes.data
-    if k == 0 and nt >= FOLD_TAPS:
-        even = True
-        for j in range(1, nt):
-            if tdy[j] - tdy[j - 1] != -C or tw[j] - tw[j - 1] != tw[1] - tw[0]:
-                even = False
-                break
-        if even:
-            nch = nt // 7
-            frd = np.empty(nr * nch, np.int64)
-            frw = np.empty(nr * nch, np.int64)
-            for r in range(nr):
-                for j in range(nch):
-                    frd[r * nch + j] = trd[r] + tdy[7 * j] - tdy[0]
-                    frw[r * nch + j] = trw[r] + tw[7 * j] - tw[0]
-            _dspan7(dyb, wb, dxp, frd.ctypes.data, frw.ctypes.data, nr * nch, a, b, npix,
-                    sdx, sdy, C, beta, work)
-            k = 7 * nch
-            beta = 1
-    ra, rb = trd.ctypes.data, trw.ctypes.data
-    if nt - k == 7:
-        _dspan7(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                work)
-        k = nt
-    elif nt - k == 5:
-        _dspan5(dyb, wb, dxp, ra, rb, nr, a + 8 * k, b + 8 * k, npix, sdx, sdy, C, beta,
-                work)
-        k = nt
-    _d_chunks(dyb, wb, dxp, trd, trw, nr, tdy, tw, k, nt, npix, sdx, sdy, C, beta, work)
 
 
 @helper
@@ -668,7 +623,6 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     nblk = (C + VB - 1) // VB
     T = kd * kh * kw
     # the filter in blocks of channels: wpk[b, t, l] = w[t, b*VB + l] (zeros past C)
-    # 64-byte aligned (the buffers' vectors whole: a load across a cache line costs two)
     wpk = _aligned_zeros(nblk * T * VB, dy)
     _pack_filter(w, wpk, T, C, VB)
     # per stride phase q (dX columns q, q + sw, ...): its column taps, the phase's pixel
@@ -825,10 +779,6 @@ def _fwd_rows_pad(x, w, y, geo, nchunks, chunk):
 
 #: the padded forward driver (see :func:`_fwd_rows_pad`)
 _fwd_rows_pad = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_fwd_rows_pad)
-#: the driver for wide kernel rows: its own compiled copy, so that its wider spans (up to
-#: a 56-FMA block per row tap) are compiled only by the problems that use them
-_bwd_d_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
-    specialise(_bwd_d_rows, "wide", _d_chunks=_d_chunks_wide))
 _bwd_d_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows)
 
 
@@ -922,42 +872,49 @@ def _fwd_rows(x, w, y, geo, nchunks, chunk):
             j = j1
 
 
-#: the forward drivers: backward data's wide-row spans where its rule takes them
-_fwd_rows_wide = separate(_D_ROWS_SIG, float32="float32", float64="float64")(
-    specialise(_fwd_rows, "wide", _d_chunks=_d_chunks_wide))
 _fwd_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_fwd_rows)
 
 
-def wide_rows(geo):
-    """Whether backward data of ``geo`` takes the wide-row driver (column dilation 1): a
-    kernel row of at least ``FOLD_TAPS`` taps in one stride phase, or of 5 or 7 taps at
-    column stride 1 (one chunk where the spans of 3 wrote dX two or three times)."""
-    kw, sw, dw = geo[9], geo[15], geo[18]
-    return dw == 1 and (kw // sw >= FOLD_TAPS or (sw == 1 and kw in (5, 7)))
+def padded_bytes(geo, direction, itemsize):
+    """Bytes one thread of the padded drivers allocates for ``geo`` (``direction`` "fwd"
+    or "bwd_d"): its buffer rows and packed filter (an upper bound)."""
+    C = int(geo[1])
+    iw, ow = int(geo[6]), int(geo[12])
+    kd, kh, kw = (int(v) for v in geo[7:10])
+    sd, sh, sw = (int(v) for v in geo[13:16])
+    dd, dh, dw = (int(v) for v in geo[16:19])
+    pw = int(geo[21])
+    VB = PAD_VECTORS * (VECTOR_BYTES // itemsize)
+    nblk = -(-C // VB)
+    if direction == "fwd":
+        width = max(pw + iw, ow + (kw - 1) * dw) + PB_D
+        slots = ((kd - 1) * dd + 1) * ((kh - 1) * dh + 1)
+    else:
+        padl = (kw - 1) * dw // sw + 1
+        width = padl + max(ow, (iw - 1 + pw) // sw + 1) + PB_D
+        slots = ((kd - 1) * dd // sd + 1) * ((kh - 1) * dh // sh + 1)
+    return (slots * width + kd * kh * kw) * nblk * VB * itemsize + 128
 
 
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks, padded=False):
     """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the padded
-    driver's where ``padded`` (:func:`_bwd_d_rows_pad`, any geometry), else the wide-row
-    driver's where :func:`wide_rows`)."""
-    if padded:
-        rows = _bwd_d_rows_pad
-    else:
-        rows = _bwd_d_rows_wide if wide_rows(geo) else _bwd_d_rows
+    driver's where ``padded`` (:func:`_bwd_d_rows_pad`, any geometry), else the bordered
+    one's, :func:`_bwd_d_rows`)."""
+    rows = _bwd_d_rows_pad if padded else _bwd_d_rows
     bwd_d_m1_kernel(rows.table(dtype_name(dx.dtype)), dy, w, dx, geo, nchunks)
 
 
 def fwd_depthwise_m1(x, w, y, geo, nchunks, padded=False):
     """y = depthwise conv(x, w) for multiplier 1, any kernel, stride, dilation and padding:
-    :func:`bwd_d_m1_kernel` running the forward row driver (:func:`_fwd_rows`; the wide-row
-    one where :func:`wide_rows`; the padded one where ``padded``, which needs column
-    stride 1), ``nchunks`` contiguous ranges of Y rows."""
+    :func:`bwd_d_m1_kernel` running the forward row driver (:func:`_fwd_rows`; the padded
+    one where ``padded``, which needs column stride 1), ``nchunks`` contiguous ranges of Y
+    rows."""
     if padded:
         if geo[15] != 1:
             raise ValueError("the padded forward driver needs column stride 1")
         rows = _fwd_rows_pad
     else:
-        rows = _fwd_rows_wide if wide_rows(geo) else _fwd_rows
+        rows = _fwd_rows
     bwd_d_m1_kernel(rows.table(dtype_name(y.dtype)), x, w, y, geo, nchunks)
 
 

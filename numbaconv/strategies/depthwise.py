@@ -364,6 +364,13 @@ class DepthwiseSpans(DepthwiseDirect):
             t["padded"] = padded(p)
         return t
 
+    def workspace_bytes(self, p, tiles):
+        """Over padded rows, each thread's buffer rows and packed filter."""
+        if not tiles.get("padded"):
+            return super().workspace_bytes(p, tiles)
+        from ..kernels.cpu import depthwise_spans as ks
+        return tiles["chunks"] * ks.padded_bytes(geo(p), p.direction, itemsize(p))
+
 
 def padded(p):
     """Whether backward data or the forward pass of ``p`` runs the span kernels over padded
