@@ -480,15 +480,76 @@ def _store_zero(typingctx, base, index, work):
     return sig, codegen
 
 
+@helper
+def _input_row_taps(geo, r, roff, rw, wbase):
+    """The row taps (depth x height) of output row ``r`` (of ``mb*od*oh``) whose input row
+    lies inside the input: the input rows' offsets into ``roff`` and the filter rows'
+    offsets plus ``wbase`` into ``rw`` (elements); returns how many."""
+    C = geo[1]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh = geo[10], geo[11]
+    sd, sh = geo[13], geo[14]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    n = r // (od * oh)
+    o_d = (r // oh) % od
+    o_h = r % oh
+    nr = 0
+    for t_d in range(kd):
+        i_d = o_d * sd - pd + t_d * dd
+        if i_d < 0 or i_d >= id_:
+            continue
+        for t_h in range(kh):
+            i_h = o_h * sh - ph + t_h * dh
+            if i_h < 0 or i_h >= ih:
+                continue
+            roff[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
+            rw[nr] = wbase + (t_d * kh + t_h) * kw * C
+            nr += 1
+    return nr
+
+
+@helper
+def _output_row_taps(geo, r, roff, rw):
+    """The row taps (depth x height) that reach dX row ``r`` (of ``mb*id*ih``) from a dY
+    row: the dY rows' offsets into ``roff`` and the filter rows' offsets into ``rw``
+    (elements); returns how many."""
+    C = geo[1]
+    id_, ih = geo[4], geo[5]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh = geo[13], geo[14]
+    dd, dh = geo[16], geo[17]
+    pd, ph = geo[19], geo[20]
+    n = r // (id_ * ih)
+    i_d = (r // ih) % id_
+    i_h = r % ih
+    nr = 0
+    for t_d in range(kd):
+        a_d = i_d + pd - t_d * dd
+        if a_d < 0:
+            break
+        if a_d % sd != 0 or a_d // sd >= od:
+            continue
+        for t_h in range(kh):
+            a_h = i_h + ph - t_h * dh
+            if a_h < 0:
+                break
+            if a_h % sh != 0 or a_h // sh >= oh:
+                continue
+            roff[nr] = ((n * od + a_d // sd) * oh + a_h // sh) * ow * C
+            rw[nr] = (t_d * kh + t_h) * kw * C
+            nr += 1
+    return nr
+
+
 def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
     """The rows of dX in chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_m1_kernel`)."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
-    od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh, sw = geo[13], geo[14], geo[15]
-    dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
+    ow, sw, dw, pw = geo[12], geo[15], geo[18], geo[21]
     rows = mb * id_ * ih
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     it = dx.itemsize
@@ -502,25 +563,7 @@ def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
     tdy = np.empty(kw, np.int64)
     tw = np.empty(kw, np.int64)
     for r in range(r0, r1):
-        n = r // (id_ * ih)
-        i_d = (r // ih) % id_
-        i_h = r % ih
-        nr = 0
-        for t_d in range(kd):
-            a_d = i_d + pd - t_d * dd
-            if a_d < 0:
-                break
-            if a_d % sd != 0 or a_d // sd >= od:
-                continue
-            for t_h in range(kh):
-                a_h = i_h + ph - t_h * dh
-                if a_h < 0:
-                    break
-                if a_h % sh != 0 or a_h // sh >= oh:
-                    continue
-                roff[nr] = ((n * od + a_d // sd) * oh + a_h // sh) * ow * C
-                rw[nr] = (t_d * kh + t_h) * kw * C
-                nr += 1
+        nr = _output_row_taps(geo, r, roff, rw)
         dxrow = r * iw * C
         for q in range(nq):
             npx = (iw - q + sw - 1) // sw  # input columns q, q + sw, ...
@@ -599,6 +642,41 @@ def _copy_row(buf, dst, src, npx, C, VB, bs):
         _copy(d + (nblk - 1) * bs * it, s + (nblk - 1) * VB * it, (C - (nblk - 1) * VB) * it)
 
 
+@helper
+def _stage_rows(buf, tag, roff, rw, nr, src, npx, nh, nd, sl_d, sl_h, slot, bs, col0, C,
+                VB):
+    """The padded drivers' row taps in their buffer: the ``nr`` rows at element offsets
+    ``roff`` of the operand at address ``src`` (rows of ``npx`` pixels of ``C``
+    channels; ``nh`` rows per slice, ``nd`` slices per image) each copied, unless there
+    already, into the buffer row of its depth and height residues (``sl_d`` x ``sl_h``
+    rows of ``slot`` elements, blocks of channels ``bs`` apart, ``tag`` saying which row
+    each holds) from column ``col0``; ``roff`` becomes the buffer rows' offsets and ``rw``
+    (filter rows, in ``C``) the packed filter's (in ``VB``)."""
+    it = buf.itemsize
+    for i in range(nr):
+        row = roff[i] // (npx * C)
+        s = ((row // nh) % nd % sl_d) * sl_h + row % nh % sl_h
+        if tag[s] != row:
+            _copy_row(buf, s * slot + col0 * VB, src + roff[i] * it, npx, C, VB, bs)
+            tag[s] = row
+        roff[i] = s * slot
+        rw[i] = rw[i] // C * VB
+
+
+@helper
+def _flat_taps(roff, rw, nr, tdb, twt, nk, VB, tdo, two):
+    """Every row tap's ``nk`` column taps as one list for :func:`_pspan`: buffer offsets
+    ``roff[i] + tdb[k]*VB`` into ``tdo``, filter offsets ``rw[i] + twt[k]`` into ``two``;
+    returns how many."""
+    nt = 0
+    for i in range(nr):
+        for k in range(nk):
+            tdo[nt] = roff[i] + tdb[k] * VB
+            two[nt] = rw[i] + twt[k]
+            nt += 1
+    return nt
+
+
 def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     """The rows of dX in chunk ``chunk`` of ``nchunks`` over padded rows (the tile
     ``padded``): each dY row a dX row reads is copied once into a row of this thread's
@@ -615,7 +693,7 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     od, oh, ow = geo[10], geo[11], geo[12]
     sd, sh, sw = geo[13], geo[14], geo[15]
     dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
+    pw = geo[21]
     rows = mb * id_ * ih
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     it = dx.itemsize
@@ -661,33 +739,9 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     tdo = np.empty(kd * kh * kw, np.int64)  # a phase's taps: buffer and filter offsets
     two = np.empty(kd * kh * kw, np.int64)
     for r in range(r0, r1):
-        n = r // (id_ * ih)
-        i_d = (r // ih) % id_
-        i_h = r % ih
-        nr = 0
-        for t_d in range(kd):
-            a_d = i_d + pd - t_d * dd
-            if a_d < 0:
-                break
-            if a_d % sd != 0 or a_d // sd >= od:
-                continue
-            o_d = a_d // sd
-            for t_h in range(kh):
-                a_h = i_h + ph - t_h * dh
-                if a_h < 0:
-                    break
-                if a_h % sh != 0 or a_h // sh >= oh:
-                    continue
-                o_h = a_h // sh
-                row = (n * od + o_d) * oh + o_h
-                s = (o_d % sl_d) * sl_h + o_h % sl_h
-                if tag[s] != row:
-                    _copy_row(buf, s * slot + padl * VB, dyb + row * ow * C * it, ow, C, VB,
-                              bs)
-                    tag[s] = row
-                roff[nr] = s * slot
-                rw[nr] = (t_d * kh + t_h) * kw * VB
-                nr += 1
+        nr = _output_row_taps(geo, r, roff, rw)
+        _stage_rows(buf, tag, roff, rw, nr, dyb, ow, oh, od, sl_d, sl_h, slot, bs, padl, C,
+                    VB)
         for q in range(nq):
             npx = (iw - q + sw - 1) // sw
             dxp = dxb + (r * iw + q) * C * it
@@ -696,12 +750,7 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                     for c in range(C):
                         _store_zero(dxp, p * sw * C + c, dx)
             else:
-                nt = 0
-                for i in range(nr):
-                    for k in range(ntap[q]):
-                        tdo[nt] = roff[i] + tdb[q, k] * VB
-                        two[nt] = rw[i] + twt[q, k]
-                        nt += 1
+                nt = _flat_taps(roff, rw, nr, tdb[q], twt[q], ntap[q], VB, tdo, two)
                 # the buffers' addresses taken here, where they are used: Numba frees an
                 # array after its last use, and an address is not a use
                 _pspan(buf.ctypes.data, wpk.ctypes.data, dxp, tdo.ctypes.data,
@@ -723,9 +772,8 @@ def _fwd_rows_pad(x, w, y, geo, nchunks, chunk):
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
     od, oh, ow = geo[10], geo[11], geo[12]
-    sd, sh = geo[13], geo[14]
     dd, dh, dw = geo[16], geo[17], geo[18]
-    pd, ph, pw = geo[19], geo[20], geo[21]
+    pw = geo[21]
     rows = mb * od * oh
     r0, r1 = rows * chunk // nchunks, rows * (chunk + 1) // nchunks
     it = y.itemsize
@@ -744,30 +792,19 @@ def _fwd_rows_pad(x, w, y, geo, nchunks, chunk):
     buf = _aligned_zeros(sl_d * sl_h * slot, x)
     tag = np.full(sl_d * sl_h, -1, np.int64)
     xb, yb = x.ctypes.data, y.ctypes.data
+    roff = np.empty(kd * kh, np.int64)
+    rw = np.empty(kd * kh, np.int64)
+    tdb = np.empty(kw, np.int64)  # output pixel j, tap k: buffer column j + k*dw
+    twt = np.empty(kw, np.int64)
+    for k in range(kw):
+        tdb[k] = k * dw
+        twt[k] = k * VB
     tdo = np.empty(kd * kh * kw, np.int64)
     two = np.empty(kd * kh * kw, np.int64)
     for r in range(r0, r1):
-        n = r // (od * oh)
-        o_d = (r // oh) % od
-        o_h = r % oh
-        nt = 0
-        for t_d in range(kd):
-            i_d = o_d * sd - pd + t_d * dd
-            if i_d < 0 or i_d >= id_:
-                continue
-            for t_h in range(kh):
-                i_h = o_h * sh - ph + t_h * dh
-                if i_h < 0 or i_h >= ih:
-                    continue
-                row = (n * id_ + i_d) * ih + i_h
-                s = (i_d % sl_d) * sl_h + i_h % sl_h
-                if tag[s] != row:
-                    _copy_row(buf, s * slot + pw * VB, xb + row * iw * C * it, iw, C, VB, bs)
-                    tag[s] = row
-                for k in range(kw):
-                    tdo[nt] = s * slot + k * dw * VB
-                    two[nt] = ((t_d * kh + t_h) * kw + k) * VB
-                    nt += 1
+        nr = _input_row_taps(geo, r, roff, rw, 0)
+        _stage_rows(buf, tag, roff, rw, nr, xb, iw, ih, id_, sl_d, sl_h, slot, bs, pw, C, VB)
+        nt = _flat_taps(roff, rw, nr, tdb, twt, kw, VB, tdo, two)
         yp = yb + r * ow * C * it
         if nt == 0:
             for e in range(ow * C):
@@ -798,36 +835,6 @@ def _column_ranges(iw, kw, sw, dw, pw, ow, lo_t, hi_t):
         hi = min(hi, hi_t[t_w])
     lo = min(lo, ow)
     return lo, max(hi, lo)
-
-
-@helper
-def _input_row_taps(geo, r, roff, rw, wbase):
-    """The row taps (depth x height) of output row ``r`` (of ``mb*od*oh``) whose input row
-    lies inside the input: the input rows' offsets into ``roff`` and the filter rows'
-    offsets plus ``wbase`` into ``rw`` (elements); returns how many."""
-    C = geo[1]
-    id_, ih, iw = geo[4], geo[5], geo[6]
-    kd, kh, kw = geo[7], geo[8], geo[9]
-    od, oh = geo[10], geo[11]
-    sd, sh = geo[13], geo[14]
-    dd, dh = geo[16], geo[17]
-    pd, ph = geo[19], geo[20]
-    n = r // (od * oh)
-    o_d = (r // oh) % od
-    o_h = r % oh
-    nr = 0
-    for t_d in range(kd):
-        i_d = o_d * sd - pd + t_d * dd
-        if i_d < 0 or i_d >= id_:
-            continue
-        for t_h in range(kh):
-            i_h = o_h * sh - ph + t_h * dh
-            if i_h < 0 or i_h >= ih:
-                continue
-            roff[nr] = ((n * id_ + i_d) * ih + i_h) * iw * C
-            rw[nr] = wbase + (t_d * kh + t_h) * kw * C
-            nr += 1
-    return nr
 
 
 def _fwd_rows(x, w, y, geo, nchunks, chunk):
