@@ -562,16 +562,21 @@ def row_tile(npix, nout):
     return P, NV, rows
 
 
-@separate("void(int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, "
-          "int64, int64, int64, int64, {W}[::1])",
+@separate("void(int64, int64, int64, int64[::1], int64, int64[::1], int64, int64, int64, int64, "
+          "int64, int64, int64, int64, int64, int64, int64, int64, {W}[::1])",
           float32=dict(W="float32"), float64=dict(W="float64"), float16=dict(W="uint16"))
-def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, it, work):
-    """One row of a gather convolution: ``npix`` output pixels x ``nout`` channels of ``nl``
-    groups, in the tiles :func:`row_tile` picks (``TILE_D``, ``TILE_D5`` or ``TILE_D7``,
-    whichever computes the fewest products; the last tile of a row or of the channels
-    overlaps the one before it, recomputing a few: tiles are stored, not added) stored
-    channels-last. B's channel vectors are contiguous
-    (``vl`` apart: the full or the half vector width). ResNeXt-3D conv_3d:6 (14-pixel rows,
+def _row_tiles(a, b, c, segs, sst, nss, nrows, cst, npix, nout, nl, ars, acs, bcs, crs, ccs,
+               vl, it, work):
+    """``nrows`` rows of a gather convolution, each ``npix`` output pixels x ``nout``
+    channels of ``nl`` groups, in the tiles :func:`row_tile` picks (``TILE_D``, ``TILE_D5``
+    or ``TILE_D7``, whichever computes the fewest products; the last tile of a row or of
+    the channels overlaps the one before it, recomputing a few: tiles are stored, not
+    added) stored channels-last. Row ``r``'s reduction is the ``nss[r]`` segments at
+    ``segs[r*sst:]`` (offsets from ``a`` and ``b``), its result ``cst`` elements after row
+    ``r - 1``'s. The channel tiles are the outer loop: one tile's filter vectors (B, ``vl``
+    apart, steps ``bcs`` apart) stay in L1 while every row's pixel tiles pass over them,
+    and A streams from L2 (ResNeXt-50's 32-group 3x3 backward data ran at half speed with
+    the pixel tiles outside, both operands streaming). ResNeXt-3D conv_3d:6 (14-pixel rows,
     2 threads, float32): 1.51 -> 1.35 ms with 5-pixel tiles; conv_3d:12 (two 14-pixel
     phases) 2.18 -> 1.99 ms. ``it``: the bytes of A's and B's elements; C's are
     ``work``'s (float16 bits where ``work`` is uint16). Compiled on its own (the forward
@@ -580,24 +585,31 @@ def _row_tiles(a, b, c, segs, ns, npix, nout, nl, ars, acs, bcs, crs, ccs, vl, i
     itc = work.itemsize
     full = vl * it == VECTOR_BYTES
     P, NV, rows = row_tile(npix, nout)
+    ps = segs.ctypes.data
     if rows > 0:
-        j = 0
-        while j < npix:
-            jj = min(j, npix - P)
-            k = 0
-            while k < nout:
-                kk = min(k, nout - NV)
-                _gather_tile(rows, full, a + jj * ars * it, b + kk * vl * it,
-                             c + (jj * crs + kk) * itc, segs, ns, ars, acs, bcs, crs, ccs, nl,
-                             work)
-                k += NV
-            j += P
+        k = 0
+        while k < nout:
+            kk = min(k, nout - NV)
+            for r in range(nrows):
+                ns = nss[r]
+                cr = c + r * cst * itc
+                j = 0
+                while j < npix:
+                    jj = min(j, npix - P)
+                    _gather_tile(rows, full, a + jj * ars * it, b + kk * vl * it,
+                                 cr + (jj * crs + kk) * itc, ps + r * sst * 8, ns, ars, acs,
+                                 bcs, crs, ccs, nl, work)
+                    j += P
+            k += NV
     else:
-        for jj in range(npix):
-            for k in range(nout):
-                _gather_tile(0, full, a + jj * ars * it, b + k * vl * it,
-                             c + (jj * crs + k) * itc, segs, ns, ars, acs, bcs, crs, ccs, nl,
-                             work)
+        for k in range(nout):
+            for r in range(nrows):
+                ns = nss[r]
+                cr = c + r * cst * itc
+                for jj in range(npix):
+                    _gather_tile(0, full, a + jj * ars * it, b + k * vl * it,
+                                 cr + (jj * crs + k) * itc, ps + r * sst * 8, ns, ars, acs,
+                                 bcs, crs, ccs, nl, work)
 
 
 def variant(data, result):
@@ -644,13 +656,14 @@ def _fwd_row(tiles, xp, wf, y, geo, pl, seg_all, r):
     o_d = (r // geo[11]) % geo[10]
     o_h = r % geo[11]
     work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
-    _fwd_rows(tiles, xp.ctypes.data, xp[0].size, wf, y, geo, seg_all[r], n, o_d, o_h,
+    nss = np.empty(1, np.int64)
+    _fwd_rows(tiles, xp.ctypes.data, xp[0].size, wf, y, geo, seg_all[r], nss, n, o_d, o_h,
               o_h + 1, xp.shape[4], pl, xp.shape[6], 0, -1, xp.itemsize, work)
 
 
 @helper
-def _fwd_rows(tiles, pa, gstride, wf, y, geo, segs, n, o_d, h0, h1, wp, pl, vl, lo, nrow, it,
-              work):
+def _fwd_rows(tiles, pa, gstride, wf, y, geo, segs, nss, n, o_d, h0, h1, wp, pl, vl, lo, nrow,
+              it, work):
     """Rows ``h0 .. h1`` of y (image ``n``, depth ``o_d``) gathered from x in group-minor
     at address ``pa`` (vector ``gv``'s ``gstride`` elements further on; ``it``-byte
     elements): x's row ``(t_d, i_h)`` is a block buffer's row ``t_d*nrow + i_h - lo``
@@ -670,8 +683,10 @@ def _fwd_rows(tiles, pa, gstride, wf, y, geo, segs, n, o_d, h0, h1, wp, pl, vl, 
     oc = g * ocg
     pb, pc = wf.ctypes.data, y.ctypes.data
     runs = 1 if dw == 1 else kw  # segments per (t_d, t_h)
+    sst = 3 * kd * kh * runs  # a row's segments in ``segs``
     for o_h in range(h0, h1):
         ns = 0
+        base = (o_h - h0) * sst
         for t_d in range(kd):
             i_d = o_d * sd - pd + t_d * dd
             if i_d < 0 or i_d >= id_:
@@ -682,16 +697,17 @@ def _fwd_rows(tiles, pa, gstride, wf, y, geo, segs, n, o_d, h0, h1, wp, pl, vl, 
                     continue
                 row = t_d * nrow + i_h - lo if nrow >= 0 else (n * id_ + i_d) * ih + i_h
                 for u in range(runs):
-                    segs[3 * ns] = (row * wp + u * dw + pl - pw) * icg * vl
-                    segs[3 * ns + 1] = ((t_d * kh + t_h) * kw + u) * icg * ocg * vl
-                    segs[3 * ns + 2] = icg * (kw if runs == 1 else 1)
+                    segs[base + 3 * ns] = (row * wp + u * dw + pl - pw) * icg * vl
+                    segs[base + 3 * ns + 1] = ((t_d * kh + t_h) * kw + u) * icg * ocg * vl
+                    segs[base + 3 * ns + 2] = icg * (kw if runs == 1 else 1)
                     ns += 1
-        crow = ((n * od + o_d) * oh + o_h) * ow * oc
-        for gv in range(nvg):
-            _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
-                       pc + (crow + gv * vl * ocg) * itc, segs.ctypes.data, ns, ow, ocg,
-                       min(vl, g - gv * vl), sw * icg * vl, vl, ocg * vl, oc, ocg, vl, it,
-                       work)
+        nss[o_h - h0] = ns
+    crow = ((n * od + o_d) * oh + h0) * ow * oc
+    for gv in range(nvg):
+        _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
+                   pc + (crow + gv * vl * ocg) * itc, segs, sst, nss, h1 - h0, ow * oc, ow,
+                   ocg, min(vl, g - gv * vl), sw * icg * vl, vl, ocg * vl, oc, ocg, vl, it,
+                   work)
 
 
 @kernel(parallel=False)
@@ -717,13 +733,14 @@ def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, seg_all, r):
     i_d = (r // geo[5]) % geo[4]
     i_h = r % geo[5]
     work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
-    _bwd_d_rows(tiles, dyp.ctypes.data, dyp[0].size, wq, dx, geo, qtab, runs, seg_all[r], n,
+    nss = np.empty(1, np.int64)
+    _bwd_d_rows(tiles, dyp.ctypes.data, dyp[0].size, wq, dx, geo, qtab, runs, seg_all[r], nss, n,
                 i_d, i_h, i_h + 1, dyp.shape[4], dyp.shape[6], 0, -1, dyp.itemsize, work)
 
 
 @helper
-def _bwd_d_rows(tiles, pa, gstride, wq, dx, geo, qtab, runs, segs, n, i_d, h0, h1, wp, vl, lo,
-                nrow, it, work):
+def _bwd_d_rows(tiles, pa, gstride, wq, dx, geo, qtab, runs, segs, nss, n, i_d, h0, h1, wp, vl,
+                lo, nrow, it, work):
     """Rows ``h0 .. h1`` of dX (image ``n``, depth ``i_d``) gathered, phase by phase, from
     dY in group-minor at address ``pa`` (vector ``gv``'s ``gstride`` elements further on;
     ``it``-byte elements): dY's row ``(t_d, o_h)`` is a block buffer's row ``t_d*nrow +
@@ -739,15 +756,17 @@ def _bwd_d_rows(tiles, pa, gstride, wq, dx, geo, qtab, runs, segs, n, i_d, h0, h
     itc = dx.itemsize  # dx may hold float16 bits
     ws = wq[0].size
     ic = g * icg
-    tap = ocg * icg * vl
     nruns = runs.shape[0]
+    tap = ocg * icg * vl
     pb, pc = wq.ctypes.data, dx.ctypes.data
-    for i_h in range(h0, h1):
-        for q in range(min(sw, iw)):
-            npix = (iw - q + sw - 1) // sw
-            q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
-            r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
+    sst = 3 * kd * kh * max(1, nruns)  # a row's segments in ``segs``
+    for q in range(min(sw, iw)):
+        npix = (iw - q + sw - 1) // sw
+        q0, nq, r0 = qtab[q, 0], qtab[q, 1], qtab[q, 2]
+        r1 = qtab[q + 1, 2] if q + 1 < sw else nruns
+        for i_h in range(h0, h1):
             ns = 0
+            base = (i_h - h0) * sst
             for t_d in range(kd):
                 a_d = i_d + pd - t_d * dd
                 if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
@@ -760,16 +779,31 @@ def _bwd_d_rows(tiles, pa, gstride, wq, dx, geo, qtab, runs, segs, n, i_d, h0, h
                     o_h = a_h // sh
                     row = t_d * nrow + o_h - lo if nrow >= 0 else (n * od + o_d) * oh + o_h
                     for u in range(r0, r1):
-                        segs[3 * ns] = (row * wp + runs[u, 0]) * ocg * vl
-                        segs[3 * ns + 1] = q0 + ((t_d * kh + t_h) * nq + runs[u, 1]) * tap
-                        segs[3 * ns + 2] = runs[u, 2] * ocg
+                        segs[base + 3 * ns] = (row * wp + runs[u, 0]) * ocg * vl
+                        segs[base + 3 * ns + 1] = (q0 + ((t_d * kh + t_h) * nq + runs[u, 1])
+                                                   * tap)
+                        segs[base + 3 * ns + 2] = runs[u, 2] * ocg
                         ns += 1
-            crow = (((n * id_ + i_d) * ih + i_h) * iw + q) * ic
-            for gv in range(nvg):
-                _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
-                           pc + (crow + gv * vl * icg) * itc, segs.ctypes.data, ns, npix,
-                           icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg,
-                           vl, it, work)
+            nss[i_h - h0] = ns
+        crow = (((n * id_ + i_d) * ih + h0) * iw + q) * ic
+        for gv in range(nvg):
+            _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
+                       pc + (crow + gv * vl * icg) * itc, segs, sst, nss, h1 - h0, iw * ic,
+                       npix, icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg, vl, it,
+                       work)
+
+
+@helper
+def _aligned_empty(n, like):
+    """``n`` elements of ``like``'s dtype starting on a 64-byte boundary: a group vector (32
+    or 64 bytes) across a cache line is two loads (ResNeXt-50's 32-group backward data
+    ran up to 1.3x slower off the boundary). The caller passes the result, or its
+    address, to the call that reads it: Numba frees an array after its last use, and
+    allocates nothing in between."""
+    pad = 64 // like.itemsize
+    raw = np.empty(n + pad, like.dtype)
+    s = (pad - (raw.ctypes.data % 64) // like.itemsize) % pad
+    return raw[s:s + n]
 
 
 def fwd_fused(x, wf, y, geo, vl, pl, wp, rb):
@@ -786,7 +820,7 @@ def fwd_fused_kernel(fns, tiles, x, wf, y, geo, vl, pl, wp, rb):
     read are copied to group-minor (``[nvg, kd, rows, wp, icg, VL]``, zero-padded by ``pl``
     along w) into a buffer of the iteration's own (see :func:`bwd_d_fused_kernel`)."""
     blocks = geo[0] * geo[10] * ((geo[11] + rb - 1) // rb)
-    seg_all = np.empty((blocks, 3 * geo[7] * geo[8] * geo[9]), np.int64)
+    seg_all = np.empty((blocks, rb * 3 * geo[7] * geo[8] * geo[9]), np.int64)
     par_for(_fwd_block, fns, blocks, tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all)
 
 
@@ -818,7 +852,8 @@ def _fwd_block(tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all, b):
     nrow = max(0, hi - lo + 1)
     row = wp * icg * vl
     gstride = kd * nrow * row
-    buf = np.empty(max(1, nvg * gstride), wf.dtype)  # float32 for float16 bits
+    nss = np.empty(h1 - h0, np.int64)
+    buf = _aligned_empty(max(1, nvg * gstride), wf)  # float32 for float16 bits
     for t_d in range(kd):
         i_d = o_d * sd - pd + t_d * dd
         if i_d < 0 or i_d >= id_:
@@ -827,7 +862,7 @@ def _fwd_block(tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all, b):
             _gm_into(x, buf, (t_d * nrow + j) * row, gstride, wp, icg, vl, g, pl,
                      (n * id_ + i_d) * ih + lo + j)
     work = np.empty(TILE_D[1], y.dtype)  # the micro-kernel's scratch
-    _fwd_rows(tiles, buf.ctypes.data, gstride, wf, y, geo, segs, n, o_d, h0, h1, wp, pl, vl,
+    _fwd_rows(tiles, buf.ctypes.data, gstride, wf, y, geo, segs, nss, n, o_d, h0, h1, wp, pl, vl,
               lo, nrow, buf.itemsize, work)
 
 
@@ -847,7 +882,7 @@ def bwd_d_fused_kernel(fns, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
     gather from it: no group-minor copy of all of dY written to memory and read back.
     The row gathers are :func:`_bwd_d_rows`."""
     blocks = geo[0] * geo[4] * ((geo[5] + rb - 1) // rb)
-    seg_all = np.empty((blocks, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
+    seg_all = np.empty((blocks, rb * 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
     par_for(_bwd_d_block, fns, blocks, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb,
             seg_all)
 
@@ -881,7 +916,8 @@ def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b)
     nrow = max(0, hi - lo + 1)
     row = wp * ocg * vl
     gstride = kd * nrow * row
-    buf = np.empty(max(1, nvg * gstride), wq.dtype)  # float32 for float16 bits
+    nss = np.empty(h1 - h0, np.int64)
+    buf = _aligned_empty(max(1, nvg * gstride), wq)  # float32 for float16 bits
     for t_d in range(kd):
         a_d = i_d + pd - t_d * dd
         if a_d < 0 or a_d % sd != 0 or a_d // sd >= od:
@@ -891,7 +927,7 @@ def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b)
             _gm_into(dy, buf, (t_d * nrow + j) * row, gstride, wp, ocg, vl, g, pl,
                      (n * od + o_d) * oh + lo + j)
     work = np.empty(TILE_D[1], dx.dtype)  # the micro-kernel's scratch
-    _bwd_d_rows(tiles, buf.ctypes.data, gstride, wq, dx, geo, qtab, runs, segs, n, i_d, h0,
+    _bwd_d_rows(tiles, buf.ctypes.data, gstride, wq, dx, geo, qtab, runs, segs, nss, n, i_d, h0,
                 h1, wp, vl, lo, nrow, buf.itemsize, work)
 
 

@@ -102,14 +102,14 @@ def _to_group_minor(a, g, vec, left=0, width=None):
     bits, uint16, widened to float32 on the way)."""
     width = a.shape[3] if width is None else width
     dtype = np.float32 if a.dtype == np.uint16 else a.dtype
-    out = memory.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype)
+    out = memory.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype, offset=0)
     _kernels().to_group_minor(np.ascontiguousarray(a), out, np.int64(g), np.int64(left))
     return out
 
 
 def _fwd_filter(w, p, vec):
     """``[kd, kh, kw, icg, g*ocg]`` -> ``[nvg, kd, kh, kw, icg, ocg, VL]``."""
-    out = np.empty((vec[0], math.prod(p.ksz) * p.icg * p.ocg * vec[1]), w.dtype)
+    out = memory.empty((vec[0], math.prod(p.ksz) * p.icg * p.ocg * vec[1]), w.dtype, offset=0)
     _kernels().pack_filter(np.ascontiguousarray(w), out, np.int64(0),
                            np.arange(p.ksz[2], dtype=np.int64), np.int64(p.g), False,
                            np.int64(vec[1]))
@@ -153,7 +153,8 @@ def _bwd_d_filter(w, p, vec, phases, left):
     (one vector of groups after the other); ``qtab`` and the runs of taps whose dy pixels
     follow each other."""
     per_tap = p.ksz[0] * p.ksz[1] * p.icg * p.ocg * vec[1]
-    wq = np.empty((vec[0], max(1, sum(len(t) for t in phases) * per_tap)), w.dtype)
+    wq = memory.empty((vec[0], max(1, sum(len(t) for t in phases) * per_tap)), w.dtype,
+                      offset=0)
     qtab, runs, pos = [], [], 0
     for taps in phases:
         qtab.append((pos, len(taps), len(runs)))
@@ -273,7 +274,8 @@ class GroupedDirect(Direct):
         xp = _to_group_minor(ops["x"], g, vec, left, width)
         dyg = _to_group_minor(ops["dy"], g, vec)
         chunks = int(tiles["chunks"])
-        part = np.zeros((chunks, vec[0], *p.ksz, p.icg, p.ocg, vec[1]), ct)
+        part = memory.empty((chunks, vec[0], *p.ksz, p.icg, p.ocg, vec[1]), ct, offset=0)
+        part.fill(0)
         k.bwd_w_gm(xp, dyg, part, gv, np.int64(left), np.int64(tiles["block_rows"]),
                    np.int64(tiles["block_cols"]))
         dw = np.empty(ws, ct)
