@@ -284,16 +284,17 @@ import numpy as np
 from numba import cuda
 import numbaconv
 rng = np.random.default_rng(0)
-x = rng.standard_normal((2, 7, 6, 8))
+# one image each: the simulator runs every thread in Python
+x = rng.standard_normal((1, 7, 6, 8))
 w = rng.standard_normal((3, 3, 4, 6))
-dy = rng.standard_normal((2, 4, 3, 6))
+dy = rng.standard_normal((1, 4, 3, 6))
 kw = dict(strides=(2, 2), pads_begin=(1, 0), pads_end=(1, 1), groups=2)
 calls = [
     ("convolution", (x, w), kw),
     ("convolution_backprop_data", (dy, w, (7, 6)), kw),
     ("convolution_backprop_filters", (x, (3, 3), dy), kw),
-    ("conv2d_backprop_input", ((2, 8, 6, 8), rng.standard_normal((3, 3, 8, 5)),
-                               rng.standard_normal((2, 8, 6, 5))), dict(strides=1, padding="SAME")),
+    ("conv2d_backprop_input", ((1, 8, 6, 8), rng.standard_normal((3, 3, 8, 5)),
+                               rng.standard_normal((1, 8, 6, 5))), dict(strides=1, padding="SAME")),
 ]
 worst = 0.0
 for name, args, kwargs in calls:
@@ -360,16 +361,18 @@ def host(r):
 
 rng = np.random.default_rng(2)
 f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
-x, w, dy = f32(2, 6, 6, 8), f32(3, 3, 8, 8), f32(2, 6, 6, 8)
+# the simulator runs every thread in Python: one 4x4 image there (half the GEMM's blocks)
+mb, hw = (1, 4) if sim else (2, 6)
+x, w, dy = f32(mb, hw, hw, 8), f32(3, 3, 8, 8), f32(mb, hw, hw, 8)
 wd = f32(3, 3, 8, 1)
 cases = [  # (function, host arguments, keywords): canonical, gather + scatter, split, depthwise
     (numbaconv.conv2d, (x, w, 1, "SAME"), {}),
-    (numbaconv.conv2d_backprop_input, ((2, 6, 6, 8), w, dy, 1, "SAME"), {}),
+    (numbaconv.conv2d_backprop_input, ((mb, hw, hw, 8), w, dy, 1, "SAME"), {}),
     (numbaconv.conv2d_backprop_filter, (x, (3, 3, 8, 8), dy, 1, "SAME"), {}),
     (numbaconv.conv2d, (f32(2, 4, 5, 5), f32(3, 3, 4, 6), 1, "SAME"), dict(data_format="NCHW")),
     (numbaconv.depthwise_conv2d_native_backprop_filter, (x, (3, 3, 8, 1), dy, [1, 1, 1, 1],
                                                          "SAME"), {}),
-    (numbaconv.depthwise_conv2d_native_backprop_input, ((2, 6, 6, 8), wd, dy, [1, 1, 1, 1],
+    (numbaconv.depthwise_conv2d_native_backprop_input, ((mb, hw, hw, 8), wd, dy, [1, 1, 1, 1],
                                                         "SAME"), {}),
     (numbaconv.conv2d, (x.astype(np.float16), w.astype(np.float16), 1, "SAME"), {}),
 ]
