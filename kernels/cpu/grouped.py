@@ -789,8 +789,8 @@ def _bwd_d_rows(tiles, pa, gstride, wq, dx, geo, qtab, runs, segs, nss, n, i_d, 
         for gv in range(nvg):
             _row_tiles(tiles, pa + gv * gstride * it, pb + gv * ws * it,
                        pc + (crow + gv * vl * icg) * itc, segs, sst, nss, h1 - h0, iw * ic,
-                       npix, icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg, vl, it,
-                       work)
+                       npix, icg, min(vl, g - gv * vl), ocg * vl, vl, icg * vl, sw * ic, icg,
+                       vl, it, work)
 
 
 @helper

@@ -3,10 +3,11 @@
 The source operands are copied once to the group-minor layout of
 :mod:`numbaconv.kernels.cpu.grouped` (``[nvg, ..., C/g, VL]``: vectors across groups, the
 last one padded with zero lanes; the source of a gather padded with zeros along ``w``), and
-the register-blocked kernels run there; backward data with a 2-D or 1-D filter copies dY
-block by block instead, each block's rows into a buffer that stays in L2. Forward and backward data store their tiles
-straight into the channels-last result; backward weights sums its per-thread partials and
-transposes them back in one pass.
+the register-blocked kernels run there; the gathers (forward and backward data) with a 2-D
+or 1-D filter copy their source block by block instead, each block's rows into a buffer
+that stays in L2. Forward and backward data store their tiles straight into the
+channels-last result; backward weights sums its per-thread partials and transposes them
+back in one pass. Every operand the micro-kernels read starts on a 64-byte boundary.
 """
 import math
 
@@ -102,7 +103,8 @@ def _to_group_minor(a, g, vec, left=0, width=None):
     bits, uint16, widened to float32 on the way)."""
     width = a.shape[3] if width is None else width
     dtype = np.float32 if a.dtype == np.uint16 else a.dtype
-    out = memory.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype, offset=0)
+    out = memory.empty((vec[0], *a.shape[:3], width, a.shape[4] // g, vec[1]), dtype,
+                       offset=0)
     _kernels().to_group_minor(np.ascontiguousarray(a), out, np.int64(g), np.int64(left))
     return out
 
