@@ -328,3 +328,32 @@ def test_gather_block_rows_rule():
     wide = problem(8, (16, 126), 256, 32)
     assert grouped._block_rows(wide, 2) == 2
     assert grouped._src_rows(wide, 2) * 128 * 1024 <= grouped.GATHER_BLOCK_BYTES
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_micro_kernels_operands_start_on_64_byte_boundaries(dtype):
+    """A group vector read across two cache lines is two loads (docs/performance.md,
+    "Grouped backward data"): the packed filters, the group-minor copies and the gathers'
+    block buffers start on 64-byte boundaries, whatever the allocator hands out."""
+    from numbaconv.kernels.cpu import grouped as k
+    from numbaconv.problem import ConvProblem
+    from numbaconv.strategies import w_padding
+    like = np.zeros(1, dtype)
+    for n in (1, 3, 17, 1000, 4099):
+        for _ in range(8):  # allocations between, so that the raw starts vary
+            np.empty(n % 7 + 1, dtype)
+            buf = k._aligned_empty(n, like)
+            assert buf.shape == (n,) and buf.dtype == np.dtype(dtype)
+            assert buf.ctypes.data % 64 == 0
+    p = ConvProblem("bwd_d", 2, 8, 64, 64, (1, 7, 7), (1, 3, 3), (1, 7, 7), (1, 1, 1),
+                    (1, 1, 1), (0, 1, 1), (0, 1, 1), 2, dtype, "NXC", "XIO", op="test")
+    vec = grouped._vectors(p)
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 3, 3, 8, 64)).astype(dtype)
+    x = rng.standard_normal((2, 1, 7, 7, 64)).astype(dtype)
+    phases, left, _ = grouped._bwd_d_phases(p)
+    wq = grouped._bwd_d_filter(w, p, vec, phases, left)[0]
+    wf = grouped._fwd_filter(w, p, vec)
+    xg = grouped._to_group_minor(x, p.g, vec, *w_padding(p))
+    for a in (wq, wf, xg):
+        assert a.ctypes.data % 64 == 0
