@@ -573,15 +573,15 @@ def _row_tiles(a, b, c, segs, sst, nss, nrows, cst, npix, nout, nl, ars, acs, bc
     the channels overlaps the one before it, recomputing a few: tiles are stored, not
     added) stored channels-last. Row ``r``'s reduction is the ``nss[r]`` segments at
     ``segs[r*sst:]`` (offsets from ``a`` and ``b``), its result ``cst`` elements after row
-    ``r - 1``'s. The channel tiles are the outer loop: one tile's filter vectors (B, ``vl``
-    apart, steps ``bcs`` apart) stay in L1 while every row's pixel tiles pass over them,
-    and A streams from L2 (ResNeXt-50's 32-group 3x3 backward data ran at half speed with
-    the pixel tiles outside, both operands streaming). ResNeXt-3D conv_3d:6 (14-pixel rows,
-    2 threads, float32): 1.51 -> 1.35 ms with 5-pixel tiles; conv_3d:12 (two 14-pixel
-    phases) 2.18 -> 1.99 ms. ``it``: the bytes of A's and B's elements; C's are
-    ``work``'s (float16 bits where ``work`` is uint16). Compiled on its own (the forward
-    and backward-data row drivers call it through ``tiles``, their first argument: one
-    compile for both, and a unit of its own for a first call's helper process)."""
+    ``r - 1``'s. The channel tiles are the outer loop, so that one tile's filter vectors
+    (B, ``vl`` apart, steps ``bcs`` apart) serve every row's pixel tiles in turn (1.05-1.07x
+    on ResNeXt-50's 7x7 and 14x14 backward data, docs/performance.md, "Grouped backward
+    data"). ResNeXt-3D conv_3d:6 (14-pixel rows, 2 threads, float32): 1.51 -> 1.35 ms
+    with 5-pixel tiles; conv_3d:12 (two 14-pixel phases) 2.18 -> 1.99 ms. ``it``: the
+    bytes of A's and B's elements; C's are ``work``'s (float16 bits where ``work`` is
+    uint16). Compiled on its own (the forward and backward-data row drivers call it
+    through ``tiles``, their first argument: one compile for both, and a unit of its own
+    for a first call's helper process)."""
     itc = work.itemsize
     full = vl * it == VECTOR_BYTES
     P, NV, rows = row_tile(npix, nout)
