@@ -2,14 +2,18 @@
 # The CPU bench at a many-core host's full thread count, against PyTorch at the same count
 # (a developer's tool; run it in the repository root, e.g. on the GPU machine's host):
 #   OUT=results bash tools/cpu_many_core.sh
-# 1. `numbaconv warmup` (float32, one process per core) so that compile time stays out;
+# 1. `numbaconv warmup` (float32, one process per core), then every timed layer once
+#    (`bench --quick`, the layers shared among one process per core), so that compile time
+#    stays out of the timed runs and they reach every layer within their limits;
 # 2. `numbaconv bench --compare torch --threads N` over ResNet-50 and the zoo layers of
-#    ZOO_LAYERS (a sample of every class), each with its own time limit (WARM_S, R50_S,
-#    ZOO_S seconds; N = THREADS, default every core).
+#    ZOO_LAYERS (a sample of every class, timed in two halves), each with its own time
+#    limit (WARM_S, PRE_S, R50_S, ZOO_S seconds; N = THREADS, default every core).
+# SIDE_CMD, if set, runs beside step 1 (e.g. the GPU tests on the GPU machine) and is
+# stopped before the timed runs, which need the cores to themselves.
 # TBB is a dependency of numbaconv that an image running the source tree may lack: wheels
 # of `tbb` and `tcmlib` in .whl/ (pip download, as for any package carried to such a
 # machine) are unpacked and put on the loader's path. Results go to $OUT: info.txt,
-# warmup.txt, resnet50.txt / resnet50.json, zoo.txt / zoo.json.
+# warmup.txt, resnet50.txt / resnet50.json, zoo.txt / zoo1.json / zoo2.json.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-cpu_results}
 mkdir -p "$OUT"
@@ -38,15 +42,42 @@ unet:enc3_conv2 unet:head erfnet:nb128_3x1_d4 deeplab_v3:aspp_d12 ssd300:conv9_2
 centernet:heatmap_1x1 edsr:body c3d:conv3a c3d:conv5a i3d:Mixed_4b_3x3 r2plus1d:layer2_0_spatial
 unet3d:enc3_conv1 vnet:stage5_5x5x5 wavenet:dilated_d16 quartznet:b3_dw51 convtasnet:block_dw3_d8
 hifigan:res1_k7_d5 wav2vec2:conv1 pointnet:mlp2_3"}
+SIDE=
+if [ -n "$SIDE_CMD" ]; then setsid bash -c "$SIDE_CMD" & SIDE=$!; fi
 { nproc; lscpu | grep -i "model name\|^cpu(s)\|l3"; git log -1 --format=%h 2> /dev/null
   $NC info; } > "$OUT/info.txt" 2>&1
 timeout "${WARM_S:-60}" $NC warmup --processes "$N" > "$OUT/warmup.txt" 2>&1
 echo "warmup rc $?" >> "$OUT/warmup.txt"
-timeout "${R50_S:-120}" $NC bench --suite resnet50 --compare torch --threads "$N" --rounds 3 \
+# every timed layer once, N processes side by side: their kernels compile into the cache
+R50_LAYERS=$(python3 -c "from numbaconv import suites; print(' '.join(l.name for l in suites.layers('resnet50')))")
+# shellcheck disable=SC2206
+ALL=($(for l in $R50_LAYERS; do echo "resnet50=$l"; done) $(for l in $ZOO_LAYERS; do echo "zoo=$l"; done))
+PRE=$(date +%s)
+END=$(( PRE + ${PRE_S:-150} ))
+PIDS=()
+for ((i = 0; i < N; i++)); do
+  ( for ((j = i; j < ${#ALL[@]}; j += N)); do
+      left=$(( END - $(date +%s) )); [ $left -gt 0 ] || break
+      suite=${ALL[j]%%=*}; layer=${ALL[j]#*=}
+      timeout $left $NC bench --suite "$suite" --layers "$layer" --threads "$N" --quick \
+          --no-check > /dev/null 2>&1
+    done ) &
+  PIDS+=($!)
+done
+wait "${PIDS[@]}"
+echo "compile pre-pass $(( $(date +%s) - PRE )) s" >> "$OUT/warmup.txt"
+if [ -n "$SIDE" ]; then kill -- -"$SIDE" 2> /dev/null; wait "$SIDE"; fi
+timeout "${R50_S:-120}" $NC bench --suite resnet50 --compare torch --threads "$N" --rounds 2 \
     --no-check --json "$OUT/resnet50.json" > "$OUT/resnet50.txt" 2>&1
 echo "resnet50 rc $?" >> "$OUT/resnet50.txt"
-# shellcheck disable=SC2086
-timeout "${ZOO_S:-120}" $NC bench --suite zoo --layers $ZOO_LAYERS --compare torch --threads "$N" \
-    --rounds 2 --no-check --json "$OUT/zoo.json" > "$OUT/zoo.txt" 2>&1
-echo "zoo rc $?" >> "$OUT/zoo.txt"
+# shellcheck disable=SC2206
+Z=($ZOO_LAYERS)
+H=$(( (${#Z[@]} + 1) / 2 ))
+: > "$OUT/zoo.txt"
+for part in 1 2; do
+  if [ $part = 1 ]; then L=("${Z[@]:0:H}"); else L=("${Z[@]:H}"); fi
+  timeout "${ZOO_S:-90}" $NC bench --suite zoo --layers "${L[@]}" --compare torch --threads "$N" \
+      --rounds 2 --no-check --json "$OUT/zoo$part.json" >> "$OUT/zoo.txt" 2>&1
+  echo "zoo part $part rc $?" >> "$OUT/zoo.txt"
+done
 tail -n 25 "$OUT"/resnet50.txt "$OUT"/zoo.txt
