@@ -233,7 +233,10 @@ def test_patch_t_shares_groups_among_many_threads(cores, monkeypatch):
         plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy="gemm[patch-t]",
                        **attrs)
         assert plan.tiles.get("group_parts") == min(groups, cores), str(plan)
-        assert plan.tiles["chunks"] == max(1, cores // min(groups, cores)), plan
+        # what threads are left share the rows, or (partials larger than the operands)
+        # the columns
+        left = plan.tiles["chunks"] * plan.tiles.get("col_parts", 1)
+        assert left == max(1, cores // min(groups, cores)), plan
         for dtype in ("float32", "float64", "float16"):
             assert _run(CASES[index], dtype, seed=7) <= tolerance(dtype), (index, dtype)
         kw = dict(strategy="gemm[patch-t]", **attrs)
@@ -246,6 +249,70 @@ def test_patch_t_shares_groups_among_many_threads(cores, monkeypatch):
     x, dy, k, _, attrs = _operands(CASES[10], "float32", 7)
     plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy="gemm[patch-t]", **attrs)
     assert "group_parts" not in plan.tiles, plan
+
+
+@pytest.fixture
+def sixteen_cores(monkeypatch):
+    """The planner sees a 16-core host (plans made for it are dropped afterwards)."""
+    import dataclasses
+
+    import numbaconv.machine
+    from numbaconv import planner
+    real = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(real, cores=16))
+    planner.clear_plan_cache()
+    yield
+    planner.clear_plan_cache()
+
+
+def test_patch_t_shares_columns_where_partials_outweigh_operands(sixteen_cores, monkeypatch):
+    """On 16 cores with 512-bit vectors an I3D-shaped 3x3x3 weight gradient (784 output positions, 2.2 MB of
+    dW against 1 MB of operands) shares dW's columns among the threads, one dW and no
+    partials; a DenseNet growth layer (a tiny dW over many pixels) keeps its shares of
+    the rows. Planning only: the kernels' results are the next test's."""
+    import dataclasses
+
+    import numbaconv.machine
+    sixteen = numbaconv.machine.machine()
+    monkeypatch.setattr(numbaconv.machine, "machine",
+                        lambda: dataclasses.replace(sixteen, vector_bytes=64))
+
+    def plan(mb, ic, oc, isz, k):
+        x = np.zeros((mb, *isz, ic), np.float32)
+        dy = np.zeros((mb, *isz, oc), np.float32)
+        return nc.plan("convolution_backprop_filters", x, k, dy, strides=1,
+                       pads_begin=1, pads_end=1, strategy="gemm[patch-t]")
+
+    i3d = plan(1, 96, 208, (4, 14, 14), (3, 3, 3))
+    assert i3d.tiles.get("col_parts") == 16 and i3d.tiles["chunks"] == 1, i3d
+    growth = plan(8, 128, 12, (16, 16), (3, 3))
+    assert "col_parts" not in growth.tiles and growth.tiles["chunks"] == 16, growth
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_patch_t_columns_shared_among_threads(case, sixteen_cores, monkeypatch):
+    """Every case with dW's columns ``(tap, tile of output channels)`` shared among 16
+    threads (forced: ``COL_SPLIT_SHARE`` 0), the rows among what threads are left: against
+    the float64 reference, inputs untouched, the same bits twice; float64 and float16 on
+    the 3-D and grouped cases."""
+    monkeypatch.setattr(patcht, "COL_SPLIT_SHARE", 0.0)
+    x, dy, k, _, attrs = _operands(case, "float32", 5)
+    plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy="gemm[patch-t]",
+                   **attrs)
+    gparts, cparts = plan.tiles.get("group_parts", 1), plan.tiles.get("col_parts", 1)
+    mr = patcht._kernels().TILES[plan.tiles["tile"]][0]
+    units = np.prod(k) * patcht.padded(plan.problem, plan.tiles["tile"])[1] // mr
+    assert cparts > 1 or units == 1, plan  # (a 1x1 head: one tap, one tile)
+    assert plan.tiles["chunks"] * cparts * gparts <= 16, plan
+    dtypes = ("float32", "float64", "float16") if len(case[3]) == 3 else ("float32",)
+    for dtype in dtypes:
+        assert _run(case, dtype, seed=5) <= tolerance(dtype), dtype
+    kw = dict(strategy="gemm[patch-t]", **attrs)
+    x0, dy0 = x.copy(), dy.copy()
+    first = nc.convolution_backprop_filters(x, k, dy, **kw)
+    assert np.array_equal(first, nc.convolution_backprop_filters(x, k, dy, **kw))
+    assert np.array_equal(x, x0) and np.array_equal(dy, dy0)
 
 
 @pytest.mark.parametrize("vector_bytes", [32, 64])

@@ -151,39 +151,42 @@ def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
         _t12_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
 
 
-def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1):
+def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1, col_parts=1):
     """See :func:`bwd_w_kernel` (its address table added)."""
     name = "float16" if x.dtype == np.uint16 else dtype_name(part.dtype)
     bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs,
-                 np.int64(group_parts))
+                 np.int64(group_parts), np.int64(col_parts))
 
 
 @kernel(parallel=False)
-def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts):
+def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
-    each share's groups in ``group_parts`` contiguous parts, shares and parts in parallel
-    (every item writes its own groups' rows of its share's partial). ``x [mb, id, ih, iw,
-    g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``: per group ``Cp`` input channels (a whole number of vectors) and ``Kp`` output channels
-    (a whole number of the tile's rows), read in place (a copy with zeros past the
-    channels where a single group's are not); ``x`` as float16 bits (uint16) for a float32
-    ``part``, widened as it loads; ``part [chunks, g, Kp, taps*Cp]`` zeroed,
-    its rows ``(group, output channel)`` and columns ``(tap, input channel)``; ``shape``
-    the register tile (an index into :data:`TILES`); ``segs [chunks*group_parts, 3*rb]``
-    scratch. Output rows go in blocks of ``rb``."""
-    par_for(_chunk, fns, part.shape[0] * group_parts, x, dy, part, geo, rb, shape, segs,
-            group_parts)
+    each share's groups in ``group_parts`` contiguous parts and each group's columns
+    ``(tap, tile of output channels)`` in ``col_parts`` contiguous parts, all in parallel
+    (every item writes its own groups' and columns' part of its share's partial). ``x [mb,
+    id, ih, iw, g*Cp]`` and ``dy [mb, od, oh, ow, g*Kp]``: per group ``Cp`` input channels
+    (a whole number of vectors) and ``Kp`` output channels (a whole number of the tile's
+    rows), read in place (a copy with zeros past the channels where a single group's are
+    not); ``x`` as float16 bits (uint16) for a float32 ``part``, widened as it loads;
+    ``part [chunks, g, Kp, taps*Cp]`` zeroed, its rows ``(group, output channel)`` and
+    columns ``(tap, input channel)``; ``shape`` the register tile (an index into
+    :data:`TILES`); ``segs [chunks*group_parts*col_parts, 3*rb]`` scratch. Output rows go
+    in blocks of ``rb``."""
+    par_for(_chunk, fns, part.shape[0] * group_parts * col_parts, x, dy, part, geo, rb,
+            shape, segs, group_parts, col_parts)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], int64[::1], "
-          "int64, int64, int64[:, ::1], int64, int64)", noalias=True,
+          "int64, int64, int64[:, ::1], int64, int64, int64)", noalias=True,
           float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
           float16=dict(S="uint16", T="float32"))
-def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, j):
-    """Item ``j`` of :func:`bwd_w_kernel`: share ``j // group_parts`` of the output rows,
-    part ``j % group_parts`` of the groups, into that share's partial (``seg_all[j]``: its
-    segment lists)."""
+def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, col_parts, j):
+    """Item ``j`` of :func:`bwd_w_kernel`: share ``j // (group_parts * col_parts)`` of the
+    output rows, part ``j // col_parts % group_parts`` of the groups and part ``j %
+    col_parts`` of each group's ``(tap, tile)`` columns (tap-major), into that share's
+    partial (``seg_all[j]``: its segment lists)."""
     nch = parts.shape[0]
-    jr, jg = j // group_parts, j % group_parts
+    jr, jg, jc = j // (group_parts * col_parts), j // col_parts % group_parts, j % col_parts
     rows = geo[0] * geo[10] * geo[11]
     r0, r1 = rows * jr // nch, rows * (jr + 1) // nch
     part, segs = parts[jr], seg_all[j]
@@ -206,44 +209,52 @@ def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, j):
     work = np.empty(0, part.dtype)
     px, py, pc = x.ctypes.data, dy.ctypes.data, part.ctypes.data
     sp = segs.ctypes.data
+    # this item's columns: units (tap, tile of mr output channels), tap-major
+    nkt = kp // mr
+    units = kd * kh * kw * nkt
+    u0, u1 = units * jc // col_parts, units * (jc + 1) // col_parts
+    t0, t1 = u0 // nkt, (u1 + nkt - 1) // nkt
     for rs in range(r0, r1, rb):
         re = min(r1, rs + rb)
         # group by group, so that a group's block of dy stays in L1 across the taps
         for gi in range(g0, g1):
-            for t_d in range(kd):
-                for t_h in range(kh):
-                    for t_w in range(kw):
-                        # the output pixels of a row whose tap t_w lies inside the input
-                        off = t_w * dw - pw
-                        lo = min(ow, max(0, (-off + sw - 1) // sw))
-                        hi = max(lo, min(ow, (iw - 1 - off) // sw + 1))
-                        if hi == lo:
-                            continue
-                        ns = 0
-                        for r in range(rs, re):
-                            n = r // (od * oh)
-                            o_d = (r // oh) % od
-                            o_h = r % oh
-                            i_d = o_d * sd - pd + t_d * dd
-                            i_h = o_h * sh - ph + t_h * dh
-                            if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
-                                continue
-                            segs[3 * ns] = (r * ow + lo) * ys
-                            segs[3 * ns + 1] = (((n * id_ + i_d) * ih + i_h) * iw + lo * sw
-                                                + off) * xs
-                            segs[3 * ns + 2] = hi - lo
-                            ns += 1
-                        if ns == 0:
-                            continue
-                        t = (t_d * kh + t_h) * kw + t_w
-                        c0 = 0
-                        while c0 < cp:
-                            nv = min(most, (cp - c0) // vl)
-                            if nv == 3:  # (no three-vector tile: two, then one)
-                                nv = 2
-                            for k0 in range(0, kp, mr):
-                                _tile(shape, nv, py + (gi * kp + k0) * it, ys,
-                                      px + (gi * cp + c0) * ix, sw * xs,
-                                      pc + ((gi * kp + k0) * ldc + t * cp + c0) * it, ldc,
-                                      sp, ns, work, x)
-                            c0 += nv * vl
+            for t in range(t0, t1):
+                t_d = t // (kh * kw)
+                t_h = t // kw % kh
+                t_w = t % kw
+                # the output pixels of a row whose tap t_w lies inside the input
+                off = t_w * dw - pw
+                lo = min(ow, max(0, (-off + sw - 1) // sw))
+                hi = max(lo, min(ow, (iw - 1 - off) // sw + 1))
+                if hi == lo:
+                    continue
+                ns = 0
+                for r in range(rs, re):
+                    n = r // (od * oh)
+                    o_d = (r // oh) % od
+                    o_h = r % oh
+                    i_d = o_d * sd - pd + t_d * dd
+                    i_h = o_h * sh - ph + t_h * dh
+                    if i_d < 0 or i_d >= id_ or i_h < 0 or i_h >= ih:
+                        continue
+                    segs[3 * ns] = (r * ow + lo) * ys
+                    segs[3 * ns + 1] = (((n * id_ + i_d) * ih + i_h) * iw + lo * sw
+                                        + off) * xs
+                    segs[3 * ns + 2] = hi - lo
+                    ns += 1
+                if ns == 0:
+                    continue
+                # this item's tiles of output channels at tap t
+                k_lo = max(u0, t * nkt) - t * nkt
+                k_hi = min(u1, (t + 1) * nkt) - t * nkt
+                c0 = 0
+                while c0 < cp:
+                    nv = min(most, (cp - c0) // vl)
+                    if nv == 3:  # (no three-vector tile: two, then one)
+                        nv = 2
+                    for k0 in range(k_lo * mr, k_hi * mr, mr):
+                        _tile(shape, nv, py + (gi * kp + k0) * it, ys,
+                              px + (gi * cp + c0) * ix, sw * xs,
+                              pc + ((gi * kp + k0) * ldc + t * cp + c0) * it, ldc,
+                              sp, ns, work, x)
+                    c0 += nv * vl

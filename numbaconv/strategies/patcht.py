@@ -12,7 +12,9 @@ the output channels) wastes lanes below 16 output channels (12 of 16 for DenseNe
 growth layers) and runs one GEMM per output row, too short over 7-28 pixel rows;
 ``gemm[slabs]`` copies im2col slabs first.
 Each thread sums a contiguous share of the output rows into a private partial; the
-partials are added once, in a fixed order.
+partials are added once, in a fixed order. On many cores, where those partials would
+outweigh the operands, the threads share dW's columns (taps and tiles of output channels)
+instead and each sums every output row into its own columns of one dW.
 """
 import math
 
@@ -69,6 +71,13 @@ BLOCK_BYTES = 16 * 1024
 #: group's dW per thread, zeroed and then summed on the calling thread. On 2 cores both
 #: ways measured alike, so 2-core plans keep the rows (docs/performance.md, "Many cores").
 GROUP_SPLIT_CORES = 4
+#: From ``GROUP_SPLIT_CORES`` cores on, where a partial dW per share of the output rows
+#: would take more bytes than ``x`` and ``dy`` together, the threads share each group's
+#: columns ``(tap, tile of output channels)`` instead (``tiles["col_parts"]``), so that
+#: one dW is written and nothing is summed: I3D's Mixed_4b 3x3x3 weight gradient (784
+#: output positions, 2.2 MB of dW) wrote 16 partials of it on 16 cores, 0.10 of PyTorch's
+#: speed (docs/performance.md, "Many cores").
+COL_SPLIT_SHARE = 1.0
 #: On hosts with 256-bit vectors (AVX2) the entry takes at most this many output channels
 #: per group and this many groups: beyond them the GEMM entries and ``direct[grouped]``
 #: are faster there (measured: docs/performance.md, "CPU, AVX2 host").
@@ -192,11 +201,25 @@ class PatchT(Strategy):
         # from GROUP_SPLIT_CORES cores on, groups are shared out before rows: a share of
         # the rows writes a partial of every group's dW, a part of the groups only its
         # own rows of one
-        gparts = max(1, min(p.g, machine.cores)) if machine.cores >= GROUP_SPLIT_CORES else 1
-        tiles = {"chunks": max(1, min(machine.cores // gparts, rows)),
-                 "block_rows": max(1, BLOCK_BYTES // per_row), "tile": shape}
+        cores = machine.cores
+        gparts = max(1, min(p.g, cores)) if cores >= GROUP_SPLIT_CORES else 1
+        chunks = max(1, min(cores // gparts, rows))
+        cparts = 1
+        if cores >= GROUP_SPLIT_CORES and chunks > 1:
+            cp, kp = padded(p, shape)
+            units = math.prod(p.ksz) * (kp // _kernels().TILES[shape][0])
+            dw_bytes = p.g * kp * math.prod(p.ksz) * cp * itemsize(p)
+            operand_bytes = (p.mb * itemsize(p)
+                             * (math.prod(p.isz) * p.ic + math.prod(p.osz) * p.oc))
+            if chunks * dw_bytes > COL_SPLIT_SHARE * operand_bytes:
+                cparts = min(chunks, units)
+                chunks = max(1, chunks // cparts)
+        tiles = {"chunks": chunks, "block_rows": max(1, BLOCK_BYTES // per_row),
+                 "tile": shape}
         if gparts > 1:
             tiles["group_parts"] = gparts
+        if cparts > 1:
+            tiles["col_parts"] = cparts
         return tiles
 
     def workspace_bytes(self, p, tiles):
@@ -234,11 +257,13 @@ class PatchT(Strategy):
         rb = int(tiles["block_rows"])
         part = np.zeros((chunks, p.g, kp, taps * cp), ct)
         gparts = int(tiles.get("group_parts", 1))
-        segs = np.empty((chunks * gparts, 3 * rb), np.int64)
-        k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs, gparts)
+        cparts = int(tiles.get("col_parts", 1))
+        segs = np.empty((chunks * gparts * cparts, 3 * rb), np.int64)
+        k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs, gparts,
+                cparts)
         # in a fixed order (the same bits for the same inputs); on the workers from
         # SUM_MIN_WORKERS threads on
-        acc = sum_partials(list(part), chunks * gparts)
+        acc = sum_partials(list(part), chunks * gparts * cparts)
         # [g, Kp, taps, Cp] -> [taps, icg, g, ocg]
         dw = acc[:, :p.ocg].reshape(p.g, p.ocg, taps, cp)[..., :p.icg].transpose(2, 3, 0, 1)
         return np.ascontiguousarray(dw).reshape(canonical_shapes(p)[2])
