@@ -42,7 +42,11 @@ def main(argv):
     for arg in argv:
         suite, rest = arg.split(":", 1)
         name, direction = rest.rsplit(":", 1)
-        layer = suites.layer(name)
+        try:
+            layer = suites.layer(name)
+        except KeyError:
+            print(f"{arg}: no layer {name!r} in the suites", flush=True)
+            continue
         c = suites.call(layer, direction)
         fn = getattr(nc, c.op)
         auto = nc.plan(c.op, *c.args, **c.kwargs)

@@ -8,12 +8,15 @@
 # 2. `numbaconv bench --compare torch --threads N` over ResNet-50 and the zoo layers of
 #    ZOO_LAYERS (a sample of every class, timed in two halves), each with its own time
 #    limit (WARM_S, PRE_S, R50_S, ZOO_S seconds; N = THREADS, default every core).
+# 3. ENTRY_ROWS (SUITE:LAYER:PASS words), if set: every entry that accepts each of them,
+#    forced and timed side by side at N threads (tools/cpu_entries.py; ENTRY_S seconds),
+#    its kernels compiled in step 1.
 # SIDE_CMD, if set, runs beside step 1 (e.g. the GPU tests on the GPU machine) and is
 # stopped before the timed runs, which need the cores to themselves.
 # TBB is a dependency of numbaconv that an image running the source tree may lack: wheels
 # of `tbb` and `tcmlib` in .whl/ (pip download, as for any package carried to such a
 # machine) are unpacked and put on the loader's path. Results go to $OUT: info.txt,
-# warmup.txt, resnet50.txt / resnet50.json, zoo.txt / zoo1.json / zoo2.json.
+# warmup.txt, resnet50.txt / resnet50.json, zoo.txt / zoo1.json / zoo2.json, entries.txt.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-cpu_results}
 mkdir -p "$OUT"
@@ -51,7 +54,8 @@ echo "warmup rc $?" >> "$OUT/warmup.txt"
 # every timed layer once, N processes side by side: their kernels compile into the cache
 R50_LAYERS=$(python3 -c "from numbaconv import suites; print(' '.join(l.name for l in suites.layers('resnet50')))")
 # shellcheck disable=SC2206
-ALL=($(for l in $R50_LAYERS; do echo "resnet50=$l"; done) $(for l in $ZOO_LAYERS; do echo "zoo=$l"; done))
+ALL=($(for l in $R50_LAYERS; do echo "resnet50=$l"; done) $(for l in $ZOO_LAYERS; do echo "zoo=$l"; done)
+     $(for r in $ENTRY_ROWS; do echo "entries=$r"; done))
 PRE=$(date +%s)
 END=$(( PRE + ${PRE_S:-150} ))
 PIDS=()
@@ -59,6 +63,11 @@ for ((i = 0; i < N; i++)); do
   ( for ((j = i; j < ${#ALL[@]}; j += N)); do
       left=$(( END - $(date +%s) )); [ $left -gt 0 ] || break
       suite=${ALL[j]%%=*}; layer=${ALL[j]#*=}
+      if [ "$suite" = entries ]; then
+        THREADS=$N COMPILE_ONLY=1 timeout $left python3 tools/cpu_entries.py "$layer" \
+            > /dev/null 2>&1
+        continue
+      fi
       timeout $left $NC bench --suite "$suite" --layers "$layer" --threads "$N" --quick \
           --no-check > /dev/null 2>&1
     done ) &
@@ -80,4 +89,10 @@ for part in 1 2; do
       --rounds 2 --no-check --json "$OUT/zoo$part.json" >> "$OUT/zoo.txt" 2>&1
   echo "zoo part $part rc $?" >> "$OUT/zoo.txt"
 done
+if [ -n "$ENTRY_ROWS" ]; then
+  # shellcheck disable=SC2086
+  THREADS=$N timeout "${ENTRY_S:-120}" python3 tools/cpu_entries.py $ENTRY_ROWS \
+      > "$OUT/entries.txt" 2>&1
+  echo "entries rc $?" >> "$OUT/entries.txt"
+fi
 tail -n 25 "$OUT"/resnet50.txt "$OUT"/zoo.txt
