@@ -255,6 +255,34 @@ def test_accepts_and_declines_with_reasons(monkeypatch):
                        strides=(2, 2), strategy="winograd")
 
 
+def test_backward_data_declines_few_tiles_per_thread_on_many_threads(monkeypatch):
+    """From MANY_THREADS threads on, backward data with fewer than BWD_D_TILES_PER_THREAD
+    tiles per thread goes to the GEMM entries (gemm[implicit] for ResNet-50's res4b_branch2b
+    at batch 8: 128 tiles); with more tiles per thread, with fewer threads, and in the
+    other directions the entry still takes it."""
+    from numbaconv import runtime
+    res4 = dict(ic=256, oc=256, isz=(1, 14, 14), osz=(1, 14, 14), mb=8)
+    for n, ok in ((2, True), (W.MANY_THREADS - 1, True), (W.MANY_THREADS, False)):
+        monkeypatch.setattr(runtime, "threads", lambda n=n: n)
+        why = W.STRATEGY.accepts(_problem(direction="bwd_d", **res4))
+        assert (why is None) == ok, (n, why)
+        assert W.STRATEGY.accepts(_problem(direction="bwd_w", **res4)) is None
+        assert W.STRATEGY.accepts(_problem(direction="fwd", **res4)) is None
+    assert "128 tiles on 16 threads" in why
+    # 56x56 at batch 8: 1568 F(4x4) tiles, 98 per thread
+    res2 = dict(ic=64, oc=64, isz=(1, 56, 56), osz=(1, 56, 56), mb=8)
+    assert W.STRATEGY.accepts(_problem(direction="bwd_d", **res2)) is None
+    planner.clear_plan_cache()
+    try:
+        dy = np.zeros((8, 14, 14, 256), np.float32)
+        plan = nc.plan("convolution_backprop_data", dy, np.zeros((3, 3, 256, 256), np.float32),
+                       (14, 14), strides=1, pads_begin=1, pads_end=1)
+        assert (plan.strategy, plan.variant) == ("gemm", "implicit"), plan
+        assert "the GEMM entries scale further" in str(plan)
+    finally:
+        planner.clear_plan_cache()
+
+
 def test_plan_tiles_and_workspace():
     x = np.zeros((8, 56, 56, 64), np.float32)
     p = nc.plan("conv2d_backprop_filter", x, [3, 3, 64, 64], x, 1, "SAME", strategy="winograd")

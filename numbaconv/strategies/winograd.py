@@ -80,6 +80,13 @@ TILE_ROWS = 256
 #: partials' sum would grow with the workers (16 workers over ResNet-50's res3b_branch2b:
 #: 16 partials of 2.4 MB, 25 tiles each).
 POSITIONS_BELOW_TILES = 64
+#: From ``MANY_THREADS`` threads on, backward data with fewer than
+#: ``BWD_D_TILES_PER_THREAD`` tiles per thread is left to the GEMM entries: on the 16-core
+#: host gemm[implicit] ran ResNet-50's res4b_branch2b (8 tiles per thread) 3.3x and
+#: YOLOv3's res4_3x3 (42) 1.7x as fast as this entry's workers (docs/performance.md, "Many
+#: cores"); with 98 per thread (res2's 56x56) it was not timed both ways, so it is kept.
+MANY_THREADS = 16
+BWD_D_TILES_PER_THREAD = 64
 
 R_DEPTH = "kernel depth {kd} != 1"
 R_DEPTH_GEOMETRY = "depth stride, dilation or padding (depth joins the batch only without)"
@@ -90,6 +97,8 @@ R_GROUPS = "{g} groups (only groups == 1)"
 R_CHANNELS = "{ic}->{oc} channels (< {least}): transforms cost more than they save"
 R_SMALL = "image {h}x{w} smaller than {least}x{least}: too few tiles"
 R_FEW_TILES = "{t} tiles for {c} channels: the transformed filters outweigh the GEMMs"
+R_MANY_THREADS = ("backward data, {t} tiles on {n} threads (< %d each): the GEMM entries "
+                  "scale further" % BWD_D_TILES_PER_THREAD)
 
 # Lavin's F(2,3) and F(4,3) (points 0, +-1, +-2 and infinity), as exact rationals.
 _MATRICES = {
@@ -183,6 +192,11 @@ class Winograd(Strategy):
         t = n_tiles(p, choose_m(p))
         if t < MIN_TILES_PER_CHANNEL * max(p.ic, p.oc):
             return R_FEW_TILES.format(t=t, c=max(p.ic, p.oc))
+        if p.direction == "bwd_d":
+            from .. import runtime
+            n = runtime.threads()
+            if n >= MANY_THREADS and t < BWD_D_TILES_PER_THREAD * n:
+                return R_MANY_THREADS.format(t=t, n=n)
         return None
 
     def tiles(self, p, machine):
