@@ -1,4 +1,4 @@
-"""Two fixes for numba's CUDA simulator, applied in the children that run kernels in it
+"""Three fixes for numba's CUDA simulator, applied in the children that run kernels in it
 (:func:`setup`).
 
 The simulator gives the threads of a block one array per ``cuda.shared.array`` source line,
@@ -13,13 +13,17 @@ The simulator runs each block's threads as Python threads (256 for the GEMM tile
 the launching thread polls them without pause until they finish, holding the interpreter
 lock for the rest of each switch interval: the block's threads start and run slowly
 (one test's launches: 51 s of CPU). :func:`yielding_poll` polls every ``POLL_SECONDS``
-and sleeps in between (37 s). Nothing changes on a GPU or in numbaconv itself.
+and sleeps in between (37 s). And every call of a device function swaps the ``cuda``
+module in its globals for the kernel's fake one and back, finding it by scanning all of
+the function's module globals (a module of kernels holds hundreds): the TF32 kernels'
+simulated multiply calls two device functions per product, and the scans took most of
+their 40 s. :func:`cheap_device_calls` finds those names once per module. Nothing changes
+on a GPU or in numbaconv itself.
 """
 import importlib
 import sys
 import threading
 import time
-import traceback
 
 import numpy as np
 
@@ -29,9 +33,49 @@ POLL_SECONDS = 0.0005
 
 
 def setup():
-    """Both fixes (no-op off the simulator)."""
+    """The three fixes (no-op off the simulator)."""
     lock_shared_arrays()
     yielding_poll()
+    cheap_device_calls()
+
+
+def cheap_device_calls(cls=None):
+    """Replace the simulator's call of a device function by one that swaps the same names
+    (no-op off the simulator; ``cls``: patch this class instead, a test's copy): the names
+    of the function's globals bound to the ``cuda`` module or to a fake one are found on the
+    module's first call and kept; a call then swaps those that hold the real module, as
+    the simulator's ``swapped_cuda_module`` does, and restores them after."""
+    kernel, cls = _to_patch(cls, "numba.cuda.simulator.kernel", "FakeCUDAKernel",
+                            "_cheap_calls_by_numbaconv_tests")
+    if cls is None:
+        return
+    from numba import cuda
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+    names = {}  # id(globals dict) -> (the dict, its names of a cuda module)
+    original = cls.__call__
+
+    def call(self, *args):
+        if not self._device:
+            return original(self, *args)
+        g = self.fn.__globals__
+        hit = names.get(id(g))
+        if hit is None or hit[0] is not g:
+            hit = names[id(g)] = (g, [k for k, v in g.items()
+                                      if v is cuda or isinstance(v, FakeCUDAModule)])
+        real = [k for k in hit[1] if g[k] is cuda]
+        if not real:  # (inside a kernel of this module: already swapped)
+            return self.fn(*args)
+        fake = kernel._get_kernel_context()
+        for k in real:
+            g[k] = fake
+        try:
+            return self.fn(*args)
+        finally:
+            for k in real:
+                g[k] = cuda
+
+    cls.__call__ = call
+    cls._cheap_calls_by_numbaconv_tests = True
 
 
 def _to_patch(cls, module_name, class_name, flag):
@@ -108,7 +152,8 @@ def lock_shared_arrays(cls=None):
             count = self._dynshared_size // dtype.itemsize
             return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
         # keyed by the caller's file and line, as the simulator's own lookup is
-        caller = traceback.extract_stack(sys._getframe())[-2][0:2]
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
         with lock:
             res = self._allocations.get(caller)
             if res is None:

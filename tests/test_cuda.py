@@ -153,6 +153,10 @@ def _run_case(case):
     # forward/backward data split K only where asked (every layer is "too few blocks")
     config.CUDA_MIN_BLOCKS = 10 ** 6 if case.get("split") else 1
     config.CUDA_SPLIT_MIN_SLICES = 1
+    # three K ranges of several slices each (each its own partial): every simulated block
+    # runs all its threads in Python, and one range per slice made the 3-D TF32 cases 24
+    # blocks long
+    config.CUDA_MAX_SPLITS = 3
     config.CUDA_DEPTHWISE_PATCH = 0 if case.get("rows") else 1
     mb, g, ic, oc, isz, ksz, st, dl, pb, pe = case["geo"]
     if case.get("empty"):
@@ -560,7 +564,9 @@ def test_simulator_shared_arrays_are_one_per_block_line():
 
 
 _POLL_CODE = """
+import types
 import numpy as np
+import numba.cuda as numba_cuda
 from numba import cuda, float32
 from numba.cuda.simulator import kernel
 assert kernel.BlockManager._polled_by_numbaconv_tests
@@ -590,6 +596,26 @@ def fails(a):
     cuda.syncthreads()
 
 
+other = types.ModuleType("other")  # device functions of another module: its own globals
+exec(chr(10).join(["from numba import cuda", "@cuda.jit(device=True)", "def lane():",
+                   "    return cuda.threadIdx.x"]), other.__dict__)
+
+
+@cuda.jit(device=True)
+def twice_lane():
+    return 2 * other.lane()
+
+
+@cuda.jit
+def lanes(out):
+    out[cuda.blockIdx.x * 32 + cuda.threadIdx.x] = twice_lane()
+
+
+got = np.zeros(64, np.int64)
+lanes[2, 32](got)
+assert np.array_equal(got, 2 * np.tile(np.arange(32), 2)), got
+assert kernel.FakeCUDAKernel._cheap_calls_by_numbaconv_tests
+assert cuda is numba_cuda and other.cuda is numba_cuda  # both modules restored
 a = np.arange(192, dtype=np.float32)
 out = np.zeros(3, np.float32)
 tree_sum[3, 64](a, out)
@@ -602,10 +628,12 @@ except IndexError:
 
 
 def test_simulator_polls_blocks_and_keeps_their_semantics():
-    """The children's other fix (tests/_cudasim.py): the simulator's polling of a
-    block's threads, replaced by one that sleeps between looks, still releases every
-    ``syncthreads`` (a tree sum over 64 threads: one barrier per level) and still raises
-    the exception of a thread that fails between two barriers."""
+    """The children's other fixes (tests/_cudasim.py): device functions, called through
+    names found once per module, still see the kernel's thread indices, also from
+    another module's device function, and both modules get the real ``cuda`` back; the
+    simulator's polling of a block's threads, replaced by one that sleeps between looks,
+    still releases every ``syncthreads`` (a tree sum over 64 threads: one barrier per
+    level) and still raises the exception of a thread that fails between two barriers."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     r = subprocess.run([sys.executable, "-c", _SIM_PRELUDE + _POLL_CODE], capture_output=True,
                        text=True, env=env, cwd=ROOT, timeout=300)

@@ -9,8 +9,12 @@ blocks of at least ``BLOCK_S`` seconds (entries alternating within a round), aft
 warm-up call that compiles it. ``ENTRIES`` (comma-separated labels) limits the entries
 tried; ``SKIP`` (default ``direct``: the plain loop nest, far slower on any layer worth
 timing) leaves entries out; ``COMPILE_ONLY=1`` makes one call of each and times nothing (to fill the kernel
-cache beside other processes first).
+cache beside other processes first). ``CONSTS`` sets planner constants first, e.g.
+``CONSTS=numbaconv.strategies.patcht:WIDE_OUTPUT_CHANNELS=256`` (``;`` between several), to
+time an entry on layers that its measured limits leave to others.
 """
+import ast
+import importlib
 import os
 import sys
 import time
@@ -38,6 +42,10 @@ def main(argv):
     only = [e for e in os.environ.get("ENTRIES", "").split(",") if e]
     compile_only = os.environ.get("COMPILE_ONLY") == "1"
     skip = set(os.environ.get("SKIP", "direct").split(","))
+    for item in filter(None, os.environ.get("CONSTS", "").split(";")):
+        module, assign = item.split(":", 1)
+        attr, value = assign.split("=", 1)
+        setattr(importlib.import_module(module), attr, ast.literal_eval(value))
     names = planner.STRATEGY_NAMES  # families too (winograd has no variants)
     for arg in argv:
         suite, rest = arg.split(":", 1)
