@@ -153,10 +153,6 @@ def _run_case(case):
     # forward/backward data split K only where asked (every layer is "too few blocks")
     config.CUDA_MIN_BLOCKS = 10 ** 6 if case.get("split") else 1
     config.CUDA_SPLIT_MIN_SLICES = 1
-    # three K ranges of several slices each (each its own partial): every simulated block
-    # runs all its threads in Python, and one range per slice made the 3-D TF32 cases 24
-    # blocks long
-    config.CUDA_MAX_SPLITS = 3
     config.CUDA_DEPTHWISE_PATCH = 0 if case.get("rows") else 1
     mb, g, ic, oc, isz, ksz, st, dl, pb, pe = case["geo"]
     if case.get("empty"):
