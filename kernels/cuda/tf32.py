@@ -263,9 +263,9 @@ def core(bm, bn, tm, tn, a_kc, b_kc):
             else:
                 lo[2 + s] = (8 * s + t) * RPB + wn0 + g
 
-    aw, bw = dj(a_word), dj(b_word)
-
     if SIM:
+        # (the simulator runs this in Python: the word functions are called as plain
+        # Python functions, not as simulated device functions, one call per product)
         def mma(As, Bs, sa, sb, acc, lo):
             tid = cuda.threadIdx.x
             w = tid // 32
@@ -276,7 +276,7 @@ def core(bm, bn, tm, tn, a_kc, b_kc):
                     c = wn0 + 8 * (b // 2) + 2 * t + b % 2
                     v = acc[a * TN + b]
                     for k in range(BK):
-                        v += As[sa + aw(k, r)] * Bs[sb + bw(k, c)]
+                        v += As[sa + a_word(k, r)] * Bs[sb + b_word(k, c)]
                     acc[a * TN + b] = v
     else:
         def mma(As, Bs, sa, sb, acc, lo):
