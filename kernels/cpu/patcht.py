@@ -151,15 +151,19 @@ def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
         _t12_1(a, csa, b, ldb, c, ldc, segs, nseg, work, src)
 
 
-def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1, col_parts=1):
-    """See :func:`bwd_w_kernel` (its address table added)."""
+def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1, col_parts=1, dw=None):
+    """See :func:`bwd_w_kernel` (its address table added; ``dw``: the result to write where
+    ``part`` has one share of the rows, else none)."""
     name = "float16" if x.dtype == np.uint16 else dtype_name(part.dtype)
+    fuse = dw is not None
+    if dw is None:
+        dw = np.empty((0, 0, 0, 0), part.dtype)
     bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs,
-                 np.int64(group_parts), np.int64(col_parts))
+                 np.int64(group_parts), np.int64(col_parts), dw, fuse)
 
 
 @kernel(parallel=False)
-def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts):
+def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts, dw, fuse):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     each share's groups in ``group_parts`` contiguous parts and each group's columns
     ``(tap, tile of output channels)`` in ``col_parts`` contiguous parts, all in parallel
@@ -171,20 +175,23 @@ def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts)
     ``part [chunks, g, Kp, taps*Cp]`` zeroed, its rows ``(group, output channel)`` and
     columns ``(tap, input channel)``; ``shape`` the register tile (an index into
     :data:`TILES`); ``segs [chunks*group_parts*col_parts, 3*rb]`` scratch. Output rows go
-    in blocks of ``rb``."""
+    in blocks of ``rb``. With ``fuse`` (one share of the rows: ``part`` is then dW^T
+    whole) each item also writes its finished part into ``dw [taps, Ci, g, Ki]`` (the
+    result's layout, ``Ci``/``Ki`` a group's real channels): no pass over dW after."""
     par_for(_chunk, fns, part.shape[0] * group_parts * col_parts, x, dy, part, geo, rb,
-            shape, segs, group_parts, col_parts)
+            shape, segs, group_parts, col_parts, dw, fuse)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], int64[::1], "
-          "int64, int64, int64[:, ::1], int64, int64, int64)", noalias=True,
-          float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
-          float16=dict(S="uint16", T="float32"))
-def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, col_parts, j):
+          "int64, int64, int64[:, ::1], int64, int64, {T}[:, :, :, ::1], boolean, int64)",
+          noalias=True, float32=dict(S="float32", T="float32"),
+          float64=dict(S="float64", T="float64"), float16=dict(S="uint16", T="float32"))
+def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, col_parts, res, fuse, j):
     """Item ``j`` of :func:`bwd_w_kernel`: share ``j // (group_parts * col_parts)`` of the
     output rows, part ``j // col_parts % group_parts`` of the groups and part ``j %
     col_parts`` of each group's ``(tap, tile)`` columns (tap-major), into that share's
-    partial (``seg_all[j]``: its segment lists)."""
+    partial (``seg_all[j]``: its segment lists), and with ``fuse`` into the result
+    ``res`` (:func:`bwd_w_kernel`'s ``dw``)."""
     nch = parts.shape[0]
     jr, jg, jc = j // (group_parts * col_parts), j // col_parts % group_parts, j % col_parts
     rows = geo[0] * geo[10] * geo[11]
@@ -258,3 +265,12 @@ def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, col_parts, j):
                               pc + ((gi * kp + k0) * ldc + t * cp + c0) * it, ldc,
                               sp, ns, work, x)
                     c0 += nv * vl
+    if fuse:  # this item's finished columns, transposed into the result
+        ci, ki = res.shape[1], res.shape[3]
+        for t in range(t0, t1):
+            k_lo = (max(u0, t * nkt) - t * nkt) * mr
+            k_hi = min(ki, (min(u1, (t + 1) * nkt) - t * nkt) * mr)
+            for gi in range(g0, g1):
+                for k in range(k_lo, k_hi):
+                    for c in range(ci):
+                        res[t, c, gi, k] = part[gi, k, t * cp + c]
