@@ -11,8 +11,9 @@
 # 3. ENTRY_ROWS (SUITE:LAYER:PASS words), if set: every entry that accepts each of them,
 #    forced and timed side by side at N threads (tools/cpu_entries.py; ENTRY_S seconds),
 #    its kernels compiled in step 1.
-# SIDE_CMD, if set, runs beside step 1 (e.g. the GPU tests on the GPU machine) and is
-# stopped before the timed runs, which need the cores to themselves.
+# SIDE_CMD, if set, runs beside step 1 (e.g. the GPU tests on the GPU machine, under a
+# `timeout` of its own); the timed runs wait for it to end, as they need the cores to
+# themselves (a process group killed from here did not reach pytest's workers there).
 # TBB is a dependency of numbaconv that an image running the source tree may lack: wheels
 # of `tbb` and `tcmlib` in .whl/ (pip download, as for any package carried to such a
 # machine) are unpacked and put on the loader's path. Results go to $OUT: info.txt,
@@ -46,7 +47,7 @@ centernet:heatmap_1x1 edsr:body c3d:conv3a c3d:conv5a i3d:Mixed_4b_3x3 r2plus1d:
 unet3d:enc3_conv1 vnet:stage5_5x5x5 wavenet:dilated_d16 quartznet:b3_dw51 convtasnet:block_dw3_d8
 hifigan:res1_k7_d5 wav2vec2:conv1 pointnet:mlp2_3"}
 SIDE=
-if [ -n "$SIDE_CMD" ]; then setsid bash -c "$SIDE_CMD" & SIDE=$!; fi
+if [ -n "$SIDE_CMD" ]; then bash -c "$SIDE_CMD" & SIDE=$!; fi
 { nproc; lscpu | grep -i "model name\|^cpu(s)\|l3"; git log -1 --format=%h 2> /dev/null
   $NC info; } > "$OUT/info.txt" 2>&1
 timeout "${WARM_S:-60}" $NC warmup --processes "$N" > "$OUT/warmup.txt" 2>&1
@@ -75,7 +76,10 @@ for ((i = 0; i < N; i++)); do
 done
 wait "${PIDS[@]}"
 echo "compile pre-pass $(( $(date +%s) - PRE )) s" >> "$OUT/warmup.txt"
-if [ -n "$SIDE" ]; then kill -- -"$SIDE" 2> /dev/null; wait "$SIDE"; fi
+if [ -n "$SIDE" ]; then
+  wait "$SIDE"
+  echo "side command ended $(( $(date +%s) - PRE )) s after the pre-pass began" >> "$OUT/warmup.txt"
+fi
 timeout "${R50_S:-120}" $NC bench --suite resnet50 --compare torch --threads "$N" --rounds 2 \
     --no-check --json "$OUT/resnet50.json" > "$OUT/resnet50.txt" 2>&1
 echo "resnet50 rc $?" >> "$OUT/resnet50.txt"
