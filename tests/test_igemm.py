@@ -194,6 +194,27 @@ def test_implicit_variant_choice():
     assert plan(64, 64, op="convolution_backprop_filters").variant != "implicit"
 
 
+@pytest.mark.parametrize("side, groups, variant", [(14, 3, "claimed"), (7, 3, "claimed"),
+                                                   (28, 3, "implicit"), (14, 1, "implicit")])
+def test_grouped_1x1_over_few_rows_goes_to_claimed(side, groups, variant):
+    """A grouped 1x1 backward data over fewer than GROUPED_1X1_ROWS rows of dY is
+    gemm[claimed]'s (ShuffleNet's stage3_gconv2: 8 x 14 x 14 = 1568 rows, 3 groups of 40
+    <- 160 channels), with the reason in the plan; over more rows, and without groups, the
+    implicit GEMM keeps it; the claimed result matches the reference."""
+    rng = np.random.default_rng(side + groups)
+    dy = rng.standard_normal((8, side, side, 480)).astype(np.float32)
+    w = rng.standard_normal((1, 1, 120 // groups, 480)).astype(np.float32)
+    kw = dict(strides=1, pads_begin=0, pads_end=0, groups=groups)
+    plan = nc.plan("convolution_backprop_data", dy, w, (side, side), **kw)
+    assert plan.variant == variant, plan
+    if variant == "claimed" and groups > 1:
+        assert f"over {8 * side * side} rows" in str(plan), plan
+        got = nc.convolution_backprop_data(dy, w, (side, side), **kw)
+        err = normalized_error(got, conv_bwd_data_ref, dy, w, (side, side), stride=1,
+                               dilation=1, pads_begin=0, pads_end=0, groups=groups)
+        assert err <= tolerance("float32")
+
+
 def test_implicit_variant_declines_the_blas_engine(monkeypatch):
     from numbaconv import config
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
