@@ -42,11 +42,12 @@ R_SHORT = ("1x1 at stride 1 without pads over {k} output channels (<= %d): the G
            "on the arrays themselves (gemm[claimed] or gemm[identity]) stores dX once per "
            "tile too, with no copies" % UK_MAX_SHORT_K)
 R_BLAS = "GEMM_ENGINE is 'blas' (the implicit variant runs on the Numba engine)"
-#: A grouped 1x1 layer at stride 1 over fewer than this many dY rows (batch x pixels) is
-#: left to gemm[claimed], whose threads claim (group, block of rows) pairs from one
-#: counter, where it takes the layer: 2 threads, AVX2 host, 1568 rows (ShuffleNet's
-#: stage3_gconv2 and three more shapes of 2-4 groups) 1.17-1.39x, 392 rows 1.09x; at 6272
-#: rows the two were even (0.93-1.18x; docs/performance.md, "CPU, AVX2 host").
+#: On hosts with 256-bit vectors a grouped 1x1 layer at stride 1 over fewer than this many
+#: dY rows (batch x pixels) is left to gemm[claimed], whose threads claim (group, block of
+#: rows) pairs from one counter, where it takes the layer: 2 threads, AVX2 host, 1568 rows
+#: (ShuffleNet's stage3_gconv2 and three more shapes of 2-4 groups) 1.17-1.39x, 392 rows
+#: 1.09x; at 6272 rows the two were even (0.93-1.18x; docs/performance.md, "CPU, AVX2
+#: host"). Not measured with 512-bit vectors, whose claimed panels are 64 columns wide.
 GROUPED_1X1_ROWS = 4096
 R_GROUPED_1X1 = ("a grouped 1x1 layer over {rows} rows (< %d): gemm[claimed]'s threads "
                  "claim the groups' row blocks from one counter" % GROUPED_1X1_ROWS)
@@ -308,7 +309,9 @@ class ImplicitGemm(Strategy):
         rows = p.mb * math.prod(p.osz)
         if rows < GROUPED_1X1_ROWS and grouped_identity(p):
             from ..machine import machine
-            if claims(p, machine()) and choose_engine(p, machine()) == "numba":
+            m = machine()
+            if (m.vector_bytes < 64 and claims(p, m)
+                    and choose_engine(p, m) == "numba"):
                 return R_GROUPED_1X1.format(rows=rows)
         p = _group(p)  # with groups: each group's own problem
         if p.ic < MIN_N:
