@@ -259,13 +259,12 @@ class PatchT(Strategy):
         gparts = int(tiles.get("group_parts", 1))
         cparts = int(tiles.get("col_parts", 1))
         segs = np.empty((chunks * gparts * cparts, 3 * rb), np.int64)
-        if chunks == 1:  # one dW^T: each item writes its part of the result as it ends
-            dw = memory.empty((taps, p.icg, p.g, p.ocg), ct)
-            k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs, gparts,
-                    cparts, dw)
-            return dw.reshape(canonical_shapes(p)[2])
+        # with one dW^T, each item writes its part of the result as it ends
+        out = memory.empty((taps, p.icg, p.g, p.ocg), ct) if chunks == 1 else None
         k.bwd_w(x, dy, part, geo(p), np.int64(rb), np.int64(tiles["tile"]), segs, gparts,
-                cparts)
+                cparts, out)
+        if out is not None:
+            return out.reshape(canonical_shapes(p)[2])
         # in a fixed order (the same bits for the same inputs); on the workers from
         # SUM_MIN_WORKERS threads on
         acc = sum_partials(list(part), chunks * gparts * cparts)
