@@ -25,10 +25,13 @@ _cache_ok = None
 _cache_lock = threading.Lock()
 
 
-def _options(parallel, reassociate=True):
+def _options(parallel, reassociate=True, inline=False):
     fastmath = set(config.FASTMATH) - (set() if reassociate else {"reassoc"})
-    return dict(nopython=True, parallel=parallel, fastmath=fastmath, error_model="numpy",
+    opts = dict(nopython=True, parallel=parallel, fastmath=fastmath, error_model="numpy",
                 nogil=True)
+    if inline:
+        opts["inline"] = "always"
+    return opts
 
 
 _depth = threading.local()
@@ -75,23 +78,23 @@ class _Dispatcher(CPUDispatcher):
             {k: nbtypes.unliteral(v) for k, v in kws.items()})
 
 
-def _njit(fn, parallel, cache, reassociate=True):
+def _njit(fn, parallel, cache, reassociate=True, inline=False):
     if numba.config.DISABLE_JIT:
         return fn
     disp = _Dispatcher(py_func=fn, locals={},
-                       targetoptions=_options(parallel, reassociate))
+                       targetoptions=_options(parallel, reassociate, inline))
     if cache:
         disp.enable_caching()
     return disp
 
 
-def _compile(fn, parallel, reassociate=True):
+def _compile(fn, parallel, reassociate=True, inline=False):
     global _cache_ok
     with _cache_lock:
         want_cache = config.CACHE and _cache_ok is not False
         if want_cache:
             try:
-                return _njit(fn, parallel, True, reassociate)
+                return _njit(fn, parallel, not inline, reassociate, inline)
             except Exception as exc:  # numba: "cannot cache function ...: no locator available"
                 if _cache_ok is None:
                     warnings.warn(
@@ -100,7 +103,7 @@ def _compile(fn, parallel, reassociate=True):
                         "NUMBA_CACHE_DIR to a writable directory to keep them.",
                         RuntimeWarning, stacklevel=3)
                 _cache_ok = False
-        return _njit(fn, parallel, False, reassociate)
+        return _njit(fn, parallel, False, reassociate, inline)
 
 
 def _as_kernel(disp):
@@ -120,12 +123,21 @@ def kernel(fn=None, *, parallel=True, reassociate=True):
     return _as_kernel(_compile(fn, parallel, reassociate))
 
 
-def helper(fn=None, *, reassociate=True):
+def helper(fn=None, *, reassociate=True, inline=False):
     """Decorate a serial helper inlined into kernels of the same module (``reassociate``:
-    as for :func:`kernel`)."""
+    as for :func:`kernel`).
+
+    ``inline=True``: Numba inlines the helper's code into each caller before typing
+    (``inline="always"``) instead of compiling it as a function of its own, which it then
+    links into the caller and optimises again there. A small helper compiled on its own
+    costs 0.1-0.8 s of the first call (its typing, an LLVM module, machine code, a Python
+    wrapper); inlined it costs only its own lines in the caller's compile. For table and
+    set-up code with one or two callers; not for a hot loop nest that LLVM keeps as a
+    function of its own, where inlining changed the caller's generated code. Such a helper
+    is never cached on its own (nothing runs it alone)."""
     if fn is None:
-        return lambda f: _compile(f, False, reassociate)
-    return _compile(fn, False, reassociate)
+        return lambda f: _compile(f, False, reassociate, inline)
+    return _compile(fn, False, reassociate, inline)
 
 
 def specialise(fn, suffix, **constants):

@@ -75,3 +75,33 @@ def test_dtype_name_is_numpys_name(dt):
 def test_dtype_name_of_bfloat16():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     assert _jit.dtype_name(np.dtype(ml_dtypes.bfloat16)) == "bfloat16"
+
+
+def test_inline_helper_is_typed_in_its_caller_not_compiled_alone():
+    # helper(inline=True): Numba inlines the helper's code into the caller, so the helper
+    # itself never gets a compiled overload, and the caller computes the same values
+    import numba
+    if numba.config.DISABLE_JIT:
+        pytest.skip("no compilation under NUMBA_DISABLE_JIT")
+
+    @_jit.helper(inline=True)
+    def taps(n, out):
+        k = 0
+        for i in range(n):
+            if i % 3 != 1:
+                out[k] = i * 7 - 2
+                k += 1
+        return k
+
+    @_jit.kernel(parallel=False)
+    def run(n, out, count):
+        count[0] = taps(n, out)
+
+    out = np.full(10, -99, np.int64)
+    count = np.zeros(1, np.int64)
+    run(10, out, count)
+    expect = [i * 7 - 2 for i in range(10) if i % 3 != 1]
+    assert count[0] == len(expect)
+    assert out[:len(expect)].tolist() == expect
+    assert out[len(expect):].tolist() == [-99] * (10 - len(expect))
+    assert len(taps.overloads) == 0 and len(run.overloads) == 1

@@ -466,6 +466,19 @@ def _copy(typingctx, dst, src, nbytes):
 
 
 @intrinsic
+def _zero(typingctx, dst, nbytes):
+    """Zero ``nbytes`` from the address ``dst`` (``llvm.memset``)."""
+    sig = types.void(types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        d, n = args
+        cgutils.memset(builder, builder.inttoptr(d, ir.IntType(8).as_pointer()), n, 0)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _store_zero(typingctx, base, index, work):
     """``base[index] = 0`` for an address ``base`` of ``work``'s dtype."""
     sig = types.void(types.intp, types.intp, work)
@@ -480,7 +493,7 @@ def _store_zero(typingctx, base, index, work):
     return sig, codegen
 
 
-@helper
+@helper(inline=True)
 def _input_row_taps(geo, r, roff, rw, wbase):
     """The row taps (depth x height) of output row ``r`` (of ``mb*od*oh``) whose input row
     lies inside the input: the input rows' offsets into ``roff`` and the filter rows'
@@ -510,7 +523,7 @@ def _input_row_taps(geo, r, roff, rw, wbase):
     return nr
 
 
-@helper
+@helper(inline=True)
 def _output_row_taps(geo, r, roff, rw):
     """The row taps (depth x height) that reach dX row ``r`` (of ``mb*id*ih``) from a dY
     row: the dY rows' offsets into ``roff`` and the filter rows' offsets into ``rw``
@@ -603,19 +616,21 @@ def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
                 j = j1
 
 
-@helper
+@helper(inline=True)
 def _aligned_zeros(n, like):
     """``n`` zeros of ``like``'s dtype starting on a 64-byte boundary (a vector load across
     a cache line costs two). The caller keeps the result in use until its last address is
     taken: Numba frees an array after its last use, and an address is not a use."""
     it = like.itemsize
     pad = 64 // it
-    raw = np.zeros(n + pad, like.dtype)
+    raw = np.empty(n + pad, like.dtype)  # zeroed here: np.zeros compiles twice the code
     s = (pad - (raw.ctypes.data % 64) // it) % pad
-    return raw[s:s + n]
+    out = raw[s:s + n]
+    _zero(out.ctypes.data, n * it)
+    return out
 
 
-@helper
+@helper(inline=True)
 def _pack_filter(w, wpk, T, C, VB):
     """``wpk[b, t, l] = w[t, b*VB + l]``: the ``T`` taps' filter in blocks of ``VB``
     channels (``wpk`` zeros past ``C``)."""
@@ -626,7 +641,7 @@ def _pack_filter(w, wpk, T, C, VB):
                   min(VB, C - b * VB) * it)
 
 
-@helper
+@helper(inline=True)
 def _copy_row(buf, dst, src, npx, C, VB, bs):
     """``npx`` pixels of ``C`` channels at the address ``src`` into ``buf`` from element
     ``dst`` in blocks of ``VB`` channels ``bs`` elements apart, a pixel ``VB`` elements
@@ -642,7 +657,7 @@ def _copy_row(buf, dst, src, npx, C, VB, bs):
         _copy(d + (nblk - 1) * bs * it, s + (nblk - 1) * VB * it, (C - (nblk - 1) * VB) * it)
 
 
-@helper
+@helper(inline=True)
 def _stage_rows(buf, tag, roff, rw, nr, src, npx, nh, nd, sl_d, sl_h, slot, bs, col0, C,
                 VB):
     """The padded drivers' row taps in their buffer: the ``nr`` rows at element offsets
@@ -663,7 +678,7 @@ def _stage_rows(buf, tag, roff, rw, nr, src, npx, nh, nd, sl_d, sl_h, slot, bs, 
         rw[i] = rw[i] // C * VB
 
 
-@helper
+@helper(inline=True)
 def _flat_taps(roff, rw, nr, tdb, twt, nk, VB, tdo, two):
     """Every row tap's ``nk`` column taps as one list for :func:`_pspan`: buffer offsets
     ``roff[i] + tdb[k]*VB`` into ``tdo``, filter offsets ``rw[i] + twt[k]`` into ``two``;
@@ -707,31 +722,36 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     # j reading dY column j + base (as in _bwd_d_rows)
     nq = min(sw, iw)
     big = (kw - 1) * dw // sw + 1  # keeps column arithmetic non-negative
-    ntap = np.zeros(nq, np.int64)
-    base = np.empty((nq, kw), np.int64)
-    twt = np.empty((nq, kw), np.int64)
+    # the int64 tables as 1-D arrays of one kind (phase q's column taps from q*kw): each
+    # other allocation (np.zeros, np.full, a 2-D shape) compiles an overload of its own
+    ntap = np.empty(nq, np.int64)
+    base = np.empty(nq * kw, np.int64)
+    twt = np.empty(nq * kw, np.int64)
     lowest = 0
     for q in range(nq):
+        ntap[q] = 0
         for t_w in range(kw):
             e = q + pw - t_w * dw + big * sw
             if e % sw == 0:
-                base[q, ntap[q]] = e // sw - big
-                twt[q, ntap[q]] = t_w * VB
+                base[q * kw + ntap[q]] = e // sw - big
+                twt[q * kw + ntap[q]] = t_w * VB
                 lowest = min(lowest, e // sw - big)
                 ntap[q] += 1
     padl = -lowest  # buffer column of dY column 0
     # the last column read: a phase's last pixel plus a short block's overreach
     width = padl + max(ow, (iw - 1 + pw) // sw + 1) + PB_D
-    tdb = np.empty((nq, kw), np.int64)
+    tdb = np.empty(nq * kw, np.int64)
     for q in range(nq):
         for k in range(ntap[q]):
-            tdb[q, k] = base[q, k] + padl
+            tdb[q * kw + k] = base[q * kw + k] + padl
     sl_d = (kd - 1) * dd // sd + 1
     sl_h = (kh - 1) * dh // sh + 1
     bs = width * VB  # one block of channels of a buffer row
     slot = nblk * bs
     buf = _aligned_zeros(sl_d * sl_h * slot, dy)  # the middles copied on first use
-    tag = np.full(sl_d * sl_h, -1, np.int64)  # which dY row each buffer row holds
+    tag = np.empty(sl_d * sl_h, np.int64)  # which dY row each buffer row holds
+    for i in range(sl_d * sl_h):
+        tag[i] = -1
     dxb = dx.ctypes.data
     dyb = dy.ctypes.data
     roff = np.empty(kd * kh, np.int64)
@@ -750,7 +770,8 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
                     for c in range(C):
                         _store_zero(dxp, p * sw * C + c, dx)
             else:
-                nt = _flat_taps(roff, rw, nr, tdb[q], twt[q], ntap[q], VB, tdo, two)
+                nt = _flat_taps(roff, rw, nr, tdb[q * kw:], twt[q * kw:], ntap[q], VB, tdo,
+                                two)
                 # the buffers' addresses taken here, where they are used: Numba frees an
                 # array after its last use, and an address is not a use
                 _pspan(buf.ctypes.data, wpk.ctypes.data, dxp, tdo.ctypes.data,
@@ -790,7 +811,9 @@ def _fwd_rows_pad(x, w, y, geo, nchunks, chunk):
     bs = width * VB
     slot = nblk * bs
     buf = _aligned_zeros(sl_d * sl_h * slot, x)
-    tag = np.full(sl_d * sl_h, -1, np.int64)
+    tag = np.empty(sl_d * sl_h, np.int64)
+    for i in range(sl_d * sl_h):
+        tag[i] = -1
     xb, yb = x.ctypes.data, y.ctypes.data
     roff = np.empty(kd * kh, np.int64)
     rw = np.empty(kd * kh, np.int64)
@@ -819,7 +842,7 @@ _fwd_rows_pad = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_fwd
 _bwd_d_rows = separate(_D_ROWS_SIG, float32="float32", float64="float64")(_bwd_d_rows)
 
 
-@helper
+@helper(inline=True)
 def _column_ranges(iw, kw, sw, dw, pw, ow, lo_t, hi_t):
     """Per column tap ``t_w`` of an output row of ``ow`` columns, the columns ``lo_t[t_w] <=
     o_w < hi_t[t_w]`` whose input column ``o_w*sw - pw + t_w*dw`` lies inside the ``iw``
