@@ -623,7 +623,7 @@ def _aligned_zeros(n, like):
     taken: Numba frees an array after its last use, and an address is not a use."""
     it = like.itemsize
     pad = 64 // it
-    raw = np.empty(n + pad, like.dtype)  # zeroed here: np.zeros compiles twice the code
+    raw = np.empty(n + pad, like.dtype)  # zeroed below: np.zeros is an overload of its own
     s = (pad - (raw.ctypes.data % 64) // it) % pad
     out = raw[s:s + n]
     _zero(out.ctypes.data, n * it)
