@@ -631,6 +631,16 @@ def _aligned_zeros(n, like):
 
 
 @helper(inline=True)
+def _no_rows(n):
+    """The ``tag`` of ``n`` empty buffer rows (see :func:`_stage_rows`): ``-1`` each, filled
+    here from one ``np.empty`` (``np.full`` is an overload compiled of its own)."""
+    tag = np.empty(n, np.int64)
+    for i in range(n):
+        tag[i] = -1
+    return tag
+
+
+@helper(inline=True)
 def _pack_filter(w, wpk, T, C, VB):
     """``wpk[b, t, l] = w[t, b*VB + l]``: the ``T`` taps' filter in blocks of ``VB``
     channels (``wpk`` zeros past ``C``)."""
@@ -749,9 +759,7 @@ def _bwd_d_rows_pad(dy, w, dx, geo, nchunks, chunk):
     bs = width * VB  # one block of channels of a buffer row
     slot = nblk * bs
     buf = _aligned_zeros(sl_d * sl_h * slot, dy)  # the middles copied on first use
-    tag = np.empty(sl_d * sl_h, np.int64)  # which dY row each buffer row holds
-    for i in range(sl_d * sl_h):
-        tag[i] = -1
+    tag = _no_rows(sl_d * sl_h)  # which dY row each buffer row holds
     dxb = dx.ctypes.data
     dyb = dy.ctypes.data
     roff = np.empty(kd * kh, np.int64)
@@ -811,9 +819,7 @@ def _fwd_rows_pad(x, w, y, geo, nchunks, chunk):
     bs = width * VB
     slot = nblk * bs
     buf = _aligned_zeros(sl_d * sl_h * slot, x)
-    tag = np.empty(sl_d * sl_h, np.int64)
-    for i in range(sl_d * sl_h):
-        tag[i] = -1
+    tag = _no_rows(sl_d * sl_h)
     xb, yb = x.ctypes.data, y.ctypes.data
     roff = np.empty(kd * kh, np.int64)
     rw = np.empty(kd * kh, np.int64)
