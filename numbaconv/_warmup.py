@@ -169,8 +169,11 @@ def warmup(dtypes=("float32",), verbose=False, processes=None, strategies=None):
         return time.perf_counter() - t0
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from numbaconv.backends.ahead import without_linalg
     ctx = multiprocessing.get_context("spawn")  # a clean interpreter, whatever the parent
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+    # the workers run no code of their caller's: Numba may do without scipy.linalg there
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx,
+                             initializer=without_linalg) as pool:
         for results in pool.map(_run_group, groups):
             report(results)
     return time.perf_counter() - t0

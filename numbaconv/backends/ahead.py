@@ -16,9 +16,20 @@ def _say(tag, payload):
     sys.stdout.flush()
 
 
+def without_linalg():
+    """Keep Numba from importing ``scipy.linalg`` in this process. Numba imports it (0.3 s
+    where SciPy is installed) when it first sets up its registries, only to offer
+    ``np.dot`` and ``np.linalg`` in jitted code, which no kernel uses; the helper's start-up
+    is on the first call's critical path, so it does without; so do the warm-up's worker
+    processes. (The caller's process is left as it is: its own jitted code may use
+    them.)"""
+    sys.modules.setdefault("scipy.linalg", None)
+
+
 def main():
     """The helper process: ``python -c "from numbaconv.backends.ahead import main; main()"
     FILE`` (not ``-m``, which would make this module ``__main__``, a second copy of it)."""
+    without_linalg()
     path = sys.argv[1]
     with open(path, "rb") as f:
         plan, spec, cfg = pickle.load(f)
