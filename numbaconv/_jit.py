@@ -10,6 +10,7 @@ itself: a kernel module only says ``@kernel(parallel=True)`` or ``@helper``.
 * ``error_model="numpy"`` drops the division-by-zero checks from index arithmetic.
 * ``nogil=True`` so that Python threads can call kernels concurrently.
 """
+import ctypes
 import threading
 import types
 import warnings
@@ -205,6 +206,7 @@ class Separate:
         # the variants' addresses, then the shared launcher's (for ``prange``)
         self._table = np.zeros(len(self.names) + 1, np.int64)
         self.call = _separate_call(self)
+        self._runs = {}  # variant name -> (index, how its arguments are packed)
 
     def address(self, i):
         """Variant ``i``'s address, compiling it (or loading it from the disk cache) first;
@@ -231,6 +233,244 @@ class Separate:
         if t[-1] == 0 and self is not _launch.separate:
             t[-1] = _launch.separate.address(0)
         return t
+
+
+    def c_address(self, i):
+        """Variant ``i``'s C-callable wrapper (Numba's ``cfunc`` wrapper: plain arguments,
+        no status; for a variant that raises nothing), compiling it first."""
+        sig = self.signatures[i]
+        self.dispatcher.compile(sig)
+        cres = self.dispatcher.overloads[tuple(sig.args)]
+        return cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+
+    def run(self, name, n, *args):
+        """``helper(table, *args, i)`` for every ``i`` in ``range(n)``, in parallel, called
+        from Python: :data:`par_for` without a kernel of its own to compile. The arguments
+        must fit variant ``name``'s declared types (arrays: dtype, rank, and C order where
+        declared; integers and booleans; floats); they are packed into 64-bit words (an
+        array as the address of its NumPy object) that a trampoline (:func:`_trampoline`,
+        one per signature) unpacks for each iteration."""
+        try:
+            k, kinds, tramp, addr = self._runs[name]
+        except KeyError:
+            k, kinds, tramp, addr = self._prepare(name)
+        if len(args) != len(kinds):
+            raise TypeError(f"{self.__name__}.run({name!r}): {len(kinds)} arguments besides "
+                            f"the index, got {len(args)}")
+        if addr == 0 or _ahead.walking():
+            t = self.table(name)
+            if _ahead.walking():  # the helper's walk: noted, nothing runs
+                return
+            addr = int(t[k])
+            self._runs[name] = (k, kinds, tramp, addr)
+        try:
+            words = [addr, 0, *map(_pack_arg, args, kinds)]
+        except _ArgError:
+            raise TypeError(f"{self.__name__}: {_pack_error(args, kinds)}") from None
+        keep = None if _array_layout() else _records(args, kinds, words)
+        ctx = (_c_int64 * len(words))(*words)
+        _launcher()(tramp, int(n), _addressof(ctx))
+        del keep
+        if ctx[1]:
+            raise RuntimeError(f"{self.__name__}: a parallel iteration raised an exception")
+
+    def _prepare(self, name):
+        if name not in self.names:
+            raise ValueError(f"{self.__name__}: no variant {name!r}; its variants are "
+                             f"{list(self.names)}")
+        k = self.names.index(name)
+        sig = self.signatures[k]
+        kinds = _arg_kinds(sig, self.__name__)
+        entry = self._runs[name] = (k, kinds, _trampoline(sig), 0)
+        return entry
+
+
+_c_int64 = ctypes.c_int64
+_addressof = ctypes.addressof
+
+#: Where NumPy keeps an array's data pointer, dimensions and strides in its object
+#: (``PyArrayObject_fields``: after the object header, ``data``, ``nd``, ``dimensions``,
+#: ``strides``), as the trampolines read them; checked once against a live array
+#: (:func:`_array_layout`), else arrays are passed as records of their own.
+_DATA, _DIMS, _STRIDES = 16, 32, 40
+_layout = []
+
+
+def _array_layout():
+    """Whether NumPy's array objects have the field offsets the trampolines read."""
+    if not _layout:
+        probe = np.zeros((3, 5), np.float32)[:, ::2]
+        base = id(probe)
+        rd = ctypes.c_int64.from_address
+        ok = (rd(base + _DATA).value == probe.ctypes.data
+              and ctypes.c_int32.from_address(base + 24).value == probe.ndim
+              and [rd(rd(base + _DIMS).value + 8 * i).value for i in range(2)]
+              == list(probe.shape)
+              and [rd(rd(base + _STRIDES).value + 8 * i).value for i in range(2)]
+              == list(probe.strides))
+        _layout.append(ok)
+    return _layout[0]
+
+
+def _records(args, kinds, words):
+    """Where NumPy's array objects have another layout: each array argument's word
+    replaced by a block of ours with its data pointer, dimensions and strides at the
+    offsets the trampolines read; the blocks, to keep alive until the call returns."""
+    keep = []
+    for j, (a, kind) in enumerate(zip(args, kinds)):
+        if kind[0] == "array":
+            rec = np.zeros(6 + 2 * a.ndim, np.int64)
+            base = rec.ctypes.data
+            rec[_DATA // 8] = a.ctypes.data
+            rec[_DIMS // 8] = base + 48
+            rec[_STRIDES // 8] = base + 48 + 8 * a.ndim
+            rec[6:6 + a.ndim] = a.shape
+            rec[6 + a.ndim:] = a.strides
+            words[2 + j] = base
+            keep.append(rec)
+    return keep
+
+
+def _arg_kinds(sig, what):
+    """How :meth:`Separate.run` packs each declared argument (all but the index):
+    ``("array", dtype, ndim, contiguous)``, ``("int",)``, ``("bool",)`` or ``("float",)``."""
+    if not isinstance(sig.args[-1], nbtypes.Integer):
+        raise TypeError(f"{what}: the last argument is not an integer index")
+    kinds = []
+    for d in sig.args[:-1]:
+        if isinstance(d, nbtypes.Array):
+            kinds.append(("array", np.dtype(str(d.dtype)), d.ndim, d.layout == "C"))
+        elif isinstance(d, nbtypes.Boolean):
+            kinds.append(("bool",))
+        elif isinstance(d, nbtypes.Integer):
+            kinds.append(("int",))
+        elif isinstance(d, nbtypes.Float):
+            kinds.append(("float",))
+        else:
+            raise TypeError(f"{what}: Separate.run cannot pass an argument of type {d}")
+    return tuple(kinds)
+
+
+def _pack_arg(a, kind):
+    """Argument ``a`` (declared as ``kind``) as one word: an array as the address of its
+    NumPy object (the object stays alive: the caller holds it), a float as its float64
+    bits, an integer or boolean as it is."""
+    tag = kind[0]
+    if tag == "array":
+        if (isinstance(a, np.ndarray) and (a.dtype is kind[1] or a.dtype == kind[1])
+                and a.ndim == kind[2] and (not kind[3] or a.flags.c_contiguous)):
+            return id(a)
+    elif tag == "float":
+        if isinstance(a, (float, int, np.floating, np.integer)):
+            return int(np.float64(a).view(np.int64))
+    elif isinstance(a, (int, np.integer, np.bool_)):
+        return int(a)
+    raise _ArgError()
+
+
+class _ArgError(TypeError):
+    """An argument that does not fit its declared type (:func:`_pack_error` says how)."""
+
+
+def _pack_error(args, kinds):
+    """What is wrong with the first argument that does not fit."""
+    for j, (a, kind) in enumerate(zip(args, kinds)):
+        try:
+            _pack_arg(a, kind)
+        except _ArgError:
+            if kind[0] == "array":
+                return (f"argument {j} must be a {'C-contiguous ' if kind[3] else ''}"
+                        f"{kind[2]}-d {kind[1]} array, got {type(a).__name__} "
+                        f"{getattr(a, 'dtype', '')} {getattr(a, 'shape', '')}")
+            return (f"argument {j} must be {'a float' if kind[0] == 'float' else 'an integer'}"
+                    f", got {type(a).__name__}")
+    return "arguments do not fit"
+
+
+_tramps = {}
+_tramp_lock = threading.Lock()
+_launch_c = []
+
+
+def _launcher():
+    """The shared launcher :func:`_launch` as a ctypes function ``(trampoline, n, ctx)``
+    (its C wrapper; ctypes releases the GIL for the call)."""
+    if not _launch_c:
+        addr = _launch.separate.c_address(0)
+        fnty = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+        _launch_c.append(fnty(addr))
+    return _launch_c[0]
+
+
+def _trampoline(sig):
+    """The address of ``void tramp(int64 i, int64 ctx)``, which calls the function at
+    ``ctx[0]`` (a :class:`Separate` variant of signature ``sig``, in Numba's calling
+    convention) with the arguments :func:`_pack_arg` packed from ``ctx[2]`` on (an array
+    read from its NumPy object) and ``i`` last, and sets ``ctx[1]`` where it returns an
+    error. One per signature in a process, emitted with Numba's code generator (a few
+    milliseconds; not cached on disk)."""
+    key = tuple(sig.args)
+    with _tramp_lock:
+        if key not in _tramps:
+            _tramps[key] = _build_trampoline(sig, len(_tramps))
+        return _tramps[key]
+
+
+def _build_trampoline(sig, serial):
+    from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:  # Numba's code generator is used under its lock only
+        return _emit_trampoline(sig, serial)
+
+
+def _emit_trampoline(sig, serial):
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.core.registry import cpu_target
+    context = cpu_target.target_context
+    context.refresh()
+    name = f"numbaconv_run_trampoline_{serial}"
+    lib = context.codegen().create_library(name)
+    mod = lib.create_ir_module(name)
+    i64 = ir.IntType(64)
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64, i64]), name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    index, cp = fn.args
+    p = b.inttoptr(cp, i64.as_pointer())
+
+    def at(ptr, j):
+        return b.load(b.gep(ptr, [ir.Constant(i64, j)]))
+
+    callee = b.inttoptr(at(p, 0), context.call_conv.get_function_type(
+        sig.return_type, sig.args).as_pointer())
+    vals = []
+    for j, d in enumerate(sig.args[:-1]):
+        w = at(p, 2 + j)
+        if isinstance(d, nbtypes.Array):
+            obj = b.inttoptr(w, i64.as_pointer())
+            dims = b.inttoptr(at(obj, _DIMS // 8), i64.as_pointer())
+            strides = b.inttoptr(at(obj, _STRIDES // 8), i64.as_pointer())
+            ary = context.make_array(d)(context, builder=b)
+            context.populate_array(
+                ary, data=b.inttoptr(at(obj, _DATA // 8), ary.data.type),
+                shape=cgutils.pack_array(b, [at(dims, i) for i in range(d.ndim)]),
+                strides=cgutils.pack_array(b, [at(strides, i) for i in range(d.ndim)]),
+                itemsize=ir.Constant(i64, context.get_abi_sizeof(
+                    context.get_data_type(d.dtype))), meminfo=None)
+            vals.append(ary._getvalue())
+        elif isinstance(d, nbtypes.Boolean):
+            vals.append(b.icmp_signed("!=", w, ir.Constant(i64, 0)))
+        elif isinstance(d, nbtypes.Float):
+            vals.append(context.cast(b, b.bitcast(w, ir.DoubleType()), nbtypes.float64, d))
+        else:
+            vals.append(context.cast(b, w, nbtypes.int64, d))
+    vals.append(context.cast(b, index, nbtypes.int64, sig.args[-1]))
+    status, _ = context.call_conv.call_function(b, callee, sig.return_type, sig.args, vals)
+    with cgutils.if_unlikely(b, status.is_error):
+        b.store(ir.Constant(i64, 1), b.gep(p, [ir.Constant(i64, 1)]))
+    b.ret_void()
+    lib.add_ir_module(mod)
+    lib.finalize()
+    return lib.get_pointer_to_function(name)
 
 
 def _no_alias(disp):
@@ -270,6 +510,7 @@ def separate(template=None, *, noalias=False, parallel=False, **variants):
         call.table = sep.table
         call.dispatcher = sep.dispatcher
         call.separate = sep
+        call.run = sep.run
         return call
     return wrap
 

@@ -178,10 +178,20 @@ def _rows_par_for(fns, a, out, seen):
     par_for(_one_row, fns, a.shape[0], a, out, seen)
 
 
+def _from_a_kernel(name, rows, a, out, seen):
+    _rows_par_for(_one_row.table(name), a, out, seen)
+
+
+def _from_python(name, rows, a, out, seen):
+    _one_row.run(name, rows, a, out, seen)
+
+
+@pytest.mark.parametrize("call", [_from_a_kernel, _from_python])
 @pytest.mark.parametrize("dtype, name", [(np.float32, "f32"), (np.float64, "f64")])
 @pytest.mark.parametrize("rows", [0, 1, 2, 7, 64])
-def test_par_for_runs_every_index_once_with_the_variant_of_its_arguments(dtype, name,
+def test_par_for_runs_every_index_once_with_the_variant_of_its_arguments(call, dtype, name,
                                                                           rows):
+    """From a serial kernel (``par_for``) and from Python (``Separate.run``)."""
     import numba
     a = np.random.default_rng(rows).standard_normal((rows, 5)).astype(dtype)
     for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
@@ -189,7 +199,7 @@ def test_par_for_runs_every_index_once_with_the_variant_of_its_arguments(dtype, 
         try:
             out = np.full(rows, np.nan, dtype)
             seen = np.zeros(rows, np.int64)
-            _rows_par_for(_one_row.table(name), a, out, seen)
+            call(name, rows, a, out, seen)
         finally:
             numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
         assert seen.tolist() == [1] * rows
@@ -237,3 +247,93 @@ def test_par_for_of_anything_but_a_separate_helper_is_a_typing_error():
     with pytest.raises(TypingError, match=r"par_for\(_one_row\): no variant"):
         _rows_par_for(_one_row.table("f64"), np.ones((2, 2), np.int64),
                       np.zeros(2), np.zeros(2, np.int64))
+
+
+# -- Separate.run: the same loop called from Python, no kernel to compile ---------------
+@separate("void({T}[:, :], {T}[::1], int64, boolean, float64, float32, int32, int64)",
+          f32="float32")
+def _strided_row(a, out, k, neg, scale, shift, off, r):
+    acc = 0.0
+    for j in range(a.shape[1]):
+        acc += a[r, j]
+    out[r] = (-acc if neg else acc) * scale + shift + off + k
+
+
+def test_run_passes_strided_arrays_and_every_scalar_kind():
+    """A view with other strides (declared ``[:, :]``), a boolean, floats of both widths,
+    a narrower integer and a negative one reach the helper as they are."""
+    big = np.random.default_rng(1).standard_normal((9, 12)).astype(np.float32)
+    a = big[::2, 1::3]                       # 5 x 4, neither C nor F contiguous
+    out = np.zeros(5, np.float32)
+    _strided_row.run("f32", 5, a, out, -7, True, 0.5, np.float32(0.25), np.int32(3))
+    want = -a.astype(np.float64).sum(1) * 0.5 + 0.25 + 3 - 7
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+    _strided_row.run("f32", 5, a, out, 2, False, 2.0, 0.0, 0)
+    np.testing.assert_allclose(out, a.astype(np.float64).sum(1) * 2 + 2, rtol=1e-5)
+
+
+def test_run_raises_when_an_iteration_raised():
+    seen = np.zeros(8, np.int64)
+    with pytest.raises(RuntimeError, match="_fails_at_three: a parallel iteration raised"):
+        _fails_at_three.run("i64", 8, seen)
+    assert seen[3] == 0 and seen.sum() == 7   # the others ran
+
+
+def test_run_refuses_arguments_that_do_not_fit_the_variant():
+    a = np.ones((4, 3))
+    with pytest.raises(ValueError, match=r"_one_row: no variant 'f16'"):
+        _one_row.run("f16", 4, a, np.zeros(4), np.zeros(4, np.int64))
+    with pytest.raises(TypeError, match=r"_one_row: argument 0 must be a C-contiguous 2-d "
+                                        r"float32 array, got ndarray float64"):
+        _one_row.run("f32", 4, a, np.zeros(4), np.zeros(4, np.int64))
+    with pytest.raises(TypeError, match=r"argument 0 must be a C-contiguous"):
+        _one_row.run("f64", 2, a[:, ::2], np.zeros(4), np.zeros(4, np.int64))
+    with pytest.raises(TypeError, match=r"argument 2 must be a C-contiguous 1-d int64"):
+        _one_row.run("f64", 4, a, np.zeros(4), [0, 0, 0, 0])
+    with pytest.raises(TypeError, match=r"3 arguments besides the index, got 2"):
+        _one_row.run("f64", 4, a, np.zeros(4))
+    with pytest.raises(TypeError, match=r"_fails_at_three: argument 0 must be"):
+        _fails_at_three.run("i64", 1, 2.5)
+    with pytest.raises(TypeError, match=r"_strided_row: argument 2 must be an integer"):
+        _strided_row.run("f32", 1, np.ones((1, 1), np.float32), np.zeros(1, np.float32),
+                         1.5, True, 1.0, 0.0, 0)
+
+
+@separate("void(int64[::1], int64)", i64="int64")
+def _walked(seen, r):  # run only by the test below: not compiled before its walk
+    seen[r] += 1
+
+
+def test_run_in_the_helper_s_walk_records_and_runs_nothing():
+    from numbaconv import _ahead
+    seen = np.zeros(4, np.int64)
+    _ahead.start_walk()
+    try:
+        _walked.run("i64", 4, seen)
+    finally:
+        found = _ahead.end_walk()
+    assert seen.sum() == 0
+    assert any("._walked(" in key for _, _, key in found), [k for _, _, k in found]
+    _walked.run("i64", 4, seen)                 # outside the walk it runs
+    assert seen.tolist() == [1, 1, 1, 1]
+
+
+def test_run_passes_arrays_as_records_where_numpy_objects_differ(monkeypatch):
+    """Where NumPy's array objects would not have the field offsets the trampolines read,
+    each array goes as a record of its own with the same fields: same results."""
+    from numbaconv import _jit
+    monkeypatch.setattr(_jit, "_layout", [False])
+    big = np.random.default_rng(2).standard_normal((9, 12)).astype(np.float32)
+    a = big[1::2, ::3]
+    out = np.zeros(4, np.float32)
+    _strided_row.run("f32", 4, a, out, 1, False, 1.0, 0.0, 0)
+    np.testing.assert_allclose(out, a.astype(np.float64).sum(1) + 1, rtol=1e-5)
+    seen = np.zeros(9, np.int64)
+    _one_row.run("f64", 9, big.astype(np.float64), np.zeros(9), seen)
+    assert seen.tolist() == [1] * 9
+
+
+def test_numpy_array_objects_have_the_layout_the_trampolines_read():
+    from numbaconv import _jit
+    _jit._layout.clear()
+    assert _jit._array_layout()

@@ -113,15 +113,8 @@ def pack_pairs(b, bp):
     """``bp[q, p, j] = B[2p, q*NR + j] | B[2p+1, q*NR + j] << 16`` (zero past B's edges) for
     ``b`` a 2-D ``uint16`` array of any strides (bfloat16 bits) and ``bp`` ``uint32``
     ``[ceil(N/NR), ceil(K/2), NR]``, C-contiguous."""
-    pack_pairs_kernel(_pack_row.table("bf16" if b.flags.c_contiguous else "bf16_strided"), b,
-                      bp)
-
-
-@kernel(parallel=False)
-def pack_pairs_kernel(fns, b, bp):
-    """:func:`pack_pairs` with its address table, in parallel over the rows ``(q, p)`` of
-    ``bp``."""
-    par_for(_pack_row, fns, bp.shape[0] * bp.shape[1], b, bp)
+    _pack_row.run("bf16" if b.flags.c_contiguous else "bf16_strided", bp.shape[0] * bp.shape[1], b,
+                  bp)
 
 
 @separate("void(uint16[:, {L}], uint32[:, :, ::1], int64)", noalias=True,
@@ -151,14 +144,7 @@ def im2col(src, rows, out, geo, sign):
     over the kernel) the ``C`` channels of the source pixel ``o*s + sign*t*d + off`` on each
     axis, or zeros outside the source. ``geo``: int64
     ``[sd sh sw dd dh dw offd offh offw kd kh kw]``."""
-    im2col_kernel(_im2col_row.table("bf16"), src, rows, out, geo, sign)
-
-
-@kernel(parallel=False)
-def im2col_kernel(fns, src, rows, out, geo, sign):
-    """:func:`im2col` with its address table, in parallel over the rows of ``out``."""
-    par_for(_im2col_row, fns, rows[0] * rows[1] * rows[2] * rows[3], src, rows, out, geo,
-            sign)
+    _im2col_row.run("bf16", rows[0] * rows[1] * rows[2] * rows[3], src, rows, out, geo, sign)
 
 
 @separate(bf16="void(uint16[:, :, :, :, ::1], int64[::1], uint16[:, ::1], int64[::1], int64, "
@@ -263,7 +249,7 @@ def _im2col_t_block(src, rows, out, geo, tb):
 @separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], int64, int64, "
                "int64)")
 def _block(a, bp, c, kc2, mc, blk):
-    """Block ``blk`` of ``mc`` rows of ``C = A @ B`` (see :func:`gemm_kernel`)."""
+    """Block ``blk`` of ``mc`` rows of ``C = A @ B`` (see :func:`gemm`)."""
     M = a.shape[0]
     r0, r1 = blk * mc, min(M, (blk + 1) * mc)
     wa = np.zeros((MR, kc2), np.uint32)
@@ -304,14 +290,8 @@ def _block(a, bp, c, kc2, mc, blk):
 
 
 def gemm(a, bp, c, kc2, mc):
-    """See :func:`gemm_kernel` (its address table added)."""
-    gemm_kernel(_block.table("bf16"), a, bp, c, kc2, mc)
-
-
-@kernel(parallel=False)
-def gemm_kernel(fns, a, bp, c, kc2, mc):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
     threads; the reduction runs in blocks of ``kc2`` pairs."""
-    par_for(_block, fns, (a.shape[0] + mc - 1) // mc, a, bp, c, kc2, mc)
+    _block.run("bf16", (a.shape[0] + mc - 1) // mc, a, bp, c, kc2, mc)

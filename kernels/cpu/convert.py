@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv._jit import helper, kernel, separate
 from numbaconv.kernels.cpu._host import F16C
 
 #: Elements per SIMD step (one 256-bit vector of float32).
@@ -107,13 +107,7 @@ def convert(src, dst, up):
 
 def convert_parallel(src, dst, up):
     """:func:`convert` in blocks of ``BLOCK`` elements on every thread."""
-    convert_parallel_kernel(_convert_block.table("up" if up else "down"), src, dst, up)
-
-
-@kernel(parallel=False)
-def convert_parallel_kernel(fns, src, dst, up):
-    """:func:`convert_parallel` with its address table."""
-    par_for(_convert_block, fns, (src.size + BLOCK - 1) // BLOCK, src, dst, up)
+    _convert_block.run("up" if up else "down", (src.size + BLOCK - 1) // BLOCK, src, dst, up)
 
 
 @separate("void({S}[::1], {D}[::1], boolean, int64)", noalias=True,
@@ -214,14 +208,7 @@ def convert_bf16(src, dst, up):
 
 def convert_bf16_parallel(src, dst, up):
     """:func:`convert_bf16` in blocks of ``BLOCK`` elements on every thread."""
-    convert_bf16_parallel_kernel(_convert_bf16_block.table("up" if up else "down"), src, dst,
-                                 up)
-
-
-@kernel(parallel=False)
-def convert_bf16_parallel_kernel(fns, src, dst, up):
-    """:func:`convert_bf16_parallel` with its address table."""
-    par_for(_convert_bf16_block, fns, (src.size + BLOCK - 1) // BLOCK, src, dst, up)
+    _convert_bf16_block.run("up" if up else "down", (src.size + BLOCK - 1) // BLOCK, src, dst, up)
 
 
 @separate("void({S}[::1], {D}[::1], boolean, int64)", noalias=True,

@@ -13,7 +13,7 @@ Here: the general loop nests and the nine-term 3x3 kernels. Multiplier 1 has its
 kernels: the span kernels (:mod:`.depthwise_spans`) and the 3x3 row kernels
 (:mod:`.depthwise_rows`).
 """
-from numbaconv._jit import dtype_name, kernel, par_for, separate
+from numbaconv._jit import dtype_name, separate
 
 #: The general row drivers' signature (each a separate helper that a serial kernel runs
 #: over its rows in parallel through ``par_for``, so that Numba's parallel passes never see
@@ -23,13 +23,7 @@ _SIG5 = "void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], 
 
 def fwd_depthwise(x, w, y, geo):
     """y (zeroed) = depthwise conv(x, w)."""
-    fwd_depthwise_kernel(_fwd_row.table(dtype_name(y.dtype)), x, w, y, geo)
-
-
-@kernel(parallel=False)
-def fwd_depthwise_kernel(fns, x, w, y, geo):
-    """:func:`fwd_depthwise` with its address table, in parallel over the output rows."""
-    par_for(_fwd_row, fns, geo[0] * geo[10] * geo[11], x, w, y, geo)
+    _fwd_row.run(dtype_name(y.dtype), geo[0] * geo[10] * geo[11], x, w, y, geo)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
@@ -66,13 +60,7 @@ def _fwd_row(x, w, y, geo, r):
 
 def bwd_d_depthwise(dy, w, dx, geo):
     """dx (zeroed) = depthwise conv^T(dy, w), as a gather over the taps that reach each row."""
-    bwd_d_depthwise_kernel(_bwd_d_row.table(dtype_name(dx.dtype)), dy, w, dx, geo)
-
-
-@kernel(parallel=False)
-def bwd_d_depthwise_kernel(fns, dy, w, dx, geo):
-    """:func:`bwd_d_depthwise` with its address table, in parallel over the input rows."""
-    par_for(_bwd_d_row, fns, geo[0] * geo[4] * geo[5], dy, w, dx, geo)
+    _bwd_d_row.run(dtype_name(dx.dtype), geo[0] * geo[4] * geo[5], dy, w, dx, geo)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
@@ -118,13 +106,7 @@ def _bwd_d_row(dy, w, dx, geo, r):
 
 def bwd_w_depthwise(x, dy, part, geo):
     """part[j] (zeroed, ``[kd, kh, kw, 1, C*m]``): dW summed over the output rows of chunk j."""
-    bwd_w_depthwise_kernel(_bwd_w_chunk.table(dtype_name(part.dtype)), x, dy, part, geo)
-
-
-@kernel(parallel=False)
-def bwd_w_depthwise_kernel(fns, x, dy, part, geo):
-    """:func:`bwd_w_depthwise` with its address table, in parallel over the chunks."""
-    par_for(_bwd_w_chunk, fns, part.shape[0], x, dy, part, geo)
+    _bwd_w_chunk.run(dtype_name(part.dtype), part.shape[0], x, dy, part, geo)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], "
@@ -165,25 +147,19 @@ def _bwd_w_chunk(x, dy, part, geo, ch):
 
 
 def fwd_depthwise_3x3(x, w, y, geo):
-    """See :func:`fwd_depthwise_3x3_kernel` (its address table for ``y``'s dtype added)."""
-    fwd_depthwise_3x3_kernel(_fwd3_row.table(dtype_name(y.dtype)), x, w, y, geo)
-
-
-@kernel(parallel=False)
-def fwd_depthwise_3x3_kernel(fns, x, w, y, geo):
     """y = depthwise conv(x, w) for 3x3 filters (kd = 1, multiplier 1), any stride/dilation.
 
     Interior pixels sum their nine taps in one expression, so the accumulator of each
     channel lives in a vector register and y is written once (instead of read and written
     per tap); border pixels take the checked per-tap loop.
     """
-    par_for(_fwd3_row, fns, geo[0] * geo[10] * geo[11], x, w, y, geo)
+    _fwd3_row.run(dtype_name(y.dtype), geo[0] * geo[10] * geo[11], x, w, y, geo)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[::1], int64)", float32="float32", float64="float64")
 def _fwd3_row(x, w, y, geo, r):
-    """Output row ``r`` (flat over ``mb, od, oh``) of :func:`fwd_depthwise_3x3_kernel`."""
+    """Output row ``r`` (flat over ``mb, od, oh``) of :func:`fwd_depthwise_3x3`."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]
@@ -229,26 +205,19 @@ def _fwd3_row(x, w, y, geo, r):
 
 
 def bwd_d_depthwise_3x3(dy, w, dx, geo):
-    """See :func:`bwd_d_depthwise_3x3_kernel` (its address table for ``dx``'s dtype
-    added)."""
-    bwd_d_depthwise_3x3_kernel(_bwd_d3_row.table(dtype_name(dx.dtype)), dy, w, dx, geo)
-
-
-@kernel(parallel=False)
-def bwd_d_depthwise_3x3_kernel(fns, dy, w, dx, geo):
     """dx = depthwise conv^T(dy, w) for 3x3 filters at stride 1 (kd = 1, multiplier 1).
 
     At stride 1 every tap reaches every input pixel, so the gather has the forward's shape
     with the taps reversed: dx[i] = sum_t dy[i + p - t*d] * w[t]; interior pixels sum the
     nine terms in one expression (see :func:`fwd_depthwise_3x3`).
     """
-    par_for(_bwd_d3_row, fns, geo[0] * geo[4] * geo[5], dy, w, dx, geo)
+    _bwd_d3_row.run(dtype_name(dx.dtype), geo[0] * geo[4] * geo[5], dy, w, dx, geo)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[::1], int64)", float32="float32", float64="float64")
 def _bwd_d3_row(dy, w, dx, geo, r):
-    """Input row ``r`` (flat over ``mb, id, ih``) of :func:`bwd_d_depthwise_3x3_kernel`."""
+    """Input row ``r`` (flat over ``mb, id, ih``) of :func:`bwd_d_depthwise_3x3`."""
     C = geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     od, oh, ow = geo[10], geo[11], geo[12]

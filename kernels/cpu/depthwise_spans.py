@@ -558,7 +558,7 @@ def _output_row_taps(geo, r, roff, rw):
 
 
 def _bwd_d_rows(dy, w, dx, geo, nchunks, chunk):
-    """The rows of dX in chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_m1_kernel`)."""
+    """The rows of dX in chunk ``chunk`` of ``nchunks`` (see :func:`bwd_d_depthwise_m1`)."""
     mb, C = geo[0], geo[1]
     id_, ih, iw = geo[4], geo[5], geo[6]
     kd, kh, kw = geo[7], geo[8], geo[9]
@@ -933,16 +933,20 @@ def padded_bytes(geo, direction, itemsize):
 
 
 def bwd_d_depthwise_m1(dy, w, dx, geo, nchunks, padded=False):
-    """See :func:`bwd_d_m1_kernel` (its address table for ``dx``'s dtype added: the padded
-    driver's where ``padded`` (:func:`_bwd_d_rows_pad`, any geometry), else the bordered
-    one's, :func:`_bwd_d_rows`)."""
+    """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
+    padding. Per dX row: the row taps that reach it; per column stride phase of the row:
+    its column taps; the phase's interior (every column tap in range) is one span, its
+    border pixels spans of one pixel. Threads take ``nchunks`` contiguous ranges of rows
+    (the loop nest is a separate serial helper, run over the chunks in parallel). The
+    forward pass runs here too, with the forward driver's table (:func:`fwd_depthwise_m1`:
+    X, W and Y in the places of dY, W and dX)."""
     rows = _bwd_d_rows_pad if padded else _bwd_d_rows
-    bwd_d_m1_kernel(rows.table(dtype_name(dx.dtype)), dy, w, dx, geo, nchunks)
+    rows.run(dtype_name(dx.dtype), nchunks, dy, w, dx, geo, nchunks)
 
 
 def fwd_depthwise_m1(x, w, y, geo, nchunks, padded=False):
     """y = depthwise conv(x, w) for multiplier 1, any kernel, stride, dilation and padding:
-    :func:`bwd_d_m1_kernel` running the forward row driver (:func:`_fwd_rows`; the padded
+    :func:`bwd_d_depthwise_m1` running the forward row driver (:func:`_fwd_rows`; the padded
     one where ``padded``, which needs column stride 1), ``nchunks`` contiguous ranges of Y
     rows."""
     if padded:
@@ -951,19 +955,7 @@ def fwd_depthwise_m1(x, w, y, geo, nchunks, padded=False):
         rows = _fwd_rows_pad
     else:
         rows = _fwd_rows
-    bwd_d_m1_kernel(rows.table(dtype_name(y.dtype)), x, w, y, geo, nchunks)
-
-
-@kernel(parallel=False)
-def bwd_d_m1_kernel(fns, dy, w, dx, geo, nchunks):
-    """dx = depthwise conv^T(dy, w) for multiplier 1, any kernel, stride, dilation and
-    padding. Per dX row: the row taps that reach it; per column stride phase of the row:
-    its column taps; the phase's interior (every column tap in range) is one span, its
-    border pixels spans of one pixel. Threads take ``nchunks`` contiguous ranges of rows
-    (the loop nest is a separate serial helper, run over the chunks by ``par_for``). The
-    forward pass runs here too, with the forward driver's table (:func:`fwd_depthwise_m1`:
-    X, W and Y in the places of dY, W and dX)."""
-    par_for(_bwd_d_rows, fns, nchunks, dy, w, dx, geo, nchunks)
+    rows.run(dtype_name(y.dtype), nchunks, x, w, y, geo, nchunks)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], int64[::1], "
@@ -1031,6 +1023,6 @@ def bwd_w_m1_kernel(fns, x, dy, part, dwt, geo):
     padding. part[j] (scratch, ``[nchunks, kd, kh, kw, 1, C]``): chunk j's sum over its
     contiguous range of output rows, zeroed and reduced here. Per dY row, the row taps in
     range; its interior (every column tap in range) is one span, border pixels spans of
-    one (the loop nest is a separate serial helper, run over the chunks by ``par_for``)."""
+    one (the loop nest is a separate serial helper, run over the chunks in parallel)."""
     par_for(_bwd_w_rows, fns, part.shape[0], x, dy, part, geo)
     reduce_chunks(part, dwt)

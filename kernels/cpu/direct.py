@@ -27,7 +27,7 @@ same bits.
 """
 import numpy as np
 
-from numbaconv._jit import dtype_name, kernel, par_for, separate
+from numbaconv._jit import dtype_name, separate
 
 #: The row drivers' signature: three 5-D arrays of the compute dtype, the geometry, the
 #: block's first row and the row within the block.
@@ -38,13 +38,7 @@ _SIG5 = ("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1],
 def fwd_direct(x, w, y, geo, r0, r1):
     """y (zeroed, ``[mb, od, oh, ow, oc]``) = conv(x, w), output rows ``r0 .. r1 - 1`` (of
     the ``mb * od * oh`` rows ``(n, o_d, o_h)``)."""
-    fwd_direct_kernel(_fwd_row.table(dtype_name(y.dtype)), x, w, y, geo, r0, r1)
-
-
-@kernel(parallel=False)
-def fwd_direct_kernel(fns, x, w, y, geo, r0, r1):
-    """:func:`fwd_direct` with its address table, in parallel over the rows."""
-    par_for(_fwd_row, fns, r1 - r0, x, w, y, geo, r0)
+    _fwd_row.run(dtype_name(y.dtype), r1 - r0, x, w, y, geo, r0)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
@@ -84,13 +78,7 @@ def _fwd_row(x, w, y, geo, r0, i):
 def bwd_d_direct(dy, w, dx, geo, r0, r1):
     """dx (``[mb, id, ih, iw, ic]``) = conv^T(dy, w), input rows ``r0 .. r1 - 1`` (of the
     ``mb * id * ih`` rows ``(n, i_d, i_h)``) fully overwritten."""
-    bwd_d_direct_kernel(_bwd_d_row.table(dtype_name(dx.dtype)), dy, w, dx, geo, r0, r1)
-
-
-@kernel(parallel=False)
-def bwd_d_direct_kernel(fns, dy, w, dx, geo, r0, r1):
-    """:func:`bwd_d_direct` with its address table, in parallel over the rows."""
-    par_for(_bwd_d_row, fns, r1 - r0, dy, w, dx, geo, r0)
+    _bwd_d_row.run(dtype_name(dx.dtype), r1 - r0, dy, w, dx, geo, r0)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
@@ -143,13 +131,7 @@ def bwd_d_direct_acc(dy, w, dx, geo, r0, r1):
     """As :func:`bwd_d_direct` for few input channels: per pixel, one vector accumulator per
     input channel runs over all taps and is reduced once (instead of one horizontal sum per
     tap and channel, which dominates when ``C/g`` is small and the taps many)."""
-    bwd_d_direct_acc_kernel(_bwd_d_acc_row.table(dtype_name(dx.dtype)), dy, w, dx, geo, r0, r1)
-
-
-@kernel(parallel=False)
-def bwd_d_direct_acc_kernel(fns, dy, w, dx, geo, r0, r1):
-    """:func:`bwd_d_direct_acc` with its address table, in parallel over the rows."""
-    par_for(_bwd_d_acc_row, fns, r1 - r0, dy, w, dx, geo, r0)
+    _bwd_d_acc_row.run(dtype_name(dx.dtype), r1 - r0, dy, w, dx, geo, r0)
 
 
 @separate(_SIG5, noalias=True, float32="float32", float64="float64")
@@ -205,13 +187,7 @@ def _bwd_d_acc_row(dy, w, dx, geo, r0, i):
 def bwd_w_direct(x, dy, part, geo, blk, nblk):
     """Per-chunk partial weight gradients: part[j] (zeroed before the first block) adds
     block ``blk`` of ``nblk`` of the output rows of chunk j, in row order."""
-    bwd_w_direct_kernel(_bwd_w_chunk.table(dtype_name(part.dtype)), x, dy, part, geo, blk, nblk)
-
-
-@kernel(parallel=False)
-def bwd_w_direct_kernel(fns, x, dy, part, geo, blk, nblk):
-    """:func:`bwd_w_direct` with its address table, in parallel over the chunks."""
-    par_for(_bwd_w_chunk, fns, part.shape[0], x, dy, part, geo, blk, nblk)
+    _bwd_w_chunk.run(dtype_name(part.dtype), part.shape[0], x, dy, part, geo, blk, nblk)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, :, :, ::1], "
@@ -256,27 +232,20 @@ def _bwd_w_chunk(x, dy, part, geo, blk, nblk, j):
                                     pj[t_d, t_h, t_w, c, k] += xv * dy[n, o_d, o_h, o_w, k]
 
 
-#: Elements per iteration of :func:`reduce_partials_kernel`.
+#: Elements per iteration of :func:`reduce_partials`.
 REDUCE_BLOCK = 1 << 12
 
 
 def reduce_partials(part, out):
     """out[...] = sum_j part[j, ...], in a fixed order (flat views, same element count)."""
-    reduce_partials_kernel(_reduce_block.table(dtype_name(out.dtype)), part, out)
-
-
-@kernel(parallel=False)
-def reduce_partials_kernel(fns, part, out):
-    """:func:`reduce_partials` with its address table, in parallel over blocks of
-    ``REDUCE_BLOCK`` elements (each element's sum runs over the partials in order, whatever
-    the blocks)."""
-    par_for(_reduce_block, fns, (out.size + REDUCE_BLOCK - 1) // REDUCE_BLOCK, part, out)
+    _reduce_block.run(dtype_name(out.dtype), (out.size + REDUCE_BLOCK - 1) // REDUCE_BLOCK, part,
+                      out)
 
 
 @separate("void({T}[:, ::1], {T}[::1], int64)", noalias=True, float32="float32",
           float64="float64")
 def _reduce_block(part, out, b):
-    """Block ``b`` of :func:`reduce_partials_kernel`'s elements: partial by partial, each
+    """Block ``b`` of :func:`reduce_partials`'s elements: partial by partial, each
     added to the block of ``out`` (vectors across the elements; each element's sum in the
     partials' order)."""
     e0 = b * REDUCE_BLOCK
@@ -299,13 +268,7 @@ def bwd_w_narrow(x, dy, part, geo, blk, nblk):
     one input pixel (contiguous in ``x`` and in ``part[j, t, k]``), each output channel's
     ``dy`` value a scalar: vectors across ``C`` where :func:`bwd_w_direct`'s innermost loop,
     over the few output channels, is too short for a vector. One group only."""
-    bwd_w_narrow_kernel(_narrow_chunk.table(dtype_name(part.dtype)), x, dy, part, geo, blk, nblk)
-
-
-@kernel(parallel=False)
-def bwd_w_narrow_kernel(fns, x, dy, part, geo, blk, nblk):
-    """:func:`bwd_w_narrow` with its address table, in parallel over the chunks."""
-    par_for(_narrow_chunk, fns, part.shape[0], x, dy, part, geo, blk, nblk)
+    _narrow_chunk.run(dtype_name(part.dtype), part.shape[0], x, dy, part, geo, blk, nblk)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], "

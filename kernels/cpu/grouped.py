@@ -32,7 +32,7 @@ The drivers are:
 The source operands are copied to group-minor with zero padding along ``w`` (by register
 transposes, at the speed of a copy), so that no tile ever tests a pixel against the
 border: taps along ``d`` and ``h`` that leave the input are simply not in a row's segments.
-Backward data can copy dY block by block instead (:func:`bwd_d_fused_kernel`): each
+Backward data can copy dY block by block instead (:func:`bwd_d_fused`): each
 parallel iteration copies the rows of dY its block of dX rows reads into a buffer of its
 own, which stays in L2, rather than all of dY going to memory and back.
 
@@ -46,7 +46,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, separate
 
 
 #: Bytes of one SIMD register on this host (the lanes of a group vector).
@@ -365,25 +365,19 @@ def _to_channels(four, full, src, ss, dst, ds, work):
 
 
 def to_group_minor(src, dst, g, pl):
-    """See :func:`to_group_minor_kernel` (its address table added)."""
-    name = "float16" if src.dtype == np.uint16 else dtype_name(dst.dtype)
-    to_group_minor_kernel(_gm_row.table(name), src, dst, g, pl)
-
-
-@kernel(parallel=False)
-def to_group_minor_kernel(fns, src, dst, g, pl):
     """``src [mb, d, h, w, g*C]`` -> ``dst [nvg, mb, d, h, wp, C, VL]``: group ``gi`` in
     lane ``gi % VL`` of vector ``gi // VL``, pixel ``i`` at ``pl + i``, zeros in the padding
     pixels and lanes. A ``src`` of float16 bits (uint16) is widened into a float32 ``dst``
     on the way (no pass of its own)."""
-    par_for(_gm_row, fns, src.shape[0] * src.shape[1] * src.shape[2], src, dst, g, pl)
+    name = "float16" if src.dtype == np.uint16 else dtype_name(dst.dtype)
+    _gm_row.run(name, src.shape[0] * src.shape[1] * src.shape[2], src, dst, g, pl)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], int64, int64, int64)",
           float32=dict(S="float32", T="float32"), float64=dict(S="float64", T="float64"),
           float16=dict(S="uint16", T="float32"))
 def _gm_row(src, dst, g, pl, r):
-    """Row ``r`` (flat over ``mb, d, h``) of :func:`to_group_minor_kernel`."""
+    """Row ``r`` (flat over ``mb, d, h``) of :func:`to_group_minor`."""
     wp, C, vl = dst.shape[4], dst.shape[5], dst.shape[6]
     rows = src.shape[0] * src.shape[1] * src.shape[2]
     _gm_into(src, dst.reshape(-1), r * wp * C * vl, rows * wp * C * vl, wp, C, vl, g, pl, r)
@@ -394,7 +388,7 @@ def _gm_into(src, d1, orow0, gstride, wp, C, vl, g, pl, r):
     """Row ``r`` (flat over ``mb, d, h``) of ``src [mb, d, h, w, g*C]`` into the
     group-minor ``d1``: vector ``gv``'s ``[wp, C, VL]`` row at element ``orow0 +
     gv*gstride``, pixel ``i`` at ``pl + i``, zeros in the padding pixels and lanes (see
-    :func:`to_group_minor_kernel`)."""
+    :func:`to_group_minor`)."""
     w = src.shape[3]
     nvg = (g + vl - 1) // vl
     pst, cst = C * vl, vl
@@ -430,12 +424,6 @@ def _gm_into(src, d1, orow0, gstride, wp, C, vl, g, pl, r):
 
 
 def pack_filter(w, out, pos, taps, g, transposed, vl):
-    """See :func:`pack_filter_kernel` (its address table added)."""
-    pack_filter_kernel(_pack_row.table(dtype_name(w.dtype)), w, out, pos, taps, g, transposed, vl)
-
-
-@kernel(parallel=False)
-def pack_filter_kernel(fns, w, out, pos, taps, g, transposed, vl):
     """Filter ``w [kd, kh, kw, icg, g*ocg]`` -> the block at ``pos`` of every row of ``out
     [nvg, *]``: ``[kd, kh, len(taps), icg, ocg, VL]``, or ``[..., ocg, icg, VL]`` when
     ``transposed``; tap ``j`` along w is ``w``'s tap ``taps[j]``, lane ``l`` of vector ``gv``
@@ -443,14 +431,14 @@ def pack_filter_kernel(fns, w, out, pos, taps, g, transposed, vl):
     register transposes of ``VL`` groups x 4 channels (a serial element-by-element pass took
     0.35 ms for ResNeXt-3D conv_3d:6's 27 x 16 x 32 x 16 filter, a quarter of its kernel;
     this one 0.04 ms)."""
-    par_for(_pack_row, fns, out.shape[0] * w.shape[0] * w.shape[1] * taps.shape[0], w, out,
-            pos, taps, g, transposed, vl)
+    _pack_row.run(dtype_name(w.dtype), out.shape[0] * w.shape[0] * w.shape[1] * taps.shape[0], w,
+                  out, pos, taps, g, transposed, vl)
 
 
 @separate("void({T}[:, :, :, :, ::1], {T}[:, ::1], int64, int64[::1], int64, boolean, "
           "int64, int64)", float32="float32", float64="float64")
 def _pack_row(w, out, pos, taps, g, transposed, vl, r):
-    """Block ``r`` (flat over vector, tap) of :func:`pack_filter_kernel`."""
+    """Block ``r`` (flat over vector, tap) of :func:`pack_filter`."""
     kd, kh, kw, icg = w.shape[0], w.shape[1], w.shape[2], w.shape[3]
     row = w.shape[4]
     ocg = row // g
@@ -619,31 +607,13 @@ def variant(data, result):
 
 
 def fwd_gm(xp, wf, y, geo, pl):
-    """See :func:`fwd_gm_kernel` (its address table added)."""
-    name = variant(xp, y)
-    fwd_gm_kernel(_fwd_row.table(name), _row_tiles.table(name), xp, wf, y, geo, pl)
-
-
-def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
-    """See :func:`bwd_d_gm_kernel` (its address table added)."""
-    name = variant(dyp, dx)
-    bwd_d_gm_kernel(_bwd_d_row.table(name), _row_tiles.table(name), dyp, wq, dx, geo, qtab,
-                    runs)
-
-
-def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
-    """See :func:`bwd_w_gm_kernel` (its address table added)."""
-    bwd_w_gm_kernel(_bwd_w_chunk.table(dtype_name(xp.dtype)), xp, dyg, part, geo, pl, rb, wc)
-
-
-@kernel(parallel=False)
-def fwd_gm_kernel(fns, tiles, xp, wf, y, geo, pl):
     """``y [mb, od, oh, ow, g*ocg]`` = grouped conv(xp, wf) (``xp`` group-minor, padded by
     ``pl`` along w; ``wf [nvg, kd, kh, kw, icg, ocg, VL]``), row by row
     (:func:`_fwd_rows`)."""
+    name = variant(xp, y)
     rows = geo[0] * geo[10] * geo[11]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * geo[9]), np.int64)
-    par_for(_fwd_row, fns, rows, tiles, xp, wf, y, geo, pl, seg_all)
+    _fwd_row.run(name, rows, _row_tiles.table(name), xp, wf, y, geo, pl, seg_all)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
@@ -651,7 +621,7 @@ def fwd_gm_kernel(fns, tiles, xp, wf, y, geo, pl):
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
 def _fwd_row(tiles, xp, wf, y, geo, pl, seg_all, r):
-    """Row ``r`` (flat over image, depth, row) of :func:`fwd_gm_kernel`."""
+    """Row ``r`` (flat over image, depth, row) of :func:`fwd_gm`."""
     n = r // (geo[10] * geo[11])
     o_d = (r // geo[11]) % geo[10]
     o_h = r % geo[11]
@@ -710,17 +680,17 @@ def _fwd_rows(tiles, pa, gstride, wf, y, geo, segs, nss, n, o_d, h0, h1, wp, pl,
                    work)
 
 
-@kernel(parallel=False)
-def bwd_d_gm_kernel(fns, tiles, dyp, wq, dx, geo, qtab, runs):
+def bwd_d_gm(dyp, wq, dx, geo, qtab, runs):
     """``dx [mb, id, ih, iw, g*icg]`` = grouped conv^T(dyp, w) (``dyp`` group-minor and
     zero-padded along w): per row and stride phase ``q`` along w, a gather over the taps
     that reach it. ``wq [nvg, phases: kd, kh, nq, ocg, icg, VL]``: phase q's nq taps along
     w in the order of their dy pixels; ``qtab [sw, 3]``: (offset of phase q in wq, nq, its
     first run), ``runs [*, 3]``: (padded dy pixel of output pixel 0, first tap, taps) of
     the runs of phase q's taps whose dy pixels follow each other (one segment each)."""
+    name = variant(dyp, dx)
     rows = geo[0] * geo[4] * geo[5]
     seg_all = np.empty((rows, 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
-    par_for(_bwd_d_row, fns, rows, tiles, dyp, wq, dx, geo, qtab, runs, seg_all)
+    _bwd_d_row.run(name, rows, _row_tiles.table(name), dyp, wq, dx, geo, qtab, runs, seg_all)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
@@ -728,7 +698,7 @@ def bwd_d_gm_kernel(fns, tiles, dyp, wq, dx, geo, qtab, runs):
            float32=dict(T="float32", Y="float32"), float64=dict(T="float64", Y="float64"),
            float16=dict(T="float32", Y="uint16"))
 def _bwd_d_row(tiles, dyp, wq, dx, geo, qtab, runs, seg_all, r):
-    """Row ``r`` (flat over image, depth, row) of :func:`bwd_d_gm_kernel`."""
+    """Row ``r`` (flat over image, depth, row) of :func:`bwd_d_gm`."""
     n = r // (geo[4] * geo[5])
     i_d = (r // geo[5]) % geo[4]
     i_h = r % geo[5]
@@ -807,21 +777,15 @@ def _aligned_empty(n, like):
 
 
 def fwd_fused(x, wf, y, geo, vl, pl, wp, rb):
-    """See :func:`fwd_fused_kernel` (its address tables added)."""
-    name = "float16" if x.dtype == np.uint16 else dtype_name(x.dtype)
-    fwd_fused_kernel(_fwd_block.table(name), _row_tiles.table(name), x, wf, y, geo, vl, pl,
-                     wp, rb)
-
-
-@kernel(parallel=False)
-def fwd_fused_kernel(fns, tiles, x, wf, y, geo, vl, pl, wp, rb):
-    """:func:`fwd_gm_kernel` on the channels-last ``x [mb, id, ih, iw, g*icg]`` itself:
+    """:func:`fwd_gm` on the channels-last ``x [mb, id, ih, iw, g*icg]`` itself:
     per block of ``rb`` rows of y (of one image and depth), the rows of x that its taps
     read are copied to group-minor (``[nvg, kd, rows, wp, icg, VL]``, zero-padded by ``pl``
-    along w) into a buffer of the iteration's own (see :func:`bwd_d_fused_kernel`)."""
+    along w) into a buffer of the iteration's own (see :func:`bwd_d_fused`)."""
+    name = "float16" if x.dtype == np.uint16 else dtype_name(x.dtype)
     blocks = geo[0] * geo[10] * ((geo[11] + rb - 1) // rb)
     seg_all = np.empty((blocks, rb * 3 * geo[7] * geo[8] * geo[9]), np.int64)
-    par_for(_fwd_block, fns, blocks, tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all)
+    _fwd_block.run(name, blocks, _row_tiles.table(name), x, wf, y, geo, vl, pl, wp, rb,
+                   seg_all)
 
 
 @separate("void(int64[::1], {S}[:, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
@@ -831,7 +795,7 @@ def fwd_fused_kernel(fns, tiles, x, wf, y, geo, vl, pl, wp, rb):
           float16=dict(S="uint16", T="float32", Y="uint16"))
 def _fwd_block(tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all, b):
     """Block ``b`` (flat over image, depth, blocks of ``rb`` rows) of
-    :func:`fwd_fused_kernel`; the row gathers are :func:`_fwd_rows`."""
+    :func:`fwd_fused`; the row gathers are :func:`_fwd_rows`."""
     segs = seg_all[b]
     g, icg = geo[1], geo[2]
     id_, ih = geo[4], geo[5]
@@ -867,24 +831,17 @@ def _fwd_block(tiles, x, wf, y, geo, vl, pl, wp, rb, seg_all, b):
 
 
 def bwd_d_fused(dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
-    """See :func:`bwd_d_fused_kernel` (its address tables added)."""
-    name = "float16" if dy.dtype == np.uint16 else dtype_name(dy.dtype)
-    bwd_d_fused_kernel(_bwd_d_block.table(name), _row_tiles.table(name), dy, wq, dx, geo,
-                       qtab, runs, vl, pl, wp, rb)
-
-
-@kernel(parallel=False)
-def bwd_d_fused_kernel(fns, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
-    """:func:`bwd_d_gm_kernel` on the channels-last ``dy [mb, od, oh, ow, g*ocg]`` itself:
+    """:func:`bwd_d_gm` on the channels-last ``dy [mb, od, oh, ow, g*ocg]`` itself:
     per block of ``rb`` rows of dX (of one image and depth), the rows of dY that its taps
     read are copied to group-minor (``[nvg, kd, rows, wp, ocg, VL]``, zero-padded by ``pl``
     along w) into a buffer of the iteration's own, which stays in L2 while the block's rows
     gather from it: no group-minor copy of all of dY written to memory and read back.
     The row gathers are :func:`_bwd_d_rows`."""
+    name = "float16" if dy.dtype == np.uint16 else dtype_name(dy.dtype)
     blocks = geo[0] * geo[4] * ((geo[5] + rb - 1) // rb)
     seg_all = np.empty((blocks, rb * 3 * geo[7] * geo[8] * max(1, runs.shape[0])), np.int64)
-    par_for(_bwd_d_block, fns, blocks, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb,
-            seg_all)
+    _bwd_d_block.run(name, blocks, _row_tiles.table(name), dy, wq, dx, geo, qtab, runs, vl, pl,
+                     wp, rb, seg_all)
 
 
 @separate("void(int64[::1], {S}[:, :, :, :, ::1], {T}[:, ::1], {Y}[:, :, :, :, ::1], "
@@ -895,7 +852,7 @@ def bwd_d_fused_kernel(fns, tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb):
           float16=dict(S="uint16", T="float32", Y="uint16"))
 def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b):
     """Block ``b`` (flat over image, depth, blocks of ``rb`` rows) of
-    :func:`bwd_d_fused_kernel`."""
+    :func:`bwd_d_fused`."""
     segs = seg_all[b]
     g, ocg = geo[1], geo[3]
     id_, ih = geo[4], geo[5]
@@ -931,8 +888,7 @@ def _bwd_d_block(tiles, dy, wq, dx, geo, qtab, runs, vl, pl, wp, rb, seg_all, b)
                 h1, wp, vl, lo, nrow, buf.itemsize, work)
 
 
-@kernel(parallel=False)
-def bwd_w_gm_kernel(fns, xp, dyg, part, geo, pl, rb, wc):
+def bwd_w_gm(xp, dyg, part, geo, pl, rb, wc):
     """``part[j] += ``dW over the output rows of chunk j (``part`` zeroed, ``[chunks, nvg,
     kd, kh, kw, icg, ocg, VL]``; ``xp`` padded by ``pl`` along w, ``dyg`` unpadded). The
     pixels go in blocks of ``rb`` rows x ``wc`` columns (sized to stay in L1); per block and
@@ -940,7 +896,8 @@ def bwd_w_gm_kernel(fns, xp, dyg, part, geo, pl, rb, wc):
     the tap keeps inside the input."""
     # segment lists allocated here, not in the loop: the micro-kernel reads them by address
     seg_all = np.empty((part.shape[0], 3 * rb), np.int64)
-    par_for(_bwd_w_chunk, fns, part.shape[0], xp, dyg, part, geo, pl, rb, wc, seg_all)
+    _bwd_w_chunk.run(dtype_name(xp.dtype), part.shape[0], xp, dyg, part, geo, pl, rb, wc,
+                     seg_all)
 
 
 @separate("void({T}[:, :, :, :, :, :, ::1], {T}[:, :, :, :, :, :, ::1], "
@@ -1011,23 +968,17 @@ def _bwd_w_chunk(xp, dyg, parts, geo, pl, rb, wc, seg_all, ch):
 
 
 def reduce_w(part, dw):
-    """See :func:`reduce_w_kernel` (its address table added)."""
-    reduce_w_kernel(_reduce_row.table(dtype_name(dw.dtype)), part, dw)
-
-
-@kernel(parallel=False)
-def reduce_w_kernel(fns, part, dw):
     """``dw [T, icg, g*ocg]`` = the sum over chunks of ``part [chunks, nvg, T, icg, ocg,
     VL]`` (summed into ``part[0]``), in parallel over (tap, input channel), by register
     transposes of 4 channels x ``VL`` groups (serially, element by element, it took 0.26 ms
     of ResNeXt-3D conv_3d:12's weight gradient)."""
-    par_for(_reduce_row, fns, part.shape[2] * part.shape[3], part, dw)
+    _reduce_row.run(dtype_name(dw.dtype), part.shape[2] * part.shape[3], part, dw)
 
 
 @separate("void({T}[:, :, :, :, :, ::1], {T}[:, :, ::1], int64)", float32="float32",
           float64="float64")
 def _reduce_row(part, dw, tc):
-    """(Tap, input channel) ``tc`` of :func:`reduce_w_kernel`."""
+    """(Tap, input channel) ``tc`` of :func:`reduce_w`."""
     nch, nvg, T, icg, ocg, vl = part.shape
     g = dw.shape[2] // ocg
     it = dw.itemsize

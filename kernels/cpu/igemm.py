@@ -31,7 +31,7 @@ chunk is read from L2 by every tile.
 Regions (the planner entry ``gemm[regions]``): where a tap reads only dY's padding for
 part of a phase's pixels (dilated layers, large filters over small images), the phase
 grid is cut into boxes within which each tap reaches inside for every pixel or for none,
-and :func:`bwd_d_regions_kernel` / :func:`bwd_d_regions_panels_kernel` sum each box's
+and :func:`bwd_d_regions` / :func:`bwd_d_regions_panels` sum each box's
 own taps only, through a micro-kernel variant that finds each tap's filter rows in a
 table (``_micro(nv, btab=True)``) instead of one after the other.
 
@@ -248,24 +248,18 @@ def _pack(ws, C, K, tap, p, nr, od, dbase, tmp):
 
 
 def pack_filter(w, taps, out):
-    """See :func:`pack_filter_kernel` (its address tables for ``w``'s dtype added)."""
-    name = dtype_name(w.dtype)
-    pack_filter_kernel(_pack_tap.table(name), _pack.table(name), w, taps, out)
-
-
-@kernel(parallel=False)
-def pack_filter_kernel(row_fn, pack_fn, w, taps, out):
     """``out[p, t, k, l] = w[taps[t], p*NR + l, k]`` (0 for channels past ``C``): the
     filter ``w [T, C, K]`` as one phase's ``[panels, len(taps), K, NR]`` B panels (9 taps
     of 512 x 512 float32 in 1.0 ms on 2 threads, against 1.4-1.7 ms element by element),
     in parallel over (panel, tap)."""
-    par_for(_pack_tap, row_fn, out.shape[0] * out.shape[1], pack_fn, w, taps, out)
+    name = dtype_name(w.dtype)
+    _pack_tap.run(name, out.shape[0] * out.shape[1], _pack.table(name), w, taps, out)
 
 
 @separate("void(int64[::1], {T}[:, :, ::1], int64[::1], {T}[:, :, :, ::1], int64)",
           float32="float32", float64="float64")
 def _pack_tap(pack_fn, w, taps, out, pt):
-    """(Panel, tap) ``pt`` of :func:`pack_filter_kernel`."""
+    """(Panel, tap) ``pt`` of :func:`pack_filter`."""
     C, K = w.shape[1], w.shape[2]
     nt, nr = out.shape[1], out.shape[3]
     p = pt // nt
@@ -347,15 +341,6 @@ def _sfence(typingctx):
 
 
 def bwd_d_phase(dyp, bp, dx, segs, pg, chunk, nblocks, work, stream=False):
-    """See :func:`bwd_d_phase_kernel` (its address tables for ``dx``'s dtype added)."""
-    name = dtype_name(dx.dtype)
-    bwd_d_phase_kernel(_phase_block.table(name), _tiles.table(name), dyp, bp, dx, segs, pg,
-                       chunk, nblocks, work, stream)
-
-
-@kernel(parallel=False)
-def bwd_d_phase_kernel(row_fn, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work,
-                       stream):
     """One stride phase of backward data: ``dx[q + s*j, :] = sum_t dyp[j + b_t, :] @
     Bp[t]`` for every phase pixel ``j`` (see the module docstring), in parallel over
     blocks of row tiles, with the filter packed beforehand (:func:`pack_filter`).
@@ -379,15 +364,16 @@ def bwd_d_phase_kernel(row_fn, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, 
           and (dx.ctypes.data + c0 * it) % VECTOR_BYTES == 0
           and (cs * it) % VECTOR_BYTES == 0 and work.ctypes.data % VECTOR_BYTES == 0
           and (work.shape[1] * it) % VECTOR_BYTES == 0)
-    par_for(_phase_block, row_fn, nblocks, tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks,
-            work, 2 if nt else 0)
+    name = dtype_name(dx.dtype)
+    _phase_block.run(name, nblocks, _tiles.table(name), dyp, bp, dx, segs, pg, chunk, nblocks,
+                     work, 2 if nt else 0)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[::1], int64[::1], int64, int64, {T}[:, ::1], int64, int64)",
           float32="float32", float64="float64")
 def _phase_block(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, first, blk):
-    """Block ``blk`` of row tiles of :func:`bwd_d_phase_kernel` (``first``: the ``beta``
+    """Block ``blk`` of row tiles of :func:`bwd_d_phase` (``first``: the ``beta``
     of its first chunk of taps)."""
     K, C = pg[7], pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
@@ -485,15 +471,6 @@ def _tiles_span(nv, pa, offs, t0, t1, ppairs, ns, K, bmat, boff, nr, cp, beta, w
 
 
 def bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, nc, work):
-    """See :func:`bwd_d_regions_kernel` (its address tables for ``dx``'s dtype added)."""
-    name = dtype_name(dx.dtype)
-    bwd_d_regions_kernel(_regions_item.table(name), _tiles_span.table(name), dyp, bp, dx,
-                         offs, items, rtab, pairs, epos, chunk, nc, work)
-
-
-@kernel(parallel=False)
-def bwd_d_regions_kernel(row_fn, tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
-                         nc, work):
     """:func:`bwd_d_phase` over regions of the phase grid, each summing only the taps that
     reach inside ``dY`` for every one of its pixels (dilated and heavily padded layers,
     whose border pixels read only padding for some taps: those products add zeros).
@@ -508,15 +485,16 @@ def bwd_d_regions_kernel(row_fn, tiles_fn, dyp, bp, dx, offs, items, rtab, pairs
     and chunk of ``chunk`` tap positions (the filter chunk stays in L2); a region with no
     taps stores zeros. ``nc``: the channels of dX computed (one group's, where ``dx``
     holds all of them and ``offs`` addresses that group's)."""
-    par_for(_regions_item, row_fn, items.shape[0], tiles_fn, dyp, bp, dx, offs, items, rtab,
-            pairs, epos, chunk, nc, work)
+    name = dtype_name(dx.dtype)
+    _regions_item.run(name, items.shape[0], _tiles_span.table(name), dyp, bp, dx, offs, items,
+                      rtab, pairs, epos, chunk, nc, work)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {T}[:, :, :, :, ::1], "
           "int64[:, :, ::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], int64[::1], int64, "
           "int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
 def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, C, work, ii):
-    """Item ``ii`` (a region's block of row tiles) of :func:`bwd_d_regions_kernel`."""
+    """Item ``ii`` (a region's block of row tiles) of :func:`bwd_d_regions`."""
     npan, ntaps, K, nr = bp.shape[0], bp.shape[1], bp.shape[2], bp.shape[3]
     it = dx.itemsize
     vl = nr // NV
@@ -546,24 +524,15 @@ def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, 
 
 
 def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work):
-    """See :func:`bwd_d_regions_panels_kernel` (its address tables for ``dx``'s dtype
-    added)."""
-    name = dtype_name(dx.dtype)
-    bwd_d_regions_panels_kernel(_regions_panel.table(name), _tiles_span.table(name),
-                                _pack.table(name), dyp, w, taps, dx, offs, rtab, pairs, epos,
-                                chunk, nr, work)
-
-
-@kernel(parallel=False)
-def bwd_d_regions_panels_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab,
-                                pairs, epos, chunk, nr, work):
-    """:func:`bwd_d_regions_kernel` in parallel over the ``NR``-channel panels, each packing
+    """:func:`bwd_d_regions` in parallel over the ``NR``-channel panels, each packing
     its own filter chunk by chunk as :func:`bwd_d_phase_panels_kernel` does (``pairs``' B
     offsets are positions times ``K * NR``: a chunk's buffer stands at ``-c0 * K * NR``);
     every region then sums its taps in the chunk (its first sum stores, later ones add; a
     region with no taps stores zeros)."""
-    par_for(_regions_panel, row_fn, (w.shape[1] + nr - 1) // nr, tiles_fn, pack_fn, dyp, w,
-            taps, dx, offs, rtab, pairs, epos, chunk, nr, work)
+    name = dtype_name(dx.dtype)
+    _regions_panel.run(name, (w.shape[1] + nr - 1) // nr, _tiles_span.table(name),
+                       _pack.table(name), dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr,
+                       work)
 
 
 @separate("void(int64[::1], int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
@@ -571,7 +540,7 @@ def bwd_d_regions_panels_kernel(row_fn, tiles_fn, pack_fn, dyp, w, taps, dx, off
           "int64, int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
 def _regions_panel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr,
                    work, p):
-    """Panel ``p`` of :func:`bwd_d_regions_panels_kernel`."""
+    """Panel ``p`` of :func:`bwd_d_regions_panels`."""
     C, K = w.shape[1], w.shape[2]
     ntaps = taps.shape[0]
     it = dx.itemsize
@@ -632,13 +601,7 @@ def pad_dy(dy, dyp, lead):
     once: no zero-fill pass over ``dyp`` first. ``dy`` of float16 bits (uint16) is widened
     into the float32 ``dyp`` on the way, so that float16 costs no pass of its own."""
     name = "float16" if dy.dtype == np.uint16 else dtype_name(dyp.dtype)
-    pad_dy_kernel(_pad_row.table(name), dy, dyp, lead)
-
-
-@kernel(parallel=False)
-def pad_dy_kernel(fns, dy, dyp, lead):
-    """:func:`pad_dy` with its address table."""
-    par_for(_pad_row, fns, dyp.shape[0] * dyp.shape[1] * dyp.shape[2], dy, dyp, lead)
+    _pad_row.run(name, dyp.shape[0] * dyp.shape[1] * dyp.shape[2], dy, dyp, lead)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)",
@@ -676,28 +639,21 @@ def _pad_row(dy, dyp, lead, r):
 
 
 def bwd_d_phase_half(dyp, bp, dxh, segs, pg, chunk, nth, work):
-    """See :func:`bwd_d_phase_half_kernel` (its address tables added)."""
-    bwd_d_phase_half_kernel(_phase_share_half.table("float16"), _tiles.table("float32"), dyp,
-                            bp, dxh, segs, pg, chunk, nth, work)
-
-
-@kernel(parallel=False)
-def bwd_d_phase_half_kernel(row_fn, tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work):
     """:func:`bwd_d_phase` with ``dX`` as float16 bits (``dxh``, uint16): each thread's
     blocks of row tiles are computed in float32 into its own scratch (``work[th]``: ``MR``
     rows per tile of a block, ``C_panels`` floats each, reused block after block so that
     it stays in L2) and rounded into ``dxh`` once, row by row, when the block is done:
     no float32 ``dX`` to write out and read back. Blocks of at most ``work.shape[1] //
     (MR * C_panels)`` tiles, the blocks of ``nth`` contiguous shares in parallel."""
-    par_for(_phase_share_half, row_fn, nth, tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth,
-            work)
+    _phase_share_half.run("float16", nth, _tiles.table("float32"), dyp, bp, dxh, segs, pg, chunk,
+                          nth, work)
 
 
 @separate("void(int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], {Y}[:, :, :, :, ::1], "
           "int64[::1], int64[::1], int64, int64, {T}[:, ::1], int64)",
           float16=dict(T="float32", Y="uint16"))
 def _phase_share_half(tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work, th):
-    """Thread ``th``'s share of blocks of :func:`bwd_d_phase_half_kernel`."""
+    """Thread ``th``'s share of blocks of :func:`bwd_d_phase_half`."""
     K, C = pg[7], pg[14]
     P = pg[0] * pg[1] * pg[2] * pg[3]
     ntiles = (P + MR - 1) // MR

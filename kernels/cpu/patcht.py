@@ -26,7 +26,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, separate
 from numbaconv.kernels.cpu._host import VECTOR_BYTES
 
 #: The register tiles, ``(rows, most vectors)``: rows of output channels (broadcast) x
@@ -152,18 +152,6 @@ def _tile(shape, nv, a, csa, b, ldb, c, ldc, segs, nseg, work, src):
 
 
 def bwd_w(x, dy, part, geo, rb, shape, segs, group_parts=1, col_parts=1, dw=None):
-    """See :func:`bwd_w_kernel` (its address table added; ``dw``: the result to write where
-    ``part`` has one share of the rows, else none)."""
-    name = "float16" if x.dtype == np.uint16 else dtype_name(part.dtype)
-    fuse = dw is not None
-    if dw is None:
-        dw = np.empty((0, 0, 0, 0), part.dtype)
-    bwd_w_kernel(_chunk.table(name), x, dy, part, geo, rb, shape, segs,
-                 np.int64(group_parts), np.int64(col_parts), dw, fuse)
-
-
-@kernel(parallel=False)
-def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts, dw, fuse):
     """``part[j] += dW^T`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     each share's groups in ``group_parts`` contiguous parts and each group's columns
     ``(tap, tile of output channels)`` in ``col_parts`` contiguous parts, all in parallel
@@ -178,8 +166,12 @@ def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts,
     in blocks of ``rb``. With ``fuse`` (one share of the rows: ``part`` is then dW^T
     whole) each item also writes its finished part into ``dw [taps, Ci, g, Ki]`` (the
     result's layout, ``Ci``/``Ki`` a group's real channels): no pass over dW after."""
-    par_for(_chunk, fns, part.shape[0] * group_parts * col_parts, x, dy, part, geo, rb,
-            shape, segs, group_parts, col_parts, dw, fuse)
+    name = "float16" if x.dtype == np.uint16 else dtype_name(part.dtype)
+    fuse = dw is not None
+    if dw is None:
+        dw = np.empty((0, 0, 0, 0), part.dtype)
+    _chunk.run(name, part.shape[0] * np.int64(group_parts) * np.int64(col_parts), x, dy, part, geo,
+               rb, shape, segs, np.int64(group_parts), np.int64(col_parts), dw, fuse)
 
 
 @separate("void({S}[:, :, :, :, ::1], {T}[:, :, :, :, ::1], {T}[:, :, :, ::1], int64[::1], "
@@ -187,11 +179,11 @@ def bwd_w_kernel(fns, x, dy, part, geo, rb, shape, segs, group_parts, col_parts,
           noalias=True, float32=dict(S="float32", T="float32"),
           float64=dict(S="float64", T="float64"), float16=dict(S="uint16", T="float32"))
 def _chunk(x, dy, parts, geo, rb, shape, seg_all, group_parts, col_parts, res, fuse, j):
-    """Item ``j`` of :func:`bwd_w_kernel`: share ``j // (group_parts * col_parts)`` of the
+    """Item ``j`` of :func:`bwd_w`: share ``j // (group_parts * col_parts)`` of the
     output rows, part ``j // col_parts % group_parts`` of the groups and part ``j %
     col_parts`` of each group's ``(tap, tile)`` columns (tap-major), into that share's
     partial (``seg_all[j]``: its segment lists), and with ``fuse`` into the result
-    ``res`` (:func:`bwd_w_kernel`'s ``dw``)."""
+    ``res`` (:func:`bwd_w`'s ``dw``)."""
     nch = parts.shape[0]
     jr, jg, jc = j // (group_parts * col_parts), j // col_parts % group_parts, j % col_parts
     rows = geo[0] * geo[10] * geo[11]

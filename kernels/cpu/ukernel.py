@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
+from numbaconv._jit import dtype_name, helper, kernel, separate
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
@@ -456,32 +456,24 @@ def _sfence(typingctx):
 
 
 def gemm_claimed_parallel(a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream):
-    """See :func:`gemm_claimed_parallel_kernel` (its address tables added)."""
-    name = dtype_name(work.dtype)
-    gemm_claimed_parallel_kernel(_claimed_thread.table(name), _claimed_block.table(name), a,
-                                 rsa, csa, bp, c, ldc, M, N, counter, chunk, work, stream)
-
-
-@kernel(parallel=False)
-def gemm_claimed_parallel_kernel(fns, block_fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk,
-                                 work, stream):
     """:func:`gemm_claimed` on every thread of one parallel loop (``work``: one row of
     scratch per thread, :func:`_claimed_thread`): the threads claim blocks of ``chunk``
     rows from ``counter[0]`` as they go, with no Python worker thread to wake (0.07-0.2 ms
     each). ``stream``: write C's whole tiles with non-temporal stores (no read for
     ownership of a C larger than the caches; taken only where C's rows start on vector
     boundaries)."""
+    name = dtype_name(work.dtype)
     it = work.itemsize
     beta = 2 if (stream and STREAMS and c % VECTOR_BYTES == 0
                  and (ldc * it) % VECTOR_BYTES == 0) else 0
-    par_for(_claimed_thread, fns, work.shape[0], block_fns, a, rsa, csa, bp, c, ldc, M, N,
-            counter, chunk, work, beta)
+    _claimed_thread.run(name, work.shape[0], _claimed_block.table(name), a, rsa, csa, bp, c,
+                        ldc, M, N, counter, chunk, work, beta)
 
 
 @separate("void(int64[::1], int64, int64, int64, {T}[:, :, ::1], int64, int64, int64, int64, "
           "int64[::1], int64, {T}[:, ::1], int64, int64)", float32="float32", float64="float64")
 def _claimed_thread(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, beta, j):
-    """Thread ``j`` of :func:`gemm_claimed_parallel_kernel`: blocks claimed with the
+    """Thread ``j`` of :func:`gemm_claimed_parallel`: blocks claimed with the
     scratch ``work[j]`` until none are left (``fns``: :func:`_claimed_block`'s table),
     then, where it streamed, a fence."""
     _claim_blocks(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work[j], beta)
@@ -490,23 +482,15 @@ def _claimed_thread(fns, a, rsa, csa, bp, c, ldc, M, N, counter, chunk, work, be
 
 
 def gemm_claimed_groups(a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter, chunk, work):
-    """See :func:`gemm_claimed_groups_kernel` (its address tables added)."""
-    name = dtype_name(work.dtype)
-    gemm_claimed_groups_kernel(_claimed_groups_thread.table(name), _claimed_block.table(name),
-                               a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter, chunk, work)
-
-
-@kernel(parallel=False)
-def gemm_claimed_groups_kernel(fns, block_fns, a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter,
-                               chunk, work):
     """:func:`gemm_claimed_parallel` for ``g`` products at once (a grouped 1x1 layer):
     ``C_i[:M, :N] = A_i @ B_i`` for ``i < g``, ``A_i`` at ``a + i*ga`` and ``C_i`` at ``c +
     i*gc`` (elements; the same strides), ``bps [g, panels, K, NR]`` every ``B_i`` packed
     (:func:`pack_group_panels`). The threads claim (product, block of ``chunk`` rows) pairs
     from one counter in one parallel loop: no loop, and no wait for its slowest thread,
     per product."""
-    par_for(_claimed_groups_thread, fns, work.shape[0], block_fns, a, rsa, csa, bps, c, ldc,
-            M, N, ga, gc, counter, chunk, work)
+    name = dtype_name(work.dtype)
+    _claimed_groups_thread.run(name, work.shape[0], _claimed_block.table(name), a, rsa, csa, bps,
+                               c, ldc, M, N, ga, gc, counter, chunk, work)
 
 
 @separate("void(int64[::1], int64, int64, int64, {T}[:, :, :, ::1], int64, int64, int64, "
@@ -514,7 +498,7 @@ def gemm_claimed_groups_kernel(fns, block_fns, a, rsa, csa, bps, c, ldc, M, N, g
           float64="float64")
 def _claimed_groups_thread(fns, a, rsa, csa, bps, c, ldc, M, N, ga, gc, counter, chunk, work,
                            j):
-    """Thread ``j`` of :func:`gemm_claimed_groups_kernel`: (product, block) pairs claimed
+    """Thread ``j`` of :func:`gemm_claimed_groups`: (product, block) pairs claimed
     with the scratch ``work[j]`` until none are left."""
     it = work.itemsize
     g = bps.shape[0]
@@ -589,43 +573,28 @@ def _claimed_half(fns, a, bp, c, counter, chunk, work, stage):
 
 
 def gemm_claimed_half_parallel(a, bp, c, counter, chunk, work, stage):
-    """See :func:`gemm_claimed_half_parallel_kernel` (its address tables added)."""
-    gemm_claimed_half_parallel_kernel(_claimed_half_thread.table("float16"),
-                                      _claimed_block.table("float32"), a, bp, c, counter,
-                                      chunk, work, stage)
-
-
-@kernel(parallel=False)
-def gemm_claimed_half_parallel_kernel(fns, block_fns, a, bp, c, counter, chunk, work, stage):
     """:func:`gemm_claimed_half` on every thread of one parallel loop (``work`` and
     ``stage``: one row per thread), as :func:`gemm_claimed_parallel`."""
-    par_for(_claimed_half_thread, fns, work.shape[0], block_fns, a, bp, c, counter, chunk,
-            work, stage)
+    _claimed_half_thread.run("float16", work.shape[0], _claimed_block.table("float32"), a, bp, c,
+                             counter, chunk, work, stage)
 
 
 @separate(noalias=True, float16="void(int64[::1], uint16[:, ::1], float32[:, :, ::1], "
           "uint16[:, ::1], int64[::1], int64, float32[:, ::1], float32[:, ::1], int64)")
 def _claimed_half_thread(fns, a, bp, c, counter, chunk, work, stage, j):
-    """Thread ``j`` of :func:`gemm_claimed_half_parallel_kernel` (``fns``:
+    """Thread ``j`` of :func:`gemm_claimed_half_parallel` (``fns``:
     :func:`_claimed_block`'s table)."""
     _claimed_half(fns, a, bp, c, counter, chunk, work[j], stage[j])
 
 
 def gemm_rows_bwd_w(xp, dy, parts, geo, kc, nc, work):
-    """See :func:`gemm_rows_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
-    name = dtype_name(work.dtype)
-    gemm_rows_bwd_w_kernel(_rows_bwd_w.table(name), _gemm.table(name), xp, dy, parts, geo,
-                           kc, nc, work)
-
-
-@kernel(parallel=False)
-def gemm_rows_bwd_w_kernel(fns, gemm_fns, xp, dy, parts, geo, kc, nc, work):
     """``parts[j] += dW`` over share ``j`` of the output pixels (flat over rows of ``ow``
     pixels), the shares in parallel (``work[j]``: share ``j``'s scratch of
     :func:`workspace` elements): see :func:`_rows_bwd_w`."""
+    name = dtype_name(work.dtype)
     none = np.empty(0, np.uint16)
-    par_for(_rows_bwd_w, fns, parts.shape[0], gemm_fns, xp.ctypes.data, none, dy.ctypes.data,
-            none, work[:0], xp.shape[3], parts, geo, kc, nc, work)
+    _rows_bwd_w.run(name, parts.shape[0], _gemm.table(name), xp.ctypes.data, none,
+                    dy.ctypes.data, none, work[:0], xp.shape[3], parts, geo, kc, nc, work)
 
 
 #: Elements between the stages of :func:`gemm_rows_bwd_w_half` (an odd number of cache
@@ -635,13 +604,6 @@ STAGE_GAP = 528
 
 
 def gemm_rows_bwd_w_half(xph, dyh, parts, geo, kc, nc, work, stage):
-    """See :func:`gemm_rows_bwd_w_half_kernel` (its address table added)."""
-    gemm_rows_bwd_w_half_kernel(_rows_bwd_w.table("float32"), _gemm.table("float32"), xph,
-                                dyh, parts, geo, kc, nc, work, stage)
-
-
-@kernel(parallel=False)
-def gemm_rows_bwd_w_half_kernel(fns, gemm_fns, xph, dyh, parts, geo, kc, nc, work, stage):
     """:func:`gemm_rows_bwd_w` with ``xp`` and ``dy`` as float16 bits (``xph``, ``dyh``,
     uint16): each output row's share of ``dy`` is widened ``kc`` pixels at a time into the
     thread's float32 stage (``kc * K`` floats) before their GEMMs, and each tap row's
@@ -649,8 +611,8 @@ def gemm_rows_bwd_w_half_kernel(fns, gemm_fns, xph, dyh, parts, geo, kc, nc, wor
     that they stay in cache and float16 costs no pass over X or dY of its own; the
     products are float32's, bit for bit. ``stage[j]``: thread ``j``'s stages, dY's first,
     :data:`STAGE_GAP` elements apart (see :func:`rows_stage`)."""
-    par_for(_rows_bwd_w, fns, parts.shape[0], gemm_fns, 0, xph.reshape(xph.size), 0,
-            dyh.reshape(dyh.size), stage, xph.shape[3], parts, geo, kc, nc, work)
+    _rows_bwd_w.run("float32", parts.shape[0], _gemm.table("float32"), 0, xph.reshape(xph.size), 0,
+                    dyh.reshape(dyh.size), stage, xph.shape[3], parts, geo, kc, nc, work)
 
 
 def rows_stage(geo, kc):
@@ -670,35 +632,26 @@ def _add_parts(c, parts, i):
 
 
 def gemm_split_k(a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf=True, n=0):
-    """See :func:`gemm_split_k_kernel` (its address tables for ``work``'s dtype added).
-    ``n``: the columns of the product where ``c`` and ``parts`` have more (whole vectors:
-    see :data:`ROOM`); 0: all of them."""
-    name = dtype_name(work.dtype)
-    gemm_split_k_kernel(_split_k_share.table(name), _add_parts.table(name),
-                        _gemm.table(name), a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work,
-                        pf, n)
-
-
-@kernel(parallel=False)
-def gemm_split_k_kernel(fns, add_fns, gemm_fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc,
-                        work, pf, n):
     """``C = A @ B`` with the reduction split into ``len(parts) + 1`` equal shares computed
     in parallel: share 0 into ``C`` (``c [M, N]``, C-contiguous), share ``j`` into
     ``parts[j - 1]``, then added to ``C`` in parallel over its rows. ``A`` and ``B`` on raw
     addresses as in :func:`gemm`; ``work[j]``: share ``j``'s scratch of :func:`workspace`
     elements. For a weight gradient's long reduction (dW = X^T @ dY over every pixel), in
-    one kernel call: no Python worker threads to wake (0.07-0.2 ms each) and no per-slab
-    calls. ``pf``: prefetch each next reduction block (see :func:`gemm`)."""
-    par_for(_split_k_share, fns, parts.shape[0] + 1, gemm_fns, a, rsa, csa, b, rsb, csb, c,
-            parts, K, kc, nc, work, pf, n)
-    par_for(_add_parts, add_fns, c.shape[0], c, parts)
+    two parallel loops: no Python worker threads to wake (0.07-0.2 ms each) and no
+    per-slab calls. ``pf``: prefetch each next reduction block (see :func:`gemm`). ``n``:
+    the columns of the product where ``c`` and ``parts`` have more (whole vectors: see
+    :data:`ROOM`); 0: all of them."""
+    name = dtype_name(work.dtype)
+    _split_k_share.run(name, parts.shape[0] + 1, _gemm.table(name), a, rsa, csa, b, rsb, csb,
+                       c, parts, K, kc, nc, work, pf, n)
+    _add_parts.run(name, c.shape[0], c, parts)
 
 
 @separate("void(int64[::1], int64, int64, int64, int64, int64, int64, {T}[:, ::1], "
           "{T}[:, :, ::1], int64, int64, int64, {T}[:, ::1], boolean, int64, int64)",
           noalias=True, float32="float32", float64="float64")
 def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf, n, j):
-    """Share ``j`` of :func:`gemm_split_k_kernel`'s reduction (``fns``: :func:`_gemm`'s
+    """Share ``j`` of :func:`gemm_split_k`'s reduction (``fns``: :func:`_gemm`'s
     table; ``n``: see :func:`gemm_split_k`)."""
     M, ldc = c.shape
     N = n if 0 < n < ldc else ldc
@@ -716,28 +669,21 @@ def _split_k_share(fns, a, rsa, csa, b, rsb, csb, c, parts, K, kc, nc, work, pf,
 
 
 def gemm_split_m(a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
-    """See :func:`gemm_split_m_kernel` (its address tables for ``work``'s dtype added)."""
-    name = dtype_name(work.dtype)
-    gemm_split_m_kernel(_split_m_share.table(name), _gemm.table(name), a, rsa, csa, b, rsb,
-                        csb, c, K, kc, nc, work)
-
-
-@kernel(parallel=False)
-def gemm_split_m_kernel(fns, gemm_fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work):
     """``C = A @ B`` with the rows of ``C`` (``c [M, N]``, C-contiguous) split into
     ``len(work)`` shares of whole ``MR``-row tiles, computed in parallel (share ``j`` with
     the scratch ``work[j]`` of :func:`workspace` elements); ``A`` and ``B`` on raw
     addresses as in :func:`gemm`. For a weight gradient over few pixels (a short
     reduction into a tall dW), in one parallel region: no Python worker threads to wake
     (0.07-0.2 ms each)."""
-    par_for(_split_m_share, fns, work.shape[0], gemm_fns, a, rsa, csa, b, rsb, csb, c, K, kc,
-            nc, work)
+    name = dtype_name(work.dtype)
+    _split_m_share.run(name, work.shape[0], _gemm.table(name), a, rsa, csa, b, rsb, csb, c, K, kc,
+                       nc, work)
 
 
 @separate("void(int64[::1], int64, int64, int64, int64, int64, int64, {T}[:, ::1], int64, "
           "int64, int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
 def _split_m_share(fns, a, rsa, csa, b, rsb, csb, c, K, kc, nc, work, j):
-    """Share ``j`` of :func:`gemm_split_m_kernel`'s rows (``fns``: :func:`_gemm`'s
+    """Share ``j`` of :func:`gemm_split_m`'s rows (``fns``: :func:`_gemm`'s
     table)."""
     M, N = c.shape
     nch = work.shape[0]
@@ -782,17 +728,10 @@ def patch_work(ow, kp, tap_rows=0, span=0, C=0):
 
 
 def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
-    """See :func:`gemm_patch_bwd_w_kernel` (its address table for ``work``'s dtype added)."""
-    gemm_patch_bwd_w_kernel(_patch_bwd_w.table(dtype_name(work.dtype)), px, py, parts, geo, work,
-                           idx)
-
-
-@kernel(parallel=False)
-def gemm_patch_bwd_w_kernel(fns, px, py, parts, geo, work, idx):
     """``parts[j] += dW`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     the shares in parallel, each with its own scratch ``work[j]`` and ``idx[j]``: see
     :func:`_patch_bwd_w`."""
-    par_for(_patch_bwd_w, fns, parts.shape[0], px, py, parts, geo, work, idx)
+    _patch_bwd_w.run(dtype_name(work.dtype), parts.shape[0], px, py, parts, geo, work, idx)
 
 
 @separate("void(int64, int64, {T}[:, :, ::1], int64[::1], {T}[:, ::1], int64[:, ::1], int64)",
@@ -985,29 +924,22 @@ def _widen_rows(src, s0, dst, n):
 
 
 def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
-    """See :func:`gemm_split_k_half_kernel` (its address tables added)."""
-    gemm_split_k_half_kernel(_split_k_half_share.table("float16"), _add_parts.table("float32"),
-                             _gemm.table("float32"), x, dy, c, parts, kc, nc, work, stage)
-
-
-@kernel(parallel=False)
-def gemm_split_k_half_kernel(fns, add_fns, gemm_fns, x, dy, c, parts, kc, nc, work, stage):
     """:func:`gemm_split_k` for ``dW = X^T @ dY`` with ``x [P, M]`` and ``dy [P, N]`` as
     float16 bits (uint16): each share widens its pixels one reduction block of ``kc`` at a
     time into its own float32 stage (``stage[j]``: ``kc * (M + N)`` floats, reused, so
     that it stays in cache) and multiplies from there, so float16 costs no pass over X and
     dY of its own. The blocks are :func:`gemm_split_k`'s, so the sums are bit for bit
     float32's. ``c [M, N]``, ``parts``, ``work`` as :func:`gemm_split_k`'s."""
-    par_for(_split_k_half_share, fns, parts.shape[0] + 1, gemm_fns, x, dy, c, parts, kc, nc,
-            work, stage)
-    par_for(_add_parts, add_fns, c.shape[0], c, parts)
+    _split_k_half_share.run("float16", parts.shape[0] + 1, _gemm.table("float32"), x, dy, c,
+                            parts, kc, nc, work, stage)
+    _add_parts.run("float32", c.shape[0], c, parts)
 
 
 @separate(noalias=True, float16="void(int64[::1], uint16[:, ::1], uint16[:, ::1], "
           "float32[:, ::1], float32[:, :, ::1], int64, int64, float32[:, ::1], float32[:, ::1], "
           "int64)")
 def _split_k_half_share(fns, x, dy, c, parts, kc, nc, work, stage, j):
-    """Share ``j`` of :func:`gemm_split_k_half_kernel`'s reduction (``fns``:
+    """Share ``j`` of :func:`gemm_split_k_half`'s reduction (``fns``:
     :func:`_gemm`'s table)."""
     M, N = c.shape
     P = x.shape[0]
@@ -1050,7 +982,7 @@ def _rows_bwd_w(gemm_fns, px, xh, py, dyh, stage, wp, parts, geo, kc, nc, works,
     pixels at a time and widened first into the float32 stage ``ys`` (``kc * K``
     elements), and each tap row's span of ``xh`` into ``xs`` (``((kc-1)*sw + kw) * C``
     elements): share ``j``'s stages in ``stage[j]`` (see
-    :func:`gemm_rows_bwd_w_half_kernel`); otherwise ``stage`` is unused."""
+    :func:`gemm_rows_bwd_w_half`); otherwise ``stage`` is unused."""
     C, K = geo[2], geo[3]
     id_, ih = geo[4], geo[5]
     kd, kh, kw = geo[7], geo[8], geo[9]

@@ -111,7 +111,7 @@ def _group(p):
 
 
 #: Backward data runs over regions of each stride phase's grid, each summing only the
-#: taps that reach inside dY (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions_kernel`),
+#: taps that reach inside dY (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions`),
 #: where that skips at least this fraction of the phase's multiply-adds, counted in whole
 #: row tiles (each region's last tile is partial): dilated layers (DeepLab's ASPP at
 #: dilation 18 over 33x33 reads padding in 60% of them), not small images with a 3x3
@@ -478,7 +478,7 @@ def _skipped(p):
 class ImplicitRegions(ImplicitGemm):
     """``gemm[implicit]`` whose stride phases run over regions of their grid, each summing
     only the taps that reach inside dY for all of its pixels
-    (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions_kernel`): dilated layers, whose
+    (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions`): dilated layers, whose
     border pixels read the padding for some taps, and large filters over small images.
     The same micro-kernel, each tap's filter rows found through a table; a phase that
     skips less than ``MIN_SKIPPED`` of its products runs as in ``gemm[implicit]``."""
