@@ -153,9 +153,10 @@ def enabled(plan, operands, worth):
 class Session:
     """One plan's first call in this process: the helper, once a kernel misses the cache."""
 
-    def __init__(self, plan, operands):
+    def __init__(self, plan, operands, execute=None):
         self.plan = plan
         self.operands = operands
+        self.execute = execute   # the backend's execute(plan, operands): a forked helper walks it
         self.proc = None
         self.tried = False
         self.state = {}          # key -> "S" (helper compiling it), "D" (done), "F" (failed)
@@ -189,6 +190,55 @@ class Session:
                 self.cond.wait(0.1)
 
     def _start(self):
+        if (config.COMPILE_AHEAD_START == "fork" and hasattr(os, "fork")
+                and self.execute is not None):
+            self._fork()
+        else:
+            self._spawn()
+        if self.proc is None:
+            return
+        self.alive = True
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _fork(self):
+        """The helper as a fork of this process: it starts with numbaconv imported, Numba's
+        registries set up and the operands in memory (copy-on-write), where a new
+        interpreter spends 1.2-1.5 s on the import, Numba's set-up and the operands.
+        Numba's compiler lock is held across the fork, so that no other thread is inside
+        Numba or LLVM when the child's copy of the process is taken."""
+        import warnings
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.registry import cpu_target
+        try:
+            cpu_target.typing_context.refresh()  # this process's next compile does it anyway
+            cpu_target.target_context.refresh()
+            r, w = os.pipe()
+        except Exception:
+            return
+        try:
+            with global_compiler_lock, warnings.catch_warnings():
+                # Python 3.12+ warns that a multi-threaded process may deadlock in a fork's
+                # child; the child takes no lock another thread could hold (see above)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = _fork()
+        except Exception:
+            os.close(r)
+            os.close(w)
+            return
+        if pid == 0:  # the child: compile, report, and leave without running anything else
+            code = 1
+            try:
+                os.close(r)
+                code = _child(self.execute, self.plan, self.operands, w)
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.proc = _Forked(pid, r)
+
+    def _spawn(self):
+        """The helper as a new interpreter (``sys.executable``), given the plan and the
+        operands' shapes in a temporary file."""
         if not sys.executable or getattr(sys, "frozen", False):  # no Python to start
             return
         try:
@@ -217,10 +267,6 @@ class Session:
                     log.close()  # the helper has its own copy
         except Exception:
             self.proc = None
-            return
-        self.alive = True
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
 
     def _read(self):
         try:
@@ -258,6 +304,100 @@ class Session:
         self.proc.stdout.close()
 
 
+def _fork():
+    return os.fork()
+
+
+def _child(execute, plan, operands, wfd):
+    """The forked helper's work (see :meth:`Session._fork`); its exit status."""
+    import json
+    import signal
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)   # not the caller's handlers
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # nothing of the child's on the caller's terminal: its log where one is asked for
+        path = os.environ.get("NUMBACONV_AHEAD_LOG")
+        fd = os.open(path or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    except Exception:
+        return 1
+    os.environ[_CHILD_ENV] = "1"  # it starts no helper of its own
+    _local.session = None
+
+    def say(tag, payload):
+        os.write(wfd, (json.dumps([tag, payload]) + "\n").encode())
+
+    work(execute, plan, operands, say)
+    return 0
+
+
+def work(execute, plan, operands, say):
+    """The helper's work: walk ``execute(plan, operands)`` (recording its kernels,
+    running none), then compile what the walk found from the last kernel backwards,
+    reporting through ``say(tag, payload)``: ``found`` (the keys), then ``S`` (started),
+    ``D`` (done) or ``F`` (failed) per kernel."""
+    start_walk()
+    try:
+        execute(plan, operands)
+    except BaseException:  # the walk stops where the plan's code needed a real result
+        if os.environ.get("NUMBACONV_AHEAD_LOG"):
+            import traceback
+            traceback.print_exc()
+    found = end_walk()
+    if os.environ.get("NUMBACONV_AHEAD_LOG"):
+        print("found", *[k for _, _, k in found], sep="\n  ", file=sys.stderr)
+    say("found", [k for _, _, k in found])
+    for disp, sig, key in reversed(found):
+        say("S", key)
+        try:
+            disp.compile(sig)
+        except Exception:
+            say("F", key)
+            continue
+        say("D", key)
+
+
+class _Forked:
+    """A forked helper, with the part of ``subprocess.Popen``'s interface that
+    :class:`Session` uses."""
+
+    def __init__(self, pid, rfd):
+        self.pid = pid
+        self.stdout = os.fdopen(rfd, "r")
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def terminate(self):
+        """SIGKILL: the child may have inherited a handler for SIGTERM that does not exit
+        (it writes to the disk cache only through atomic renames)."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+
+    kill = terminate
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"numbaconv helper {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+
 def current():
     """This thread's session, or None."""
     return getattr(_local, "session", None)
@@ -277,8 +417,9 @@ class session:
 
     __slots__ = ("s", "prev")
 
-    def __init__(self, plan, operands, worth):
-        self.s = Session(plan, operands) if enabled(plan, operands, worth) else None
+    def __init__(self, plan, operands, worth, execute=None):
+        self.s = (Session(plan, operands, execute) if enabled(plan, operands, worth)
+                  else None)
 
     def __enter__(self):
         self.prev = current()

@@ -4,6 +4,7 @@ Tests patch these module attributes (``monkeypatch.setattr(config, "...", ...)``
 code reads them at call time, never copies them at import.
 """
 import os
+import sys
 
 #: The one fastmath flag set of every kernel: reassociation and contraction so that
 #: float reductions vectorise, but no ``nnan``/``ninf``, so NaN and Inf still propagate.
@@ -84,3 +85,8 @@ MEMORY_POOL_BYTES = (int(os.environ["NUMBACONV_MEMORY_POOL_BYTES"])
 COMPILE_AHEAD = os.environ.get("NUMBACONV_COMPILE_AHEAD", "1") not in ("0", "false", "no")
 #: ... for operands of at most this many bytes (the helper allocates zeros of their shapes).
 COMPILE_AHEAD_MAX_BYTES = 1 << 30
+#: How the helper starts: ``"fork"`` (Linux: a copy of this process, with everything
+#: imported and set up) or ``"spawn"`` (a new interpreter; elsewhere, where ``fork`` without
+#: ``exec`` is not safe for every library). ``NUMBACONV_COMPILE_AHEAD_START`` sets it.
+COMPILE_AHEAD_START = os.environ.get("NUMBACONV_COMPILE_AHEAD_START",
+                                     "fork" if sys.platform.startswith("linux") else "spawn")

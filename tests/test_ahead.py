@@ -89,6 +89,7 @@ _SCRIPT = textwrap.dedent("""
     from reference import conv_bwd_data_ref
 
     config.COMPILE_AHEAD = True
+    config.COMPILE_AHEAD_START = {start!r}
     _ahead._busy = lambda cores: False  # the test run's other workers keep the cores busy
     _ahead._cores = lambda: 2
     numbaconv.set_num_threads(2)
@@ -107,8 +108,11 @@ _SCRIPT = textwrap.dedent("""
     report = {{}}
 
     # 1. a helper that cannot start: the call compiles everything itself
-    real = sys.executable
+    real, real_fork = sys.executable, _ahead._fork
     sys.executable = "/nonexistent/python"
+    def no_fork():
+        raise OSError("no fork here")
+    _ahead._fork = no_fork
     w = rng.standard_normal((3, 3, 8, 1)).astype(np.float32)
     dy = rng.standard_normal((2, 12, 12, 8)).astype(np.float32)
     dx = numbaconv.depthwise_conv2d_native_backprop_input(
@@ -117,7 +121,7 @@ _SCRIPT = textwrap.dedent("""
                             (12, 12), pads_begin=1, pads_end=1, groups=8)
     report["broken"] = dict(err=float(np.abs(dx - ref).max() / np.abs(ref).max()),
                             proc=sessions[-1].proc is not None, tried=sessions[-1].tried)
-    sys.executable = real
+    sys.executable, _ahead._fork = real, real_fork
 
     # 2. a helper that runs; this process holds back until it has finished, so that
     # every kernel comes from the helper through the disk cache
@@ -144,14 +148,16 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_first_call_shares_its_compiling_with_a_helper(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "spawn"] if hasattr(os, "fork") else ["spawn"])
+def test_a_first_call_shares_its_compiling_with_a_helper(tmp_path, start):
     """With an empty cache: a helper that cannot start changes nothing; one that runs
-    finds every kernel the call needs (walking the plan without running it), compiles
-    them into the disk cache, and the call loads them from there with the same result."""
+    (a fork of the caller, or a new interpreter) finds every kernel the call needs
+    (walking the plan without running it), compiles them into the disk cache, and the
+    call loads them from there with the same result."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), NUMBACONV_CACHE="1",
                NUMBACONV_COMPILE_AHEAD="1")
     env.pop("NUMBA_DISABLE_JIT", None)
-    code = _SCRIPT.format(tests=os.path.dirname(__file__))
+    code = _SCRIPT.format(tests=os.path.dirname(__file__), start=start)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -101,3 +101,16 @@ def test_console_script_entry_point():
     r = subprocess.run([sys.executable, "-m", "numbaconv.cli", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "bench" in r.stdout
+
+
+def test_info_says_how_the_compile_ahead_helper_starts(monkeypatch):
+    from numbaconv import _ahead, _jit, config
+    monkeypatch.setattr(config, "COMPILE_AHEAD", True)
+    monkeypatch.setattr(_jit, "cache_enabled", lambda: True)
+    monkeypatch.setattr(_ahead, "_cores", lambda: 2)
+    monkeypatch.setattr(config, "COMPILE_AHEAD_START", "spawn")
+    assert "the helper is a new interpreter" in cli._ahead_status()
+    monkeypatch.setattr(config, "COMPILE_AHEAD_START", "fork")
+    import os
+    want = "a fork of the caller" if hasattr(os, "fork") else "a new interpreter"
+    assert f"the helper is {want}" in cli._ahead_status()

@@ -36,24 +36,4 @@ def main():
     os.unlink(path)
     for k, v in cfg.items():
         setattr(config, k, v)
-    operands = {k: _zeros(s) for k, s in spec.items()}
-    _ahead.start_walk()
-    try:
-        cpu.execute(plan, operands)
-    except BaseException:  # the walk stops where the plan's code needed a real result
-        if os.environ.get("NUMBACONV_AHEAD_LOG"):
-            import traceback
-            traceback.print_exc()
-    found = _ahead.end_walk()
-    if os.environ.get("NUMBACONV_AHEAD_LOG"):
-        print("found", *[k for _, _, k in found], sep="\n  ", file=sys.stderr)
-    _say("found", [k for _, _, k in found])
-    for disp, sig, key in reversed(found):
-        _say("S", key)
-        try:
-            disp.compile(sig)
-        except Exception:
-            _say("F", key)
-            continue
-        _say("D", key)
-
+    _ahead.work(cpu.execute, plan, {k: _zeros(s) for k, s in spec.items()}, _say)

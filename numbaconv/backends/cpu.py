@@ -412,7 +412,8 @@ def execute(plan, operands, out=None, threads_current=False):
     ``threads_current``: the calling thread's Numba threads are already ``plan.threads``
     (a memoised call planned for them), so they are not set again."""
     if _first(plan):
-        with _ahead.session(plan, operands, _jit.cache_enabled() and _compiles_slowly(plan)):
+        with _ahead.session(plan, operands, _jit.cache_enabled() and _compiles_slowly(plan),
+                            execute):
             return _execute(plan, operands, out, threads_current)
     return _execute(plan, operands, out, threads_current)
 
