@@ -731,12 +731,14 @@ def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
     """``parts[j] += dW`` over share ``j`` of the output rows (flat over ``mb, od, oh``),
     the shares in parallel, each with its own scratch ``work[j]`` and ``idx[j]``: see
     :func:`_patch_bwd_w`."""
-    _patch_bwd_w.run(dtype_name(work.dtype), parts.shape[0], px, py, parts, geo, work, idx)
+    name = dtype_name(work.dtype)
+    _patch_bwd_w.run(name, parts.shape[0], _patch_call.table(name), px, py, parts, geo, work,
+                     idx)
 
 
-@separate("void(int64, int64, {T}[:, :, ::1], int64[::1], {T}[:, ::1], int64[:, ::1], int64)",
-          noalias=True, float32="float32", float64="float64")
-def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
+@separate("void(int64[::1], int64, int64, {T}[:, :, ::1], int64[::1], {T}[:, ::1], "
+          "int64[:, ::1], int64)", noalias=True, float32="float32", float64="float64")
+def _patch_bwd_w(fns, px, py, parts, geo, works, idxs, j):
     """``part[m, k] += dW[m, k]`` (``part``: ``parts[j]``) over the output rows of share
     ``j`` of ``len(parts)`` equal shares (flat over ``mb, od, oh``) for a weight gradient
     as one GEMM per output row: ``m`` runs over the
@@ -759,7 +761,7 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
     its A a copy of the columns that pixel reads in every tap row of each row of the
     block (zeros outside the input), its B the pixel's rows of dY. ``work``
     (``works[j]``): :func:`patch_work` elements; ``idx`` (``idxs[j]``):
-    :func:`patch_index` entries."""
+    :func:`patch_index` entries; ``fns``: :func:`_patch_call`'s table."""
     nch = parts.shape[0]
     rows = geo[0] * geo[10] * geo[11]
     r0, r1 = rows * j // nch, rows * (j + 1) // nch
@@ -842,7 +844,7 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
             nv = min(NV, (kp - j0) // vl)
             mr = _PATCH_ROWS[nv - 1]
             for i0 in range(0, rows, mr):
-                _patch_call(nv, px + (lo * sw - pw) * C * it, pa_tab + i0 * 8, sw * C,
+                _patch_call(fns, nv, px + (lo * sw - pw) * C * it, pa_tab + i0 * 8, sw * C,
                             b + j0 * it, ldb, pc + j0 * it, pc_tab + i0 * 8, hi - lo, 1,
                             work)
     # the end pixels: per block of rows and end pixel, one GEMM over the block's rows,
@@ -875,7 +877,7 @@ def _patch_bwd_w(px, py, parts, geo, works, idxs, j):
                 nv = min(NV, (kp - j0) // vl)
                 mr = _PATCH_ROWS[nv - 1]
                 for i0 in range(0, M, mr):
-                    _patch_call(nv, pe, pe_tab + i0 * 8, ecopy, pyb + j0 * it, kp,
+                    _patch_call(fns, nv, pe, pe_tab + i0 * 8, ecopy, pyb + j0 * it, kp,
                                 pc + j0 * it, pr_tab + i0 * 8, nb, 1, work)
 
 
@@ -890,8 +892,12 @@ def _padded_cols(dst, src, c0, cols, iw, cbytes):
     _copy_bytes(dst + z1 * cbytes, 0, (cols - z1) * cbytes)
 
 
-@helper
+@separate("void(int64, int64, int64, int64, int64, int64, int64, int64, int64, int64, "
+          "{T}[::1])", float32="float32", float64="float64")
 def _patch_call(nv, a, arows, csa, b, ldb, c, crows, kc, beta, work):
+    """The patch micro-kernel for ``nv`` vectors of columns (:func:`_micro` with
+    ``row_table``), compiled on its own and called through its address: linked into
+    :func:`_patch_bwd_w`, LLVM copied its four unrolled tiles into both call sites."""
     if nv == 4:
         _patch4(a, arows, csa, b, ldb, c, crows, kc, beta, work)
     elif nv == 3:
