@@ -407,8 +407,8 @@ def _trampoline(sig):
     ``ctx[0]`` (a :class:`Separate` variant of signature ``sig``, in Numba's calling
     convention) with the arguments :func:`_pack_arg` packed from ``ctx[2]`` on (an array
     read from its NumPy object) and ``i`` last, and sets ``ctx[1]`` where it returns an
-    error. One per signature in a process, emitted with Numba's code generator (a few
-    milliseconds; not cached on disk)."""
+    error. One per signature in a process, emitted by :class:`_Engine` (5-8 ms; not
+    cached on disk)."""
     key = tuple(sig.args)
     with _tramp_lock:
         if key not in _tramps:
@@ -429,8 +429,7 @@ def _emit_trampoline(sig, serial):
     context = cpu_target.target_context
     context.refresh()
     name = f"numbaconv_run_trampoline_{serial}"
-    lib = context.codegen().create_library(name)
-    mod = lib.create_ir_module(name)
+    mod = context.codegen()._create_empty_module(name)
     i64 = ir.IntType(64)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64, i64]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -440,37 +439,80 @@ def _emit_trampoline(sig, serial):
     def at(ptr, j):
         return b.load(b.gep(ptr, [ir.Constant(i64, j)]))
 
-    callee = b.inttoptr(at(p, 0), context.call_conv.get_function_type(
-        sig.return_type, sig.args).as_pointer())
-    vals = []
+    fnty = context.call_conv.get_function_type(sig.return_type, sig.args)
+    callee = b.inttoptr(at(p, 0), fnty.as_pointer())
+    packer = context.call_conv._get_arg_packer
+    # Numba's calling convention: a pointer for the return value, one for exception
+    # information, then every argument flattened (an array as its struct's members:
+    # meminfo, parent, nitems, itemsize, data, shape..., strides...)
+    flat = []
     for j, d in enumerate(sig.args[:-1]):
         w = at(p, 2 + j)
+        want = list(packer([d]).argument_types)
         if isinstance(d, nbtypes.Array):
+            nd = d.ndim
+            assert len(want) == 5 + 2 * nd, want
             obj = b.inttoptr(w, i64.as_pointer())
             dims = b.inttoptr(at(obj, _DIMS // 8), i64.as_pointer())
             strides = b.inttoptr(at(obj, _STRIDES // 8), i64.as_pointer())
-            ary = context.make_array(d)(context, builder=b)
-            context.populate_array(
-                ary, data=b.inttoptr(at(obj, _DATA // 8), ary.data.type),
-                shape=cgutils.pack_array(b, [at(dims, i) for i in range(d.ndim)]),
-                strides=cgutils.pack_array(b, [at(strides, i) for i in range(d.ndim)]),
-                itemsize=ir.Constant(i64, context.get_abi_sizeof(
-                    context.get_data_type(d.dtype))), meminfo=None)
-            vals.append(ary._getvalue())
+            shape = [at(dims, i) for i in range(nd)]
+            nitems = ir.Constant(i64, 1)
+            for s in shape:
+                nitems = b.mul(nitems, s)
+            item = context.get_abi_sizeof(context.get_data_type(d.dtype))
+            flat += [ir.Constant(want[0], None), ir.Constant(want[1], None), nitems,
+                     ir.Constant(i64, item), b.inttoptr(at(obj, _DATA // 8), want[4]),
+                     *shape, *[at(strides, i) for i in range(nd)]]
         elif isinstance(d, nbtypes.Boolean):
-            vals.append(b.icmp_signed("!=", w, ir.Constant(i64, 0)))
+            flat.append(b.icmp_signed("!=", w, ir.Constant(i64, 0)))
         elif isinstance(d, nbtypes.Float):
-            vals.append(context.cast(b, b.bitcast(w, ir.DoubleType()), nbtypes.float64, d))
+            flat.append(context.cast(b, b.bitcast(w, ir.DoubleType()), nbtypes.float64, d))
         else:
-            vals.append(context.cast(b, w, nbtypes.int64, d))
-    vals.append(context.cast(b, index, nbtypes.int64, sig.args[-1]))
-    status, _ = context.call_conv.call_function(b, callee, sig.return_type, sig.args, vals)
-    with cgutils.if_unlikely(b, status.is_error):
+            flat.append(context.cast(b, w, nbtypes.int64, d))
+        if not isinstance(d, nbtypes.Array):  # the value in Numba's argument type
+            flat[-1] = context.data_model_manager[d].as_argument(b, flat[-1])
+    flat.append(context.data_model_manager[sig.args[-1]].as_argument(
+        b, context.cast(b, index, nbtypes.int64, sig.args[-1])))
+    ret = cgutils.alloca_once(b, fnty.args[0].pointee)
+    exc = cgutils.alloca_once(b, fnty.args[1].pointee)
+    code = b.call(callee, [ret, exc, *flat])
+    ok = b.or_(b.icmp_signed("==", code, ir.Constant(code.type, 0)),     # RETCODE_OK
+               b.icmp_signed("==", code, ir.Constant(code.type, -2)))    # RETCODE_NONE
+    with cgutils.if_unlikely(b, b.not_(ok)):
         b.store(ir.Constant(i64, 1), b.gep(p, [ir.Constant(i64, 1)]))
     b.ret_void()
-    lib.add_ir_module(mod)
-    lib.finalize()
-    return lib.get_pointer_to_function(name)
+    return _jit_engine().add(str(mod), name)
+
+
+_engine = []
+
+
+class _Engine:
+    """A machine-code engine of this process for the trampolines: LLVM's MCJIT at its
+    lowest optimisation level, without Numba's per-library passes (a trampoline is a few
+    loads and a call: 3-5 ms to emit where a Numba code library took 30-70 ms)."""
+
+    def __init__(self):
+        import llvmlite.binding as llvm
+        self.llvm = llvm
+        target = llvm.Target.from_triple(llvm.get_process_triple())
+        self.tm = target.create_target_machine(opt=0, jit=True)
+        self.ee = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
+        self.modules = []  # kept alive with the engine
+
+    def add(self, ir_text, name):
+        mod = self.llvm.parse_assembly(ir_text)
+        mod.verify()
+        self.ee.add_module(mod)
+        self.ee.finalize_object()
+        self.modules.append(mod)
+        return self.ee.get_function_address(name)
+
+
+def _jit_engine():
+    if not _engine:
+        _engine.append(_Engine())
+    return _engine[0]
 
 
 def _no_alias(disp):
