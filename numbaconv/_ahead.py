@@ -3,13 +3,15 @@
 A plan's first call in a process with an empty disk cache spends seconds compiling its
 kernels one after another (conversions, packing, the compute kernel, their helpers), on
 one core, while the others wait. When that call reaches the first kernel missing from the
-disk cache, this module starts one helper process (:mod:`numbaconv.backends.ahead`) that:
+disk cache, this module starts one helper process (on Linux a fork of this one, with
+everything imported and set up; elsewhere, or with ``config.COMPILE_AHEAD_START =
+"spawn"``, a new interpreter running :mod:`numbaconv.backends.ahead` on zero-filled
+operands of the same types) that (:func:`work`):
 
-1. walks the same plan on zero-filled operands of the same types without running or
-   compiling anything (each kernel the walk reaches is recorded with its argument types,
-   and returns at once), then
+1. walks the same plan without running or compiling anything (each kernel the walk
+   reaches is recorded with its argument types, and returns at once), then
 2. compiles what it recorded from the last kernel backwards, into the disk cache,
-   reporting each start and end on its standard output,
+   reporting each start and end through a pipe,
 
 while the calling process compiles from the first kernel forwards. A kernel the helper has
 started is waited for and then loaded from the disk cache; one it has not reached is

@@ -212,3 +212,28 @@ def test_the_helper_sets_up_numba_without_scipy_linalg(tmp_path):
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["True", "30.0"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_helper_is_stopped_and_reaped():
+    """The forked helper's handle: running until stopped, then SIGKILL and reaped (a
+    handler for SIGTERM the child inherited cannot keep it alive)."""
+    import signal
+    import time
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: ignore SIGTERM, wait to be killed
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(w)
+    helper = _ahead._Forked(pid, r)
+    assert helper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        helper.wait(0.05)
+    helper.terminate()
+    assert helper.wait(10) == -signal.SIGKILL
+    assert helper.poll() == -signal.SIGKILL
+    helper.stdout.close()
