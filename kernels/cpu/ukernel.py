@@ -732,13 +732,13 @@ def gemm_patch_bwd_w(px, py, parts, geo, work, idx):
     the shares in parallel, each with its own scratch ``work[j]`` and ``idx[j]``: see
     :func:`_patch_bwd_w`."""
     name = dtype_name(work.dtype)
-    _patch_bwd_w.run(name, parts.shape[0], _patch_call.table(name), px, py, parts, geo, work,
-                     idx)
+    _patch_bwd_w.run(name, parts.shape[0], _patch_call.table(name), _patch_ends.table(name),
+                     px, py, parts, geo, work, idx)
 
 
-@separate("void(int64[::1], int64, int64, {T}[:, :, ::1], int64[::1], {T}[:, ::1], "
+@separate("void(int64[::1], int64[::1], int64, int64, {T}[:, :, ::1], int64[::1], {T}[:, ::1], "
           "int64[:, ::1], int64)", noalias=True, float32="float32", float64="float64")
-def _patch_bwd_w(fns, px, py, parts, geo, works, idxs, j):
+def _patch_bwd_w(fns, ends_fns, px, py, parts, geo, works, idxs, j):
     """``part[m, k] += dW[m, k]`` (``part``: ``parts[j]``) over the output rows of share
     ``j`` of ``len(parts)`` equal shares (flat over ``mb, od, oh``) for a weight gradient
     as one GEMM per output row: ``m`` runs over the
@@ -761,7 +761,9 @@ def _patch_bwd_w(fns, px, py, parts, geo, works, idxs, j):
     its A a copy of the columns that pixel reads in every tap row of each row of the
     block (zeros outside the input), its B the pixel's rows of dY. ``work``
     (``works[j]``): :func:`patch_work` elements; ``idx`` (``idxs[j]``):
-    :func:`patch_index` entries; ``fns``: :func:`_patch_call`'s table."""
+    :func:`patch_index` entries; ``fns``, ``ends_fns``: :func:`_patch_call`'s and
+    :func:`_patch_ends`' tables (the end pixels are a unit of their own: the two halves
+    compile at once where a first call has a helper process)."""
     nch = parts.shape[0]
     rows = geo[0] * geo[10] * geo[11]
     r0, r1 = rows * j // nch, rows * (j + 1) // nch
@@ -779,32 +781,12 @@ def _patch_bwd_w(fns, px, py, parts, geo, works, idxs, j):
     M = kd * kh * kw * C
     total = geo[0] * od * oh * ow * K
     pc = part.ctypes.data
-    # the output pixels whose taps all lie inside the input along w (those before lo
-    # and from hi on reach into the padding)
-    lo = min(ow, (pw + sw - 1) // sw)
-    hi = max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
-    span = (kw - 1) * dw + 1
-    slots = kd * kh
-    ecopy = slots * span * C                            # one row's copy for one end pixel
-    pe = np.int64(work.ctypes.data) + ow * kp * it      # EDGE_ROWS copies
-    pyb = pe + EDGE_ROWS * ecopy * it                   # their rows of dY: [EDGE_ROWS, kp]
+    lo, hi = _inner_pixels(geo)
     n_ab = M + PATCH_SLACK
     aoff = idx[:n_ab]
     crow = idx[n_ab:2 * n_ab]
-    eoff = idx[2 * n_ab:3 * n_ab]      # every patch row's offset in a row's copy
-    erow = idx[3 * n_ab:4 * n_ab]      # and its row of dW
     pa_tab = idx.ctypes.data
     pc_tab = pa_tab + n_ab * 8
-    pe_tab = pa_tab + 2 * n_ab * 8
-    pr_tab = pa_tab + 3 * n_ab * 8
-    for m in range(M):
-        t = m // (kw * C)               # the tap row, t_d * kh + t_h
-        u = m - t * kw * C              # t_w * C + c
-        eoff[m] = t * span * C + (u // C) * dw * C + u % C
-        erow[m] = m * kp
-    for m in range(M, n_ab):            # a last tile's extra rows: into the sink
-        eoff[m] = 0
-        erow[m] = M * kp
     for r in range(r0, r1):
         n = r // (od * oh)
         o_d = (r // oh) % od
@@ -847,10 +829,58 @@ def _patch_bwd_w(fns, px, py, parts, geo, works, idxs, j):
                 _patch_call(fns, nv, px + (lo * sw - pw) * C * it, pa_tab + i0 * 8, sw * C,
                             b + j0 * it, ldb, pc + j0 * it, pc_tab + i0 * 8, hi - lo, 1,
                             work)
-    # the end pixels: per block of rows and end pixel, one GEMM over the block's rows,
-    # A a copy of the columns the pixel reads in every tap row (zeros outside the input)
     if lo == 0 and hi == ow:
         return
+    _patch_ends(ends_fns, fns, px, py, part, geo, work, idx, r0, r1)
+
+
+@helper(inline=True)
+def _inner_pixels(geo):
+    """``[lo, hi)``: the output pixels of a row whose taps all lie inside the input along
+    w (those before ``lo`` and from ``hi`` on reach into the padding: the end pixels)."""
+    iw, kw, ow, sw, dw, pw = geo[6], geo[9], geo[12], geo[15], geo[18], geo[21]
+    lo = min(ow, (pw + sw - 1) // sw)
+    return lo, max(lo, min(ow, (iw - 1 - (kw - 1) * dw + pw) // sw + 1))
+
+
+@separate("void(int64[::1], int64, int64, {T}[:, ::1], int64[::1], {T}[::1], int64[::1], "
+          "int64, int64)", noalias=True, float32="float32", float64="float64")
+def _patch_ends(fns, px, py, part, geo, work, idx, r0, r1):
+    """The end pixels of output rows ``[r0, r1)`` of :func:`_patch_bwd_w` (those whose
+    taps reach into the padding along w): per block of ``EDGE_ROWS`` rows and end pixel,
+    one GEMM over the block's rows, A a copy of the columns the pixel reads in every tap
+    row (zeros outside the input), B the pixel's rows of dY. ``fns``: :func:`_patch_call`'s
+    table; ``work``, ``idx``: the share's scratch (its row tables past the interior's)."""
+    C, K = geo[2], geo[3]
+    id_, ih, iw = geo[4], geo[5], geo[6]
+    kd, kh, kw = geo[7], geo[8], geo[9]
+    od, oh, ow = geo[10], geo[11], geo[12]
+    sd, sh, sw = geo[13], geo[14], geo[15]
+    dd, dh, dw = geo[16], geo[17], geo[18]
+    pd, ph, pw = geo[19], geo[20], geo[21]
+    it = work.itemsize
+    vl = VECTOR_BYTES // it
+    kp = part.shape[1]
+    M = kd * kh * kw * C
+    pc = part.ctypes.data
+    lo, hi = _inner_pixels(geo)
+    span = (kw - 1) * dw + 1
+    ecopy = kd * kh * span * C                          # one row's copy for one end pixel
+    pe = np.int64(work.ctypes.data) + ow * kp * it      # EDGE_ROWS copies
+    pyb = pe + EDGE_ROWS * ecopy * it                   # their rows of dY: [EDGE_ROWS, kp]
+    n_ab = M + PATCH_SLACK
+    eoff = idx[2 * n_ab:3 * n_ab]      # every patch row's offset in a row's copy
+    erow = idx[3 * n_ab:4 * n_ab]      # and its row of dW
+    pe_tab = idx.ctypes.data + 2 * n_ab * 8
+    pr_tab = idx.ctypes.data + 3 * n_ab * 8
+    for m in range(M):
+        t = m // (kw * C)               # the tap row, t_d * kh + t_h
+        u = m - t * kw * C              # t_w * C + c
+        eoff[m] = t * span * C + (u // C) * dw * C + u % C
+        erow[m] = m * kp
+    for m in range(M, n_ab):            # a last tile's extra rows: into the sink
+        eoff[m] = 0
+        erow[m] = M * kp
     for rb in range(r0, r1, EDGE_ROWS):
         nb = min(EDGE_ROWS, r1 - rb)
         for e in range(ow):
