@@ -190,6 +190,9 @@ class Session:
             while (self.state.get(key) == "S" and self.alive
                    and time.monotonic() < deadline):
                 self.cond.wait(0.1)
+                if getattr(self.proc, "stalled", _never)():  # no CPU time: not compiling
+                    self.alive = False   # this process compiles the rest itself
+                    self.proc.terminate()
 
     def _start(self):
         if (config.COMPILE_AHEAD_START == "fork" and hasattr(os, "fork")
@@ -310,6 +313,10 @@ def _fork():
     return os.fork()
 
 
+def _never():
+    return False
+
+
 def _child(execute, plan, operands, wfd):
     """The forked helper's work (see :meth:`Session._fork`); its exit status."""
     import json
@@ -364,10 +371,31 @@ class _Forked:
     """A forked helper, with the part of ``subprocess.Popen``'s interface that
     :class:`Session` uses."""
 
+    #: Seconds without CPU time after which a forked helper counts as stuck (a compile
+    #: uses CPU all along; a child that inherited a lock another thread held at the fork
+    #: would wait on it for ever).
+    STALL_SECONDS = 5.0
+
     def __init__(self, pid, rfd):
         self.pid = pid
         self.stdout = os.fdopen(rfd, "r")
         self.returncode = None
+        self._cpu = (None, time.monotonic())  # the child's CPU ticks, when they last moved
+
+    def stalled(self):
+        """Whether the child has used no CPU time for :data:`STALL_SECONDS` (from
+        ``/proc``; False where that cannot be read)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, ValueError, IndexError):
+            return False
+        now = time.monotonic()
+        if ticks != self._cpu[0]:
+            self._cpu = (ticks, now)
+            return False
+        return now - self._cpu[1] > self.STALL_SECONDS
 
     def poll(self):
         if self.returncode is None:

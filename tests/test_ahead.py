@@ -237,3 +237,36 @@ def test_a_forked_helper_is_stopped_and_reaped():
     assert helper.wait(10) == -signal.SIGKILL
     assert helper.poll() == -signal.SIGKILL
     helper.stdout.close()
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/stat"), reason="no /proc")
+def test_a_forked_helper_that_uses_no_cpu_counts_as_stalled(monkeypatch):
+    """A forked helper stuck on a lock it inherited would use no CPU: after
+    ``STALL_SECONDS`` without any, the call stops waiting for it; a busy one is not."""
+    import time
+    monkeypatch.setattr(_ahead._Forked, "STALL_SECONDS", 0.3)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: sleep (no CPU), as a deadlocked helper would
+        try:
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(w)
+    helper = _ahead._Forked(pid, r)
+    try:
+        assert not helper.stalled()          # first reading
+        time.sleep(0.5)
+        assert helper.stalled()
+    finally:
+        helper.terminate()
+        helper.wait(10)
+        helper.stdout.close()
+    busy = _ahead._Forked(os.getpid(), os.open(os.devnull, os.O_RDONLY))
+    busy.STALL_SECONDS = 0.3
+    busy.stalled()
+    t = time.monotonic()
+    while time.monotonic() - t < 0.5:       # this process uses CPU all along
+        pass
+    assert not busy.stalled()
+    busy.stdout.close()
