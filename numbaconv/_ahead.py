@@ -224,7 +224,8 @@ class Session:
         try:
             with global_compiler_lock, warnings.catch_warnings():
                 # Python 3.12+ warns that a multi-threaded process may deadlock in a fork's
-                # child; the child takes no lock another thread could hold (see above)
+                # child; the child takes no lock of Numba's another thread could hold (see
+                # above), and one stuck on any other is found out (_Forked.stalled)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = _fork()
         except Exception:
