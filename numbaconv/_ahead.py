@@ -33,6 +33,7 @@ compiles the rest itself; the helper is stopped when the call ends.
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -195,8 +196,7 @@ class Session:
                     self.proc.terminate()
 
     def _start(self):
-        if (config.COMPILE_AHEAD_START == "fork" and hasattr(os, "fork")
-                and self.execute is not None):
+        if forks() and self.execute is not None:
             self._fork()
         else:
             self._spawn()
@@ -310,6 +310,11 @@ class Session:
         self.proc.stdout.close()
 
 
+def forks():
+    """Whether a helper starts as a fork of this process (else a new interpreter)."""
+    return config.COMPILE_AHEAD_START == "fork" and hasattr(os, "fork")
+
+
 def _fork():
     return os.fork()
 
@@ -320,8 +325,6 @@ def _never():
 
 def _child(execute, plan, operands, wfd):
     """The forked helper's work (see :meth:`Session._fork`); its exit status."""
-    import json
-    import signal
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)   # not the caller's handlers
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -414,7 +417,7 @@ class _Forked:
         (it writes to the disk cache only through atomic renames)."""
         if self.poll() is None:
             try:
-                os.kill(self.pid, 9)
+                os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

@@ -206,7 +206,8 @@ class Separate:
         # the variants' addresses, then the shared launcher's (for ``prange``)
         self._table = np.zeros(len(self.names) + 1, np.int64)
         self.call = _separate_call(self)
-        self._runs = {}  # variant name -> (index, how its arguments are packed)
+        # variant name -> (index, how its arguments are packed, trampoline, address)
+        self._runs = {}
 
     def address(self, i):
         """Variant ``i``'s address, compiling it (or loading it from the disk cache) first;
@@ -234,7 +235,6 @@ class Separate:
             t[-1] = _launch.separate.address(0)
         return t
 
-
     def c_address(self, i):
         """Variant ``i``'s C-callable wrapper (Numba's ``cfunc`` wrapper: plain arguments,
         no status; for a variant that raises nothing), compiling it first."""
@@ -257,11 +257,11 @@ class Separate:
         if len(args) != len(kinds):
             raise TypeError(f"{self.__name__}.run({name!r}): {len(kinds)} arguments besides "
                             f"the index, got {len(args)}")
-        if addr == 0 or _ahead.walking():
-            t = self.table(name)
-            if _ahead.walking():  # the helper's walk: noted, nothing runs
-                return
-            addr = int(t[k])
+        if _ahead.walking():  # the helper's walk: noted, nothing runs
+            self.table(name)
+            return
+        if addr == 0:  # compiled (or loaded) once, with the launcher
+            addr = int(self.table(name)[k])
             self._runs[name] = (k, kinds, tramp, addr)
         try:
             words = [addr, 0, *map(_pack_arg, args, kinds)]
@@ -490,7 +490,7 @@ _engine = []
 class _Engine:
     """A machine-code engine of this process for the trampolines: LLVM's MCJIT at its
     lowest optimisation level, without Numba's per-library passes (a trampoline is a few
-    loads and a call: 3-5 ms to emit where a Numba code library took 30-70 ms)."""
+    loads and a call: 5-8 ms to emit where a Numba code library took 30-70 ms)."""
 
     def __init__(self):
         import llvmlite.binding as llvm

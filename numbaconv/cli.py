@@ -16,10 +16,7 @@ def _ahead_status():
         return "off (no disk cache for a helper to fill)"
     if _ahead._cores() < 2:
         return "off (one core)"
-    import os
-    start = ("a fork of the caller"
-             if config.COMPILE_AHEAD_START == "fork" and hasattr(os, "fork")
-             else "a new interpreter")
+    start = "a fork of the caller" if _ahead.forks() else "a new interpreter"
     return (f"on (first calls of slowly compiling entries on two or more threads; the "
             f"helper is {start}, NUMBACONV_COMPILE_AHEAD_START)")
 
