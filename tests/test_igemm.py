@@ -214,7 +214,14 @@ def test_grouped_1x1_over_few_rows_goes_to_claimed(side, groups, variant, monkey
     w = rng.standard_normal((1, 1, 120 // groups, 480)).astype(np.float32)
     kw = dict(strides=1, pads_begin=0, pads_end=0, groups=groups)
     plan = nc.plan("convolution_backprop_data", dy, w, (side, side), **kw)
-    assert plan.variant == variant, plan
+    from numbaconv.kernels.cpu import igemm
+    if variant == "implicit" and (120 // groups) % igemm.lanes(4):
+        # the kernels' own vectors (512-bit on an AVX-512 host) refuse 40 channels: the
+        # row rule must not be the reason
+        assert "claim the groups' row blocks" not in str(plan), plan
+        assert "not a whole number of" in str(plan), plan
+    else:
+        assert plan.variant == variant, plan
     if variant == "claimed" and groups > 1:
         assert f"over {8 * side * side} rows" in str(plan), plan
         got = nc.convolution_backprop_data(dy, w, (side, side), **kw)
