@@ -18,6 +18,7 @@ import warnings
 import numba
 import numpy as np
 from numba.core import types as nbtypes
+from numba.core.caching import FunctionCache
 from numba.core.registry import CPUDispatcher
 
 from . import _ahead, config
@@ -79,6 +80,27 @@ class _Dispatcher(CPUDispatcher):
             {k: nbtypes.unliteral(v) for k, v in kws.items()})
 
 
+class _Cache(FunctionCache):
+    """Numba's on-disk cache of one function, loading without the full context refresh.
+
+    Numba refreshes its target context before every load from the cache: the first one in
+    a process imports every implementation Numba has (``numba.np.linalg`` imports
+    ``scipy.linalg`` where SciPy is installed), 0.3-0.5 s of a warm-cache first call
+    although a cached kernel is machine code that needs none of it. A load here only
+    starts Numba's runtime (the allocation functions the code calls) and falls back to
+    Numba's own path (refresh, then load) where that fails; compiling still refreshes
+    everything first, as it always did."""
+
+    def load_overload(self, sig, target_context):
+        from numba.core.runtime import rtsys
+        rtsys.initialize(target_context)
+        try:
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        except Exception:  # a symbol only a registry defines, or anything unforeseen
+            return super().load_overload(sig, target_context)
+
+
 def _njit(fn, parallel, cache, reassociate=True, inline=False):
     if numba.config.DISABLE_JIT:
         return fn
@@ -86,6 +108,7 @@ def _njit(fn, parallel, cache, reassociate=True, inline=False):
                        targetoptions=_options(parallel, reassociate, inline))
     if cache:
         disp.enable_caching()
+        disp._cache = _Cache(fn)
     return disp
 
 
@@ -426,8 +449,9 @@ def _emit_trampoline(sig, serial):
     from llvmlite import ir
     from numba.core import cgutils
     from numba.core.registry import cpu_target
+    # no ``context.refresh()``: nothing below needs Numba's registries (0.3-0.5 s to
+    # load where no kernel had to be compiled); the casts are written out by hand
     context = cpu_target.target_context
-    context.refresh()
     name = f"numbaconv_run_trampoline_{serial}"
     mod = context.codegen()._create_empty_module(name)
     i64 = ir.IntType(64)
@@ -465,14 +489,12 @@ def _emit_trampoline(sig, serial):
                      *shape, *[at(strides, i) for i in range(nd)]]
         elif isinstance(d, nbtypes.Boolean):
             flat.append(b.icmp_signed("!=", w, ir.Constant(i64, 0)))
-        elif isinstance(d, nbtypes.Float):
-            flat.append(context.cast(b, b.bitcast(w, ir.DoubleType()), nbtypes.float64, d))
         else:
-            flat.append(context.cast(b, w, nbtypes.int64, d))
+            flat.append(_from_word(b, w, d))
         if not isinstance(d, nbtypes.Array):  # the value in Numba's argument type
             flat[-1] = context.data_model_manager[d].as_argument(b, flat[-1])
     flat.append(context.data_model_manager[sig.args[-1]].as_argument(
-        b, context.cast(b, index, nbtypes.int64, sig.args[-1])))
+        b, _from_word(b, index, sig.args[-1])))
     ret = cgutils.alloca_once(b, fnty.args[0].pointee)
     exc = cgutils.alloca_once(b, fnty.args[1].pointee)
     code = b.call(callee, [ret, exc, *flat])
@@ -482,6 +504,19 @@ def _emit_trampoline(sig, serial):
         b.store(ir.Constant(i64, 1), b.gep(p, [ir.Constant(i64, 1)]))
     b.ret_void()
     return _jit_engine().add(str(mod), name)
+
+
+def _from_word(b, w, d):
+    """The 64-bit word ``w`` as a value of Numba type ``d`` (a float: its float64 bits,
+    rounded to float32 where declared; an integer: its low ``d.bitwidth`` bits), as
+    Numba's own casts from int64 and float64 would give it."""
+    from llvmlite import ir
+    if isinstance(d, nbtypes.Float):
+        v = b.bitcast(w, ir.DoubleType())
+        if d.bitwidth == 64:
+            return v
+        return b.fptrunc(v, ir.FloatType() if d.bitwidth == 32 else ir.HalfType())
+    return w if d.bitwidth == 64 else b.trunc(w, ir.IntType(d.bitwidth))
 
 
 _engine = []

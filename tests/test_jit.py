@@ -105,3 +105,51 @@ def test_inline_helper_is_typed_in_its_caller_not_compiled_alone():
     assert out[:len(expect)].tolist() == expect
     assert out[len(expect):].tolist() == [-99] * (10 - len(expect))
     assert len(taps.overloads) == 0 and len(run.overloads) == 1
+
+
+_WARM_SCRIPT = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+import numbaconv as nc
+from numbaconv import _jit
+from reference import conv_bwd_data_ref
+from numba.core.caching import FunctionCache
+full = []
+plain = FunctionCache.load_overload
+FunctionCache.load_overload = lambda self, *a: full.append(1) or plain(self, *a)
+rng = np.random.default_rng(3)
+dy = rng.standard_normal((2, 16, 16, 64)).astype(np.float32)
+w = rng.standard_normal((3, 3, 32, 64)).astype(np.float32)
+dx = nc.convolution_backprop_data(dy, w, (16, 16), strides=1, pads_begin=1, pads_end=1,
+                                  strategy="gemm[implicit]")
+ref = conv_bwd_data_ref(dy.astype(np.float64), w.astype(np.float64), (16, 16), stride=1,
+                        dilation=1, pads_begin=1, pads_end=1)
+print(json.dumps(dict(err=float(np.abs(dx - ref).max() / np.abs(ref).max()),
+                      registries="numba.np.linalg" in sys.modules, full=len(full))))
+"""
+
+
+def test_a_warm_cache_loads_kernels_without_numbas_registries(tmp_path):
+    """A process whose kernels are all in the disk cache loads them without refreshing
+    Numba's target context (which imports every implementation Numba has, and
+    ``scipy.linalg``: 0.3-0.5 s of a warm-cache first call), through the light load
+    alone, with the same result; the first process, which compiles, refreshes as before."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), NUMBACONV_CACHE="1",
+               NUMBACONV_COMPILE_AHEAD="0")
+    env.pop("NUMBA_DISABLE_JIT", None)
+    code = _WARM_SCRIPT.format(tests=os.path.dirname(__file__))
+    reports = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        reports.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    cold, warm = reports
+    assert cold["registries"] and cold["err"] < 1e-5
+    assert not warm["registries"], warm
+    assert warm["full"] == 0 and warm["err"] < 1e-5, warm
