@@ -341,3 +341,63 @@ def test_resnet50_accuracy(c, s, tile_size):
             for dtype in ("float32", "float64"):
                 err = _run(direction, dtype, x, w, dy, (s, s), (1, 1), (1, 1))
                 assert err <= R.WINOGRAD_TOLERANCE[dtype], (m, direction, dtype, err)
+
+
+@pytest.mark.parametrize("split", ["blocks", "positions"])
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-12), ("float32", 2e-5)])
+def test_grouped_weight_gradient(split, dtype, tol, monkeypatch):
+    """Weight gradients with groups: the transforms over all channels, one GEMM per group
+    and position, the product laid out as XIO; against the float64 reference, by tile
+    blocks and by positions (every group's rows of the product its own tasks)."""
+    monkeypatch.setattr(W, "MIN_CHANNELS", 4)
+    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 0)
+    monkeypatch.setattr(W, "POSITIONS_BELOW_TILES", 10 ** 6 if split == "positions" else 0)
+    planner.clear_plan_cache()
+    rng = np.random.default_rng(11)
+    g, icg, ocg = 3, 8, 5
+    x = rng.standard_normal((3, 11, 10, g * icg))
+    dy = rng.standard_normal((3, 11, 10, g * ocg))
+    plan = nc.plan("convolution_backprop_filters", x.astype(dtype), (3, 3), dy.astype(dtype),
+                   strides=1, pads_begin=1, pads_end=1, groups=g, strategy="winograd")
+    assert (plan.tiles.get("split") == "positions") == (split == "positions"), plan
+    got = nc.convolution_backprop_filters(x.astype(dtype), (3, 3), dy.astype(dtype),
+                                          strides=1, pads_begin=1, pads_end=1, groups=g,
+                                          strategy="winograd")
+    one = ((1, 1), (1, 1), (1, 1), (1, 1))
+    ref = R.conv_bwd_filter(x, dy, (3, 3), *one, groups=g)
+    ra = R.conv_bwd_filter(abs(x), abs(dy), (3, 3), *one, groups=g)
+    assert got.dtype == np.dtype(dtype) and got.shape == (3, 3, icg, g * ocg)
+    assert R.normalized_error(got, ref, ra) <= tol
+    # each group's block is its own: a group's dy alone changes only its outputs
+    dy2 = dy.copy()
+    dy2[..., ocg:2 * ocg] = 0
+    got2 = nc.convolution_backprop_filters(x.astype(dtype), (3, 3), dy2.astype(dtype),
+                                           strides=1, pads_begin=1, pads_end=1, groups=g,
+                                           strategy="winograd")
+    assert np.all(got2[..., ocg:2 * ocg] == 0)
+    np.testing.assert_array_equal(got2[..., :ocg], got[..., :ocg])
+    planner.clear_plan_cache()
+
+
+def test_grouped_layers_take_the_weight_gradient_only(monkeypatch):
+    """Groups: backward weights only, at least MIN_CHANNELS per group, and not where
+    gemm[patch-t] takes the layer (AlexNet's conv5: 2 groups of 192 -> 128); AlexNet's
+    conv4 (192 -> 192), which gemm[patch-t] declines, is this entry's."""
+    monkeypatch.setattr(W, "MIN_CHANNELS", 64)
+    monkeypatch.setattr(W, "MIN_TILES_PER_CHANNEL", 1 / 2)
+    s = W.STRATEGY
+    conv4 = dict(mb=8, g=2, ic=384, oc=384, isz=(1, 13, 13), osz=(1, 13, 13))
+    conv5 = dict(conv4, oc=256)
+    from numbaconv.strategies import patcht
+    if patcht.STRATEGY.accepts(_problem(direction="bwd_w", **conv4)) is None:
+        pytest.skip("gemm[patch-t] takes conv4 on this host's vectors")
+    assert s.accepts(_problem(direction="bwd_w", **conv4)) is None
+    for d in ("fwd", "bwd_d"):
+        assert "2 groups" in s.accepts(_problem(direction=d, **conv4))
+    narrow = s.accepts(_problem(direction="bwd_w", **dict(conv4, ic=64, oc=64)))
+    assert "32->32 channels" in narrow, narrow
+    why5 = s.accepts(_problem(direction="bwd_w", **conv5))
+    if patcht.STRATEGY.accepts(_problem(direction="bwd_w", **conv5)) is None:
+        assert "gemm[patch-t]" in why5, why5
+    else:
+        assert why5 is None

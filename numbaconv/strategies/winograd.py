@@ -27,6 +27,14 @@ The three directions, all at stride 1 and dilation 1 (depth kernel 1: depth join
   (zero beyond ``osz``) and ``alpha x alpha`` tiles of ``x`` at ``m*t - pad_begin``: the GEMM
   per position is ``V[xi]^T @ D[xi]`` = [C, T] x [T, K], the tile index as its reduction.
 
+Weight gradients with groups (at least ``MIN_CHANNELS`` in and out per group): the tile
+transforms run over all channels at once, each position's GEMM per group (``[C/g, T] x
+[T, K/g]``, views of the transformed tiles), and the product ``[alpha^2, g, C/g, K/g]`` is
+transformed back and laid out as XIO. Where gemm[patch-t] takes the layer its register
+tiles are faster (AlexNet's conv5, 2 groups of 192 -> 128); where it declines, this entry
+beats the im2col GEMMs (conv4, 192 -> 192; measured: docs/performance.md, "The zoo").
+Forward and backward data keep one group: per group they ran slower than the implicit
+GEMM.
 The tiles are processed in blocks of about ``TILE_ROWS``, each a worker task (see
 :mod:`numbaconv.workers`): transform the block (serial Numba loop nests), one batched
 ``matmul`` for it on a one-thread BLAS, inverse-transform it, so the transformed block stays
@@ -93,7 +101,9 @@ R_DEPTH_GEOMETRY = "depth stride, dilation or padding (depth joins the batch onl
 R_KERNEL = "kernel {kh}x{kw}, not 3x3"
 R_STRIDE = "stride {s} != 1"
 R_DILATION = "dilation {d} != 1"
-R_GROUPS = "{g} groups (only groups == 1)"
+R_GROUPS = "{g} groups (forward and backward data: only groups == 1)"
+R_GROUPED_PATCH_T = ("{g} groups of {c} -> {k} channels that gemm[patch-t] takes: its "
+                     "grouped register tiles are faster")
 R_CHANNELS = "{ic}->{oc} channels (< {least}): transforms cost more than they save"
 R_SMALL = "image {h}x{w} smaller than {least}x{least}: too few tiles"
 R_FEW_TILES = "{t} tiles for {c} channels: the transformed filters outweigh the GEMMs"
@@ -182,16 +192,20 @@ class Winograd(Strategy):
             return R_STRIDE.format(s=max(p.stride))
         if any(d != 1 for d in p.dilation):
             return R_DILATION.format(d=max(p.dilation))
-        if p.g != 1:
+        if p.g != 1 and p.direction != "bwd_w":
             return R_GROUPS.format(g=p.g)
-        if min(p.ic, p.oc) < MIN_CHANNELS:
-            return R_CHANNELS.format(ic=p.ic, oc=p.oc, least=MIN_CHANNELS)
+        if min(p.icg, p.ocg) < MIN_CHANNELS:  # a group's own GEMMs
+            return R_CHANNELS.format(ic=p.icg, oc=p.ocg, least=MIN_CHANNELS)
+        if p.g > 1:
+            from .patcht import STRATEGY as PATCH_T
+            if PATCH_T.accepts(p) is None:
+                return R_GROUPED_PATCH_T.format(g=p.g, c=p.icg, k=p.ocg)
         h, w = grid(p)
         if min(h, w) < MIN_IMAGE:
             return R_SMALL.format(h=h, w=w, least=MIN_IMAGE)
         t = n_tiles(p, choose_m(p))
-        if t < MIN_TILES_PER_CHANNEL * max(p.ic, p.oc):
-            return R_FEW_TILES.format(t=t, c=max(p.ic, p.oc))
+        if t < MIN_TILES_PER_CHANNEL * max(p.icg, p.ocg):
+            return R_FEW_TILES.format(t=t, c=max(p.icg, p.ocg))
         if p.direction == "bwd_d":
             from .. import runtime
             n = runtime.threads()
@@ -219,7 +233,7 @@ class Winograd(Strategy):
         with the intermediate of their 3x3 <-> alpha x alpha transform."""
         m, rows = tiles["m"], tiles["tile_rows"]
         alpha = m + 2
-        ck = p.ic * p.oc
+        ck = p.icg * p.oc  # the filters' (and the product's) elements: a block per group
         nw = min(int(tiles.get("workers", 1)), -(-n_tiles(p, m) // rows))
         n = nw * alpha * alpha * rows * (p.ic + p.oc) + alpha * alpha * ck + 3 * alpha * ck
         if p.direction == "bwd_w" and tiles.get("split") == "positions":
@@ -287,26 +301,34 @@ class Winograd(Strategy):
                 return self._bwd_w_positions(p, x, dy, fwd_tiles, blocks,
                                              int(tiles.get("workers", 1)), m, G, ct, T)
             vbuf, dbuf = Buffers(a2 * rows * C, ct), Buffers(a2 * rows * K, ct)
+            # groups: the transforms run over all channels, each group's GEMM over its own
+            # (the product [a2, g, C/g, K/g], block-diagonal in C x K)
+            ng, Cg, Kg = p.g, p.icg, p.ocg
             # fixed ownership: the blocks in ``nw`` contiguous runs, one task per run adding
             # its blocks' products in order into its own partial, the partials added in
             # run order (the same bits whichever worker takes a task, and when)
             acc = {}
-            prod = Buffers(a2 * C * K, ct)
+            prod = Buffers(a2 * Cg * K, ct)
 
             def bwd_w_task(run):
                 def task(slot):
                     for t0, t1 in blocks[len(blocks) * run // nw:len(blocks) * (run + 1) // nw]:
-                        V = vbuf[slot][: a2 * (t1 - t0) * C].reshape(a2, t1 - t0, C)
-                        D = dbuf[slot][: a2 * (t1 - t0) * K].reshape(a2, t1 - t0, K)
+                        nt = t1 - t0
+                        V = vbuf[slot][: a2 * nt * C].reshape(a2, nt, C)
+                        D = dbuf[slot][: a2 * nt * K].reshape(a2, nt, K)
                         fwd_tiles(x, 0, V, -p.pad_begin[1], -p.pad_begin[2], t0, t1)
                         fwd_tiles(dy, 1, D, 0, 0, t0, t1)
                         # the tile index is the GEMM's reduction: [C, tiles] x [tiles, K]
-                        VT = V.transpose(0, 2, 1)
+                        # per group (views: V^T's rows and D's columns split by group)
+                        VT = V.transpose(0, 2, 1).reshape(a2, ng, Cg, nt)
+                        Dg = D.reshape(a2, nt, ng, Kg).transpose(0, 2, 1, 3)
                         if run not in acc:  # from the pool, as every scratch array
-                            acc[run] = np.matmul(VT, D, out=memory.empty((a2, C, K), ct))
+                            acc[run] = np.matmul(VT, Dg,
+                                                 out=memory.empty((a2, ng, Cg, Kg), ct))
                         else:
                             a = acc[run]
-                            np.add(a, np.matmul(VT, D, out=prod[slot].reshape(a2, C, K)),
+                            np.add(a, np.matmul(VT, Dg,
+                                                out=prod[slot].reshape(a2, ng, Cg, Kg)),
                                    out=a)
                 return task
 
@@ -314,11 +336,12 @@ class Winograd(Strategy):
             total = sum_partials([acc[run] for run in range(nw)], nw)
             # dw = G^T M G per (c, k)
             GT = np.ascontiguousarray(G.T)
+            n = Cg * K
             with blas.threads(outside):
-                t = np.matmul(GT, total.reshape(alpha, alpha * C * K),
-                              out=memory.empty((3, alpha * C * K), ct)).reshape(3, alpha, C * K)
-                return np.matmul(GT, t, out=memory.empty((3, 3, C * K), ct)).reshape(
-                    1, 3, 3, C, K)
+                t = np.matmul(GT, total.reshape(alpha, alpha * n),
+                              out=memory.empty((3, alpha * n), ct)).reshape(3, alpha, n)
+                dw = np.matmul(GT, t, out=memory.empty((3, 3, n), ct))
+            return _group_columns(dw, ng, Cg, Kg)
 
         if p.direction == "fwd":
             src = ops["x"].reshape(nb, H, W, C)
@@ -363,6 +386,7 @@ class Winograd(Strategy):
         and block of C rows, then ``dw = G^T M G`` per block of C rows: every task writes
         its own part of one result, so no partials are summed."""
         C, K = p.ic, p.oc
+        ng, Cg, Kg = p.g, p.icg, p.ocg
         alpha = m + 2
         a2 = alpha * alpha
         vflat = memory.empty(a2 * T * C + T * C, ct)
@@ -379,22 +403,26 @@ class Winograd(Strategy):
         run_tasks([transform_task(t0, t1) for t0, t1 in blocks], nw)
         V = vflat[:a2 * T * C].reshape(a2, T, C)
         D = dflat[:a2 * T * K].reshape(a2, T, K)
-        M = memory.empty((a2, C, K), ct)
-        # positions x blocks of C rows: at least two tasks per worker
-        parts = max(1, min(C // 16, -(-2 * nw // a2)))
-        cuts = [C * i // parts for i in range(parts + 1)]
+        # the product per group: rows g*Cg .. of M are group g's [Cg, Kg] (with one group
+        # the plain [C, K])
+        M = memory.empty((a2, C, Kg), ct)
+        # positions x groups x blocks of a group's C rows: at least two tasks per worker
+        parts = max(1, min(Cg // 16, -(-2 * nw // (a2 * ng))))
+        cuts = [Cg * i // parts for i in range(parts + 1)]
 
-        def product_task(xi, c0, c1):
+        def product_task(xi, g, c0, c1):
             def task(slot):
-                np.matmul(V[xi, :, c0:c1].T, D[xi], out=M[xi, c0:c1])
+                r0 = g * Cg
+                np.matmul(V[xi, :, r0 + c0:r0 + c1].T, D[xi, :, g * Kg:(g + 1) * Kg],
+                          out=M[xi, r0 + c0:r0 + c1])
             return task
 
-        run_tasks([product_task(xi, cuts[i], cuts[i + 1]) for xi in range(a2)
-                   for i in range(parts)], nw)
+        run_tasks([product_task(xi, g, cuts[i], cuts[i + 1]) for xi in range(a2)
+                   for g in range(ng) for i in range(parts)], nw)
         # dw[r, s, c, k] = sum_a,b G^T[r, a] M[a, b, c, k] G^T[s, b], per block of C rows
         GT = np.ascontiguousarray(G.T)
-        M4 = M.reshape(alpha, alpha, C, K)
-        dw = memory.empty((3, 3, C, K), ct)
+        M4 = M.reshape(alpha, alpha, C, Kg)
+        dw = memory.empty((3, 3, C, Kg), ct)
         nblk = max(1, min(C // 8, 2 * nw))
         ccuts = [C * i // nblk for i in range(nblk + 1)]
 
@@ -405,7 +433,18 @@ class Winograd(Strategy):
             return task
 
         run_tasks([inverse_task(ccuts[i], ccuts[i + 1]) for i in range(nblk)], nw)
-        return dw.reshape(1, 3, 3, C, K)
+        return _group_columns(dw, ng, Cg, Kg)
+
+
+def _group_columns(dw, ng, Cg, Kg):
+    """The weight gradient ``[1, 3, 3, Cg, g*Kg]`` (XIO, a group's outputs side by side)
+    from one in group-major order, ``[3, 3, g*Cg*Kg]`` (group g's ``[Cg, Kg]`` block
+    after group g-1's); with one group a view."""
+    if ng == 1:
+        return dw.reshape(1, 3, 3, Cg, Kg)
+    out = memory.empty((1, 3, 3, Cg, ng * Kg), dw.dtype)
+    out.reshape(3, 3, Cg, ng, Kg)[...] = dw.reshape(3, 3, ng, Cg, Kg).transpose(0, 1, 3, 2, 4)
+    return out
 
 
 STRATEGY = Winograd()
