@@ -6,6 +6,7 @@ differ only in how they spell their arguments.
 """
 from collections.abc import Sequence
 import numbers
+import sys
 
 import numpy as np
 
@@ -20,9 +21,16 @@ def is_float_dtype(dt):
 
 
 # -- arrays -------------------------------------------------------------------------------------
+def is_masked(value):
+    """Whether ``value`` is a NumPy masked array. ``numpy.ma`` is looked up, not imported
+    (8 ms of a first call): where nothing has imported it, no masked array exists."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
+
+
 def refuse_masked(value, name):
     """TypeError for a masked array: the kernels would read its data and drop its mask."""
-    if isinstance(value, np.ma.MaskedArray):
+    if is_masked(value):
         raise TypeError(f"{name}: masked arrays are not supported; pass np.ma.filled(a, 0) "
                         f"or a.data")
 
