@@ -405,9 +405,11 @@ def test_regions_partition_the_phase_grid(case):
 
 
 def test_regions_entry_choice():
-    """gemm[regions] comes before gemm[implicit]: it takes dilated layers (ASPP-like) and
-    declines a 3x3 layer over a large image (every tap reaches inside nearly everywhere)
-    and float16, with their reasons."""
+    """gemm[regions] comes before gemm[implicit]: it takes dilated layers (ASPP-like), and
+    a padded 3x3 layer over a large image (every tap reaches inside nearly everywhere, but
+    the regions read dY in place, where gemm[implicit] copies it with padding); it
+    declines a 1x1 layer (nothing to pad, nothing skipped), a layer whose regions are
+    not exact, and float16, with their reasons."""
     attrs = dict(strides=1, dilations=6, pads_begin=6, pads_end=6)
     dy = np.zeros((1, 20, 20, 64), np.float32)
     w = np.zeros((3, 3, 128, 64), np.float32)
@@ -416,8 +418,22 @@ def test_regions_entry_choice():
     assert plan.tiles["skipped"] >= strategy.MIN_SKIPPED
     wide = nc.plan("convolution_backprop_data", np.zeros((2, 56, 56, 64), np.float32), w,
                    (56, 56), strides=1, pads_begin=1, pads_end=1)
-    assert wide.variant != "regions"
-    assert strategy.REGIONS.accepts(wide.problem).startswith("every tap reaches inside dY")
+    assert strategy.REGIONS.accepts(wide.problem) is None        # (winograd runs it)
+    assert strategy._skipped(wide.problem) < strategy.MIN_SKIPPED
+    assert strategy._reads_dy(wide.problem) and strategy._needs_padding(wide.problem)
+    one = nc.plan("convolution_backprop_data", np.zeros((2, 56, 56, 256), np.float32),
+                  np.zeros((1, 1, 128, 256), np.float32), (56, 56), strides=1)
+    assert one.variant != "regions"
+    why = strategy.REGIONS.accepts(one.problem)
+    assert why.startswith("every tap reaches inside dY") and strategy.R_NO_COPY in why, why
+    # 1-D, 7 taps over 32 pixels with pads of 3 (HiFi-GAN's conv_pre): whole-row regions,
+    # not exact: dY is padded anyway
+    odd = nc.plan("convolution_backprop_data", np.zeros((4, 32, 64), np.float32),
+                  np.zeros((7, 80, 64), np.float32), (32,), strides=1, pads_begin=3,
+                  pads_end=3)
+    if not strategy._reads_dy(odd.problem):
+        assert odd.variant != "regions"
+        assert strategy.R_NOT_EXACT in strategy.REGIONS.accepts(odd.problem)
     half = nc.plan("convolution_backprop_data", dy.astype(np.float16), w.astype(np.float16),
                    (20, 20), strategy="gemm[implicit]", **attrs).problem
     assert strategy.REGIONS.accepts(half) == strategy.R_HALF

@@ -277,7 +277,8 @@ def test_backward_data_declines_few_tiles_per_thread_on_many_threads(monkeypatch
         dy = np.zeros((8, 14, 14, 256), np.float32)
         plan = nc.plan("convolution_backprop_data", dy, np.zeros((3, 3, 256, 256), np.float32),
                        (14, 14), strides=1, pads_begin=1, pads_end=1)
-        assert (plan.strategy, plan.variant) == ("gemm", "implicit"), plan
+        # the implicit GEMM (by regions: the padded layer's dY read in place)
+        assert (plan.strategy, plan.variant) in (("gemm", "implicit"), ("gemm", "regions"))
         assert "the GEMM entries scale further" in str(plan)
     finally:
         planner.clear_plan_cache()

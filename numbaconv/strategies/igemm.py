@@ -182,7 +182,8 @@ def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, thr
         from ..kernels.cpu import igemm
         regions, skipped, exact = _regions(p, grid, taps) if taps else ([], 0.0, True)
         tables = None
-        if skipped >= MIN_SKIPPED and (exact or frame != _unpadded(p)):  # else: padding
+        in_place = frame == _unpadded(p)  # dY itself: every phase by regions (exact)
+        if (skipped >= MIN_SKIPPED or in_place) and (exact or not in_place):
             total = -(-p.mb * math.prod(grid) // igemm.MR) * len(taps)
             work = round((1 - skipped) * total)  # the regions' tiles times taps
             # items of at most block_tiles full tiles' work, at least 4 per thread
@@ -196,17 +197,23 @@ def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, thr
 
 @functools.lru_cache(maxsize=512)
 def _reads_dy(p):
-    """Whether every stride phase of ``p`` with pixels runs by exact regions (see
-    :func:`_regions`), whose tables then address dY itself (no zero-padded copy)."""
+    """Whether every stride phase of ``p`` with pixels can run by exact regions (see
+    :func:`_regions`), whose tables then address dY itself (no zero-padded copy), however
+    few products they skip."""
     for _, grid, taps in stride_phases(p):
         if p.mb * math.prod(grid) == 0:
             continue
         if not taps:
             return False
-        _, skipped, exact = _regions(p, grid, taps)
-        if skipped < MIN_SKIPPED or not exact:
+        if not _regions(p, grid, taps)[2]:
             return False
     return True
+
+
+def _needs_padding(p):
+    """Whether ``gemm[implicit]`` copies dY into a zero-padded frame for ``p``."""
+    (Ld, Dp), (Lh, Hp), (Lw, Wp) = _pads(p, stride_phases(p))
+    return (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
 
 
 def _unpadded(p):
@@ -464,7 +471,10 @@ class ImplicitGemm(Strategy):
 
 
 R_NO_SKIP = ("every tap reaches inside dY for all but {skip:.0%} of the products "
-             "(< {limit:.0%}, counted in whole row tiles)")
+             "(< {limit:.0%}, counted in whole row tiles), and {why}")
+R_NO_COPY = "dY needs no zero-padded copy"
+R_NOT_EXACT = "the regions do not cover dY exactly (dY would be copied with padding anyway)"
+R_WIDENED = "{dtype}: dY is widened into a padded copy anyway"
 R_HALF = "float16: the region kernels have no float16 path (gemm[implicit] has)"
 
 
@@ -480,8 +490,12 @@ class ImplicitRegions(ImplicitGemm):
     only the taps that reach inside dY for all of its pixels
     (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions`): dilated layers, whose
     border pixels read the padding for some taps, and large filters over small images.
-    The same micro-kernel, each tap's filter rows found through a table; a phase that
-    skips less than ``MIN_SKIPPED`` of its products runs as in ``gemm[implicit]``."""
+    The same micro-kernel, each tap's filter rows found through a table. Where every
+    phase's regions are exact the tables address dY itself: no zero-padded copy of dY,
+    which is why padded layers come here even when they skip few products (a 3x3 layer
+    with pads of 1, WaveNet's causal rows; measured: docs/performance.md, "The zoo").
+    Otherwise dY is copied with padding and a phase that skips less than
+    ``MIN_SKIPPED`` of its products runs as in ``gemm[implicit]``."""
 
     variant = "regions"
     regions = True
@@ -494,7 +508,17 @@ class ImplicitRegions(ImplicitGemm):
             return R_HALF
         skip = _skipped(p)
         if skip < MIN_SKIPPED:
-            return R_NO_SKIP.format(skip=max(0.0, skip), limit=MIN_SKIPPED)
+            # still worth it where it reads dY in place instead of a padded copy
+            q = _group(p)
+            if not _needs_padding(q):
+                why = R_NO_COPY
+            elif p.dtype != p.compute_dtype:
+                why = R_WIDENED.format(dtype=p.dtype)
+            elif not _reads_dy(q):
+                why = R_NOT_EXACT
+            else:
+                return None
+            return R_NO_SKIP.format(skip=max(0.0, skip), limit=MIN_SKIPPED, why=why)
         return None
 
     def tiles(self, p, machine):
