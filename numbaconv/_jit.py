@@ -92,12 +92,12 @@ class _Cache(FunctionCache):
     everything first, as it always did."""
 
     def load_overload(self, sig, target_context):
-        from numba.core.runtime import rtsys
-        rtsys.initialize(target_context)
         try:
+            from numba.core.runtime import rtsys
+            rtsys.initialize(target_context)
             with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
-        except Exception:  # a symbol only a registry defines, or anything unforeseen
+        except Exception:  # a symbol only a registry defines, a Numba without these
             return super().load_overload(sig, target_context)
 
 
