@@ -203,6 +203,12 @@ CASES = [
        pads=((1, 1), (1, 1)), strategy="gemm[implicit]", label="gemm[implicit]"),
     _c("regions-bwdd-grouped", "bwd_d", 4, 64, 32, 2, (11, 12), (3, 3), dilation=(3, 4),
        pads=((3, 4), (3, 4)), strategy="gemm[regions]", label="gemm[regions]"),
+    # padded layers whose regions are exact, however few products they skip: dY read in
+    # place, no zero-padded copy (one group planned so; two groups forced)
+    _c("regions-bwdd-in-place", "bwd_d", 1, 16, 32, 2, (24, 24), (3, 3),
+       pads=((1, 1), (1, 1)), label="gemm[regions]"),
+    _c("regions-bwdd-in-place-grouped", "bwd_d", 2, 32, 64, 2, (20, 19), (3, 3),
+       pads=((1, 1), (1, 1)), strategy="gemm[regions]", label="gemm[regions]"),
     _c("col2im-images", "bwd_d", 1, 3, 16, 4, (12, 12), (3, 3), pads=((1, 1), (1, 1)),
        label="gemm[col2im]", tiles={"bands": None}),
     _c("col2im-bands", "bwd_d", 1, 3, 16, 1, (16, 16), (5, 5), pads=((2, 2), (2, 2)),

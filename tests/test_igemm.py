@@ -437,3 +437,27 @@ def test_regions_entry_choice():
     half = nc.plan("convolution_backprop_data", dy.astype(np.float16), w.astype(np.float16),
                    (20, 20), strategy="gemm[implicit]", **attrs).problem
     assert strategy.REGIONS.accepts(half) == strategy.R_HALF
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_regions_read_a_padded_layers_dy_in_place(groups, dtype):
+    """A padded 3x3 layer (pads of 1) whose regions are exact but skip few products: the
+    regions read dY itself (no zero-padded copy), with one group and with two, against
+    the reference and bit for bit the implicit GEMM over the padded copy."""
+    rng = np.random.default_rng(groups)
+    dy = rng.standard_normal((2, 20, 19, 32 * groups)).astype(dtype)
+    w = rng.standard_normal((3, 3, 16, 32 * groups)).astype(dtype)
+    attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=groups)
+    p = nc.plan("convolution_backprop_data", dy, w, (20, 19), strategy="gemm[regions]",
+                **attrs).problem
+    q = strategy._group(p)
+    assert strategy._skipped(p) < strategy.MIN_SKIPPED
+    assert strategy._needs_padding(q) and strategy._reads_dy(q)
+    assert strategy.REGIONS.accepts(p) is None
+    got = nc.convolution_backprop_data(dy, w, (20, 19), strategy="gemm[regions]", **attrs)
+    full = nc.convolution_backprop_data(dy, w, (20, 19), strategy="gemm[implicit]", **attrs)
+    err = normalized_error(got, conv_bwd_data_ref, dy, w, (20, 19), stride=1, dilation=1,
+                           pads_begin=1, pads_end=1, groups=groups)
+    assert err <= tolerance(dtype)
+    assert np.array_equal(got, full)
