@@ -10,6 +10,7 @@ multiplier ``oc // ic``. Padding of every kind (SAME, VALID, EXPLICIT, auto_pad)
 """
 from dataclasses import dataclass, field
 import math
+import sys
 
 import numpy as np
 
@@ -21,6 +22,13 @@ DTYPES = ("float16", "float32", "float64", "bfloat16")
 PRECISIONS = ("exact", "tf32")
 #: The user's dtypes computed in float32 and rounded once at the end.
 FLOAT32_COMPUTED = ("float16", "bfloat16")
+
+
+def is_masked(value):
+    """Whether ``value`` is a NumPy masked array. ``numpy.ma`` is looked up, not imported
+    (8 ms of a first call): where nothing has imported it, no masked array exists."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
 
 
 def numpy_dtype(name):

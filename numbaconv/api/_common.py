@@ -6,9 +6,10 @@ differ only in how they spell their arguments.
 """
 from collections.abc import Sequence
 import numbers
-import sys
 
 import numpy as np
+
+from ..problem import is_masked
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
@@ -21,13 +22,6 @@ def is_float_dtype(dt):
 
 
 # -- arrays -------------------------------------------------------------------------------------
-def is_masked(value):
-    """Whether ``value`` is a NumPy masked array. ``numpy.ma`` is looked up, not imported
-    (8 ms of a first call): where nothing has imported it, no masked array exists."""
-    ma = sys.modules.get("numpy.ma")
-    return ma is not None and isinstance(value, ma.MaskedArray)
-
-
 def refuse_masked(value, name):
     """TypeError for a masked array: the kernels would read its data and drop its mask."""
     if is_masked(value):

@@ -12,12 +12,11 @@ code (float16 conversions included) runs through :func:`numbaconv.runtime.run_pa
 which serialises it where the threading layer needs it (``workqueue``).
 """
 import math
-import sys
 
 import numpy as np
 
 from .. import _ahead, _jit, config, memory, runtime
-from ..problem import FLOAT32_COMPUTED, numpy_dtype
+from ..problem import FLOAT32_COMPUTED, is_masked, numpy_dtype
 
 
 def threading_layer():
@@ -247,8 +246,7 @@ def check_out(out, p):
         return
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out: expected a NumPy array, got {type(out).__name__}")
-    ma = sys.modules.get("numpy.ma")  # not imported (8 ms): then no masked array exists
-    if ma is not None and isinstance(out, ma.MaskedArray):  # its mask would stay as it was
+    if is_masked(out):  # its mask would be left as it was
         raise TypeError("out: masked arrays are not supported; pass np.ma.filled(a, 0) or "
                         "a.data")
     # either byte order, as for the operands: the result is copied into ``out``, swapped

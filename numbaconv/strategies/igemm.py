@@ -210,10 +210,15 @@ def _reads_dy(p):
     return True
 
 
+def _padded(pads, osz):
+    """Whether the frame ``pads`` (:func:`_pads`) differs from dY's own extents ``osz``:
+    ``gemm[implicit]`` then copies dY into it with zeros around."""
+    return any(lead for lead, _ in pads) or tuple(e for _, e in pads) != tuple(osz)
+
+
 def _needs_padding(p):
     """Whether ``gemm[implicit]`` copies dY into a zero-padded frame for ``p``."""
-    (Ld, Dp), (Lh, Hp), (Lw, Wp) = _pads(p, stride_phases(p))
-    return (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
+    return _padded(_pads(p, stride_phases(p)), p.osz)
 
 
 def _unpadded(p):
@@ -384,7 +389,7 @@ class ImplicitGemm(Strategy):
         pads = _pads(q, stride_phases(q))
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]
-        padded = (Ld, Lh, Lw) != (0, 0, 0) or (Dp, Hp, Wp) != tuple(p.osz)
+        padded = _padded(pads, p.osz)
         half_out = dy.dtype == np.uint16
         frame = pads
         if padded and self.regions and not half_out and dy.dtype == ct and _reads_dy(q):
