@@ -17,6 +17,11 @@ def _problems(dt):
     # depthwise at stride 2 (the row kernels are compiled per column stride)
     depthwise2 = (np.ones((1, 10, 10, 16), dt), wd, 16, 1, 2)
     grouped = (np.ones((1, 9, 9, 32), dt), np.ones((3, 3, 4, 32), dt), 8, 1, 1)
+    # square groups of one vector of channels (gemm[grouped]: ResNeXt's third stage), 4
+    # of them and a fifth (the last block of groups one at a time)
+    from numbaconv.kernels.cpu._host import VECTOR_BYTES
+    vl = VECTOR_BYTES // (8 if dt == "float64" else 4)
+    square = (np.ones((1, 9, 9, 5 * vl), dt), np.ones((3, 3, vl, 5 * vl), dt), 5, 1, 1)
     pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0, 1)  # 1x1
     # a short reduction into a larger dW (the split-dW weight gradient)
     short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1, 1)
@@ -32,7 +37,7 @@ def _problems(dt):
     # and 7x7 filters)
     long_row = (np.ones((1, 40, 16), dt), np.ones((17, 1, 16), dt), 16, 8, 1)
     return (dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head,
-            dilated, dilated_wide, long_row, growth)
+            dilated, dilated_wide, long_row, growth, square)
 
 
 def _calls(dt):
@@ -58,7 +63,8 @@ def _calls(dt):
 
 #: gemm entries whose kernels share nothing with the other gemm entries', by the group name
 #: they take (the entries of one kernel module share its helpers: one group).
-_OWN_MODULES = {"gemm[patch-t]": "patcht", "gemm[implicit]": "igemm", "gemm[regions]": "igemm"}
+_OWN_MODULES = {"gemm[patch-t]": "patcht", "gemm[implicit]": "igemm", "gemm[regions]": "igemm",
+                "gemm[grouped]": "ggemm"}
 
 
 def _group(name):

@@ -13,9 +13,9 @@ micro-kernel or BLAS: ``engine=``). Best first, per direction (:data:`LABELS`):
 
 * ``fwd``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[identity], gemm[slabs],
   direct[depthwise-unrolled], direct[depthwise-spans], direct[depthwise], direct
-* ``bwd_d``: numpy[depthwise], numpy, winograd, direct[grouped], gemm[regions],
-  gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs], gemm[col2im],
-  direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
+* ``bwd_d``: numpy[depthwise], numpy, winograd, gemm[grouped], direct[grouped],
+  gemm[regions], gemm[implicit], gemm[claimed], gemm[identity], gemm[per-tap], gemm[slabs],
+  gemm[col2im], direct[depthwise-rows], direct[depthwise-unrolled], direct[depthwise-spans],
   direct[depthwise], direct
 * ``bwd_w``: numpy[depthwise], numpy, winograd, gemm[patch-t], direct[grouped],
   gemm[windows], gemm[patch], gemm[rows], gemm[split-k], gemm[identity], gemm[split-dw],
@@ -30,6 +30,9 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
   nothing to compile); below that limit the planner also passes over every entry whose
   kernels take seconds to compile (``compile_heavy``), see :func:`compile_guard`;
 * ``winograd``: 3x3 at stride 1, one group, >= 64 channels, enough tiles;
+* ``gemm[grouped]``: backward data, square groups of one vector of channels (16 float32 or
+  8 float64: ResNeXt's third stage), AVX-512 hosts, strided layers only over <= 256 dY
+  pixels per image, not float16 (register tiles across 4 groups, dY read in place);
 * ``direct[grouped]``: >= 8 groups of <= 64 channels (not depthwise); 2-7 groups where
   every GEMM declines them (< 16 channels per group);
 * ``gemm[patch-t]``: >= 16 input and <= 48 output channels per group (<= 128 over short
@@ -90,8 +93,8 @@ FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
 LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-dot]", "winograd", "gemm[patch-t]",
-          "direct[grouped]", "gemm[windows]", "gemm[patch]", "gemm[rows]", "gemm[regions]",
-          "gemm[implicit]",
+          "gemm[grouped]", "direct[grouped]", "gemm[windows]", "gemm[patch]", "gemm[rows]",
+          "gemm[regions]", "gemm[implicit]",
           "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
           "gemm[per-tap]", "gemm[split-dw]", "gemm[slabs]", "gemm[col2im]", "direct[narrow]",
           "direct[depthwise-rows]", "direct[depthwise-unrolled]", "direct[depthwise-spans]",
@@ -130,13 +133,14 @@ def _strategies():
         from .strategies.igemm import REGIONS as IGEMM_REGIONS, STRATEGY as IGEMM
         from .strategies.depthwise import STRATEGIES as DEPTHWISE
         from .strategies.grouped import STRATEGY as GROUPED
+        from .strategies.ggemm import STRATEGY as GGEMM
         from .strategies.winograd import STRATEGY as WINOGRAD
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
         from .strategies.narrow import STRATEGY as NARROW
         from .strategies.windows import STRATEGY as WINDOWS
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, PATCH_T, GROUPED, WINDOWS,
-                          PATCH, ROWGEMM, IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW,
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16DOT, WINOGRAD, PATCH_T, GGEMM, GROUPED,
+                          WINDOWS, PATCH, ROWGEMM, IGEMM_REGIONS, IGEMM, *GEMM, COL2IM, NARROW,
                           *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 

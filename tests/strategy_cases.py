@@ -13,6 +13,7 @@ import numpy as np
 
 import numbaconv as nc
 from numbaconv import config
+from numbaconv.kernels.cpu._host import VECTOR_BYTES
 
 THREADS = 2
 #: A tile that must be present, whatever its value.
@@ -49,6 +50,9 @@ _BLAS = {"GEMM_ENGINE": "blas"}
 _NUMBA = {"GEMM_ENGINE": "numba"}
 _GEMM = "numbaconv.strategies.gemm"
 _SMALL_RULE = {"SMALL_FLOPS": 2_000_000}
+_GGEMM = "numbaconv.strategies.ggemm"
+#: float32 lanes of this host's vectors (gemm[grouped]'s groups are one vector)
+_VL = VECTOR_BYTES // 4
 
 CASES = [
     # -- GEMM: forward --------------------------------------------------------------------
@@ -255,6 +259,13 @@ CASES = [
        label="direct[grouped]"),
     _c("grouped-bwdd", "bwd_d", 8, 16, 16, 2, (8, 8), (3, 3), stride=(2, 2),
        pads=((1, 1), (1, 1)), label="direct[grouped]"),
+    # gemm[grouped]: square groups of one vector (this host's lanes), 5 groups (a block of
+    # 4 and one left over on 64-byte-vector hosts), taken on any host for the test
+    _c("ggemm-bwdd", "bwd_d", 5, 5 * _VL, 5 * _VL, 2, (7, 9), (3, 3), pads=((1, 1), (1, 1)),
+       label="gemm[grouped]", consts=((_GGEMM, {"VECTOR_BYTES_MEASURED": (16, 32, 64)}),)),
+    _c("ggemm-bwdd-strided", "bwd_d", 3, 3 * _VL, 3 * _VL, 2, (8, 9), (3, 3), stride=(2, 2),
+       pads=((1, 1), (1, 1)), label="gemm[grouped]",
+       consts=((_GGEMM, {"VECTOR_BYTES_MEASURED": (16, 32, 64)}),)),
     _c("grouped-bwdw", "bwd_w", 8, 16, 16, 2, (4, 8, 8), (3, 3, 3),
        pads=((1, 1, 1), (1, 1, 1)), label="direct[grouped]"),
     _c("depthwise-fwd-3x3", "fwd", 32, 32, 32, 2, (10, 10), (3, 3), pads=((1, 1), (1, 1)),

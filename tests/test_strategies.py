@@ -117,7 +117,7 @@ def test_gemm_backward_data_w_per_tap_or_copied(case, engine, per_tap, monkeypat
                        strategy="gemm")
     except ValueError:
         return  # declined: test_forced_strategy_matches_reference covers the reason
-    if plan.variant in ("col2im", "implicit", "regions"):
+    if plan.variant in ("col2im", "implicit", "regions", "grouped"):
         return  # not a phase GEMM
     many_taps = int(np.prod(k)) > 1
     assert (plan.variant == "per-tap") == (per_tap and many_taps), str(plan)
