@@ -115,7 +115,8 @@ def test_rule():
     s = strategy.STRATEGY
     assert s.accepts(_problem(32, vl, vl, 14).problem) is None
     assert s.accepts(_problem(32, vl, vl, 28, stride=2).problem) is None   # 14x14 dY
-    assert "stride 2" in s.accepts(_problem(32, vl, vl, 56, stride=2).problem)
+    assert "stride 2 over 784 dY pixels per image (> 256)" in s.accepts(
+        _problem(32, vl, vl, 56, stride=2).problem)
     assert "square" in s.accepts(_problem(32, vl, 2 * vl, 14).problem)
     assert "square" in s.accepts(_problem(16, 2 * vl, 2 * vl, 14).problem)  # two vectors
     assert "float16" in s.accepts(_problem(32, vl, vl, 14, dtype="float16").problem)

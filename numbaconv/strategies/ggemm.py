@@ -22,8 +22,9 @@ from .. import memory
 #: each item runs once per block of groups.
 BLOCK_TILES = 16
 #: Most vectors per group's channels: one. Groups of two (ResNeXt's 32 channels per group
-#: in float32) ran 1.15-1.3x slower than ``direct[grouped]`` (docs/performance.md,
-#: "Grouped backward data").
+#: in float32) ran 1.15-1.3x slower than ``direct[grouped]``; groups of half a vector
+#: (8 float32 channels) as well, on half vectors and with a vector holding the channels
+#: of two consecutive k (docs/performance.md, "Grouped backward data").
 MAX_VECTORS = 1
 #: Strided layers only over at most this many dY pixels per image. Measured (2 threads,
 #: AVX-512 host, against direct[grouped]): 14x14 dY at stride 2 (ResNeXt's layer3_0_conv2)
@@ -40,7 +41,7 @@ R_HALF = ("float16: direct[grouped] widens float16 bits in its own copies (here 
 R_LANES = ("{c} -> {k} channels per group: not square groups of 1-{nv} whole vectors of "
            "{lanes} lanes")
 R_STRIDED = ("stride {s} over {px} dY pixels per image (> %d): direct[grouped]'s copy "
-             "to group-minor was as fast or faster")
+             "to group-minor was as fast or faster" % MAX_STRIDED_PIXELS)
 R_HOST = ("{vb}-byte vectors: measured only with 64-byte ones (AVX-512), where a tile of 6 "
           "pixels x 4 groups holds 24 accumulators")
 #: Vector widths (bytes) whose hosts take this entry: it was measured on AVX-512 only; with
