@@ -329,6 +329,8 @@ REGION_CASES = [
     (4, 16, 16, (7, 7), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
     # 5x5x5 over 4x8x8 (V-Net's last stage in small): boxes of whole rows along w
     (1, 16, 16, (4, 8, 8), (5, 5, 5), (1, 1, 1), (1, 1, 1), (2, 2, 2), (2, 2, 2)),
+    # 96 input channels: in the panel scheme two even panels of 48 (not 64 and 32)
+    (1, 96, 24, (9, 9), (3, 3), (1, 1), (3, 3), (3, 3), (3, 3)),
 ]
 REGION_IDS = [f"i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, c[4]))}"
               f"d{'x'.join(map(str, c[6]))}s{'x'.join(map(str, c[5]))}" for c in REGION_CASES]

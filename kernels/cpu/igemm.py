@@ -524,9 +524,10 @@ def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, 
 
 
 def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work):
-    """:func:`bwd_d_regions` in parallel over the ``NR``-channel panels, each packing
-    its own filter chunk by chunk as :func:`bwd_d_phase_panels_kernel` does (``pairs``' B
-    offsets are positions times ``K * NR``: a chunk's buffer stands at ``-c0 * K * NR``);
+    """:func:`bwd_d_regions` in parallel over panels of ``nr`` channels (whole vectors, at
+    most ``NR``: the strategy shares the channels evenly), each packing its own filter
+    chunk by chunk as :func:`bwd_d_phase_panels_kernel` does (``pairs``' B offsets are
+    positions times ``K * nr``: a chunk's buffer stands at ``-c0 * K * nr``);
     every region then sums its taps in the chunk (its first sum stores, later ones add; a
     region with no taps stores zeros)."""
     name = dtype_name(dx.dtype)
@@ -540,11 +541,12 @@ def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, w
           "int64, int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
 def _regions_panel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr,
                    work, p):
-    """Panel ``p`` of :func:`bwd_d_regions_panels`."""
+    """Panel ``p`` of :func:`bwd_d_regions_panels` (``nr``: a multiple of the vector, at
+    most ``NR``)."""
     C, K = w.shape[1], w.shape[2]
     ntaps = taps.shape[0]
     it = dx.itemsize
-    vl = nr // NV
+    vl = VECTOR_BYTES // it
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     pp = pairs.ctypes.data
     ws = w.reshape(w.size)

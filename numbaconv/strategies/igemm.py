@@ -177,7 +177,7 @@ def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, thr
     padded dY's ``pads``, or dY itself: ``(0, extent)`` per axis). The padded rows' C
     offsets are scratch rows counted from 0: the caller adds the scratch's offset from
     ``dx`` at the tables' last entry. ``strides``: see :func:`_phase_arrays`."""
-    key = (p, q, frame, strides, block_tiles, threads)
+    key = (p, q, frame, strides, block_tiles, nr, threads)
     if key not in _TABLES:
         from ..kernels.cpu import igemm
         regions, skipped, exact = _regions(p, grid, taps) if taps else ([], 0.0, True)
@@ -426,27 +426,30 @@ class ImplicitGemm(Strategy):
         for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads, strides):
             P = p.mb * math.prod(grid)
             tables = None
+            panels = _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
+                                int(tiles["panels_above"]))
             if self.regions and not half_out:
+                # panels as even as whole vectors allow, as below (the tables' filter
+                # offsets are in the panel's width)
+                nrr = _panel_width(C, nr, npan) if panels else nr
                 tables = _phase_regions(p, q, grid, taps, frame, strides, npan * nr, bt,
-                                        nr, threads)
+                                        nrr, threads)
             if tables is not None:
                 # only the taps that reach inside dY, region by region
                 offs, rtab, pairs, epos, items, padded = tables
                 work = memory.empty((len(rtab), igemm.MR * npan * nr), ct, offset=0)
                 offs = offs.copy()  # the padded rows' C offsets: into this call's scratch
                 offs.reshape(-1)[padded] += (work.ctypes.data - dx.ctypes.data) // ct.itemsize
-                if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
-                              int(tiles["panels_above"])):
+                if panels:
                     igemm.bwd_d_regions_panels(dyp, w, idx, dx, offs, rtab, pairs, epos, chunk,
-                                               np.int64(nr), work)
+                                               np.int64(nrr), work)
                 else:
                     bp = np.empty((npan, len(taps), K, nr), ct)
                     igemm.pack_filter(w, idx, bp)
                     igemm.bwd_d_regions(dyp, bp, dx, offs, items, rtab, pairs, epos, chunk,
                                         np.int64(C), work)
                 continue
-            if _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
-                          int(tiles["panels_above"])):
+            if panels:
                 if half_out:  # per thread: one panel's columns of every row in float32
                     ntl = -(-P // igemm.MR)
                     work = np.empty((threads, ntl * igemm.MR * nr), ct)
