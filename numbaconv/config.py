@@ -35,7 +35,7 @@ GEMM_WORKERS = True
 
 #: The GEMM engine: "numba" (numbaconv.kernels.cpu.ukernel, a register-blocked micro-kernel
 #: on the operands as they are), "blas" (NumPy's BLAS) or "auto" (per problem, as measured:
-#: see ``numbaconv.strategies._gemm_common.UK_MIN_ROWS``).
+#: see ``numbaconv.strategies._gemm_common.choose_engine``).
 GEMM_ENGINE = os.environ.get("NUMBACONV_GEMM_ENGINE", "auto")
 
 #: Problems below this many FLOPs run on strategies and engines whose kernels compile in

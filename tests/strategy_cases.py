@@ -77,10 +77,10 @@ CASES = [
        config={**_SMALL_SLABS, **_NUMBA}),
     _c("gemm-bwdw-slabs-groups", "bwd_w", 2, 32, 32, 2, (10, 10), (3, 3),
        pads=((1, 1), (1, 1)), strategy="gemm[slabs]", label="gemm[slabs]",
-       config=_SMALL_SLABS),
+       config={**_SMALL_SLABS, **_BLAS}),
     _c("gemm-bwdw-slabs-3d", "bwd_w", 1, 24, 16, 2, (4, 6, 6), (3, 3, 3),
        pads=((1, 1, 1), (1, 1, 1)), strategy="gemm[slabs]", label="gemm[slabs]",
-       config=_SMALL_SLABS),
+       config={**_SMALL_SLABS, **_BLAS}),
     # a reduction too short for a run per worker (288 rows, 2 workers): dW's rows in
     # blocks of input channels, each task packing its own; two slabs per run
     _c("gemm-bwdw-slabs-dw-blocks-blas", "bwd_w", 1, 32, 16, 2, (12, 12), (3, 3),
@@ -115,8 +115,7 @@ CASES = [
     _c("gemm-bwdw-split-dw-blas", "bwd_w", 1, 32, 64, 1, (16,), (5,), strategy="gemm",
        label="gemm[split-dw]", tiles={"engine": "blas"}, config=_BLAS),
     _c("gemm-bwdw-split-dw-groups", "bwd_w", 2, 32, 64, 1, (16,), (5,),
-       strategy="gemm[split-dw]",
-       label="gemm[split-dw]"),
+       strategy="gemm[split-dw]", label="gemm[split-dw]", config=_BLAS),
     # -- GEMM: backward data --------------------------------------------------------------
     _c("gemm-bwdd-claimed", "bwd_d", 1, 16, 32, 4, (16, 16), (1, 1), strategy="gemm",
        label="gemm[claimed]", tiles={"claim": ANY}, config=_NUMBA),

@@ -123,12 +123,14 @@ def tap_runs(boff):
 UK_KC = 256
 
 
-#: "auto" on AVX-512 hosts picks the Numba engine for backward weights over at least this
-#: many GEMM rows (pixels summed over); on the short, wide late layers OpenBLAS wins by
-#: splitting the output across threads instead of the reduction. Backward data and forward
-#: stay on BLAS there, except the short or claimed 1x1 backward data below (measured:
+#: "auto" on AVX-512 hosts picks the Numba engine for backward weights (the 1x1 ones split
+#: the reduction in one parallel region, the others split dW's rows or run per slab);
+#: backward data and forward stay on BLAS there, except the short or claimed 1x1 backward
+#: data below. Until 2026-12-07 only over at least 16384 GEMM rows (pixels summed over):
+#: of the 31 suite and zoo weight gradients below that on ``gemm[slabs]``, 26 ran faster
+#: on the Numba engine (geometric mean 1.05x, up to 1.17x), 5 slower (0.87-0.98x; measured:
 #: docs/performance.md, Numbers behind the constants).
-UK_MIN_ROWS = 16384
+UK_BWD_W = True
 #: "auto" picks the Numba engine for 1x1 backward data with at most this many output
 #: channels (the GEMM's reduction), where OpenBLAS's packing of the tall dY outweighs a
 #: short reduction, and for longer reductions where the workers claim row blocks of one
@@ -194,8 +196,7 @@ def choose_engine(p, machine):
     if VECTOR_BYTES >= 64:
         if p.direction == "bwd_w" and (identity(p) or grouped_identity(p)):
             return "numba"  # split-K in one parallel region (per group)
-        rows = p.mb * math.prod(p.osz)
-        return "numba" if p.direction == "bwd_w" and rows >= UK_MIN_ROWS else "blas"
+        return "numba" if p.direction == "bwd_w" and UK_BWD_W else "blas"
     return "blas"
 
 
