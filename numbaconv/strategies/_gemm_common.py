@@ -124,12 +124,11 @@ UK_KC = 256
 
 
 #: "auto" on AVX-512 hosts picks the Numba engine for backward weights (the 1x1 ones split
-#: the reduction in one parallel region, the others split dW's rows or run per slab);
-#: backward data and forward stay on BLAS there, except the short or claimed 1x1 backward
-#: data below. Until 2026-12-07 only over at least 16384 GEMM rows (pixels summed over):
-#: of the 31 suite and zoo weight gradients below that on ``gemm[slabs]``, 26 ran faster
-#: on the Numba engine (geometric mean 1.05x, up to 1.17x), 5 slower (0.87-0.98x; measured:
-#: docs/performance.md, Numbers behind the constants).
+#: the reduction in one parallel region, the others split dW's rows or run per slab): it
+#: was faster than OpenBLAS on most of the suites' and the zoo's weight gradients, short
+#: reductions included. Backward data and forward stay on BLAS there, except the short or
+#: claimed 1x1 backward data below (measured: docs/performance.md, Numbers behind the
+#: constants).
 UK_BWD_W = True
 #: "auto" picks the Numba engine for 1x1 backward data with at most this many output
 #: channels (the GEMM's reduction), where OpenBLAS's packing of the tall dY outweighs a

@@ -21,16 +21,11 @@ from .. import memory
 #: Row tiles per parallel item in regions that sum every tap (fewer taps: more tiles);
 #: each item runs once per block of groups.
 BLOCK_TILES = 16
-#: Most vectors per group's channels: one. Groups of two (ResNeXt's 32 channels per group
-#: in float32) ran 1.15-1.3x slower than ``direct[grouped]``; groups of half a vector
-#: (8 float32 channels) as well, on half vectors and with a vector holding the channels
-#: of two consecutive k (docs/performance.md, "Grouped backward data").
+#: Most vectors per group's channels: one. Groups of two vectors, and of half a vector,
+#: ran slower than ``direct[grouped]`` (docs/performance.md, "Grouped backward data").
 MAX_VECTORS = 1
-#: Strided layers only over at most this many dY pixels per image. Measured (2 threads,
-#: AVX-512 host, against direct[grouped]): 14x14 dY at stride 2 (ResNeXt's layer3_0_conv2)
-#: 1.06-1.2x faster; 28x28 and 4x14x14 at stride 2 0.95-0.96x, float64 28x28 0.92x
-#: (docs/performance.md, "Grouped backward data"). At stride 1: 0.99-1.14x in float32,
-#: 1.15x in float64.
+#: Strided layers only over at most this many dY pixels per image: over larger ones
+#: ``direct[grouped]``'s copy to group-minor was as fast or faster (same section).
 MAX_STRIDED_PIXELS = 256
 
 R_DIRECTION = "the grouped GEMM variant is backward data only"
@@ -38,7 +33,7 @@ R_NOT_GROUPED = "one group"
 R_DEPTHWISE = "depthwise (one channel per group): the depthwise entries' case"
 R_HALF = ("float16: direct[grouped] widens float16 bits in its own copies (here the backend "
           "would widen dY and round dX in passes of their own)")
-R_LANES = ("{c} -> {k} channels per group: not square groups of 1-{nv} whole vectors of "
+R_LANES = ("{c} -> {k} channels per group: not square groups of {nv} whole vector(s) of "
            "{lanes} lanes")
 R_STRIDED = ("stride {s} over {px} dY pixels per image (> %d): direct[grouped]'s copy "
              "to group-minor was as fast or faster" % MAX_STRIDED_PIXELS)
