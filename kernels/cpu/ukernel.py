@@ -950,6 +950,19 @@ def _widen(typingctx, v):
     return sig, codegen
 
 
+@intrinsic
+def _widen_bf16(typingctx, v):
+    """bfloat16 bits (uint16) widened to float32: the bits as the float's upper half."""
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        w = builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16))
+        return builder.bitcast(w, ir.FloatType())
+
+    return sig, codegen
+
+
 @helper
 def _widen_rows(src, s0, dst, n):
     """``dst[:n] = float32(src[s0 : s0 + n])`` for ``src`` float16 bits (unsigned offsets:
@@ -959,24 +972,33 @@ def _widen_rows(src, s0, dst, n):
         dst[i] = _widen(src[b + i])
 
 
-def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage):
+@helper
+def _widen_rows_bf16(src, s0, dst, n):
+    """:func:`_widen_rows` for ``src`` bfloat16 bits."""
+    b = np.uint64(s0)
+    for i in range(np.uint64(n)):
+        dst[i] = _widen_bf16(src[b + i])
+
+
+def gemm_split_k_half(x, dy, c, parts, kc, nc, work, stage, bf16=False):
     """:func:`gemm_split_k` for ``dW = X^T @ dY`` with ``x [P, M]`` and ``dy [P, N]`` as
-    float16 bits (uint16): each share widens its pixels one reduction block of ``kc`` at a
-    time into its own float32 stage (``stage[j]``: ``kc * (M + N)`` floats, reused, so
-    that it stays in cache) and multiplies from there, so float16 costs no pass over X and
-    dY of its own. The blocks are :func:`gemm_split_k`'s, so the sums are bit for bit
-    float32's. ``c [M, N]``, ``parts``, ``work`` as :func:`gemm_split_k`'s."""
+    float16 bits (uint16), or bfloat16 bits with ``bf16``: each share widens its pixels one
+    reduction block of ``kc`` at a time into its own float32 stage (``stage[j]``: ``kc *
+    (M + N)`` floats, reused, so that it stays in cache) and multiplies from there, so the
+    16-bit types cost no pass over X and dY of their own. The blocks are
+    :func:`gemm_split_k`'s, so the sums are bit for bit float32's on the widened values.
+    ``c [M, N]``, ``parts``, ``work`` as :func:`gemm_split_k`'s."""
     _split_k_half_share.run("float16", parts.shape[0] + 1, _gemm.table("float32"), x, dy, c,
-                            parts, kc, nc, work, stage)
+                            parts, kc, nc, work, stage, bool(bf16))
     _add_parts.run("float32", c.shape[0], c, parts)
 
 
 @separate(noalias=True, float16="void(int64[::1], uint16[:, ::1], uint16[:, ::1], "
           "float32[:, ::1], float32[:, :, ::1], int64, int64, float32[:, ::1], float32[:, ::1], "
-          "int64)")
-def _split_k_half_share(fns, x, dy, c, parts, kc, nc, work, stage, j):
+          "boolean, int64)")
+def _split_k_half_share(fns, x, dy, c, parts, kc, nc, work, stage, bf16, j):
     """Share ``j`` of :func:`gemm_split_k_half`'s reduction (``fns``:
-    :func:`_gemm`'s table)."""
+    :func:`_gemm`'s table; ``bf16``: the bits are bfloat16's, else float16's)."""
     M, N = c.shape
     P = x.shape[0]
     nch = parts.shape[0] + 1
@@ -992,8 +1014,12 @@ def _split_k_half_share(fns, x, dy, c, parts, kc, nc, work, stage, j):
     sy = stage[j, kc * M:]
     for r0 in range(k0, k1, kc):
         n = min(kc, k1 - r0)
-        _widen_rows(x1, r0 * M, sx, n * M)
-        _widen_rows(y1, r0 * N, sy, n * N)
+        if bf16:
+            _widen_rows_bf16(x1, r0 * M, sx, n * M)
+            _widen_rows_bf16(y1, r0 * N, sy, n * N)
+        else:
+            _widen_rows(x1, r0 * M, sx, n * M)
+            _widen_rows(y1, r0 * N, sy, n * N)
         _gemm(fns, sx.ctypes.data, 1, M, sy.ctypes.data, N, 1, dst.ctypes.data, N,
               _NO_MAP, M, N, n, 0 if r0 == k0 else 1, kc, nc, work[j], False)
 

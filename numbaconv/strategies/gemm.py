@@ -292,10 +292,10 @@ class _Gemm(Strategy):
         plain = p.g == 1 and (ocp == ocg or half)
         parts = np.empty((nw - 1, p.ic, p.oc) if plain else (0, 1, 1), ct)
         work = np.empty((nw, uk.workspace(kc, ct.itemsize, nc)), ct)
-        if half:  # float16 bits: widened one reduction block at a time
+        if half:  # float16 or bfloat16 bits: widened one reduction block at a time
             stage = np.empty((nw, kc * (p.ic + p.oc)), ct)
             uk.gemm_split_k_half(x2, dy2, dw.reshape(p.ic, p.oc), parts, kc, nc, work,
-                                 stage)
+                                 stage, p.dtype == "bfloat16")
             return dw
         if plain:
             uk.gemm_split_k(x2.ctypes.data, 1, p.ic, dy2.ctypes.data, p.oc, 1,
@@ -641,6 +641,10 @@ class GemmSplitK(_Gemm):
         (``ukernel.gemm_split_k_half``); with groups, float32 operands (the backend
         converts)."""
         return frozenset({"x", "dy"}) if p.g == 1 else frozenset()
+
+    def bf16_operands(self, p, tiles):
+        """As :meth:`half_operands`, bfloat16 bits widened the same way."""
+        return self.half_operands(p, tiles)
 
     def run(self, p, tiles, ops):
         return self._bwd_w_split_k(p, ops, np.dtype(p.compute_dtype),
