@@ -13,6 +13,7 @@ import pytest
 import numbaconv as nc
 from numbaconv import planner
 from numbaconv.kernels.cpu import igemm
+from numbaconv.strategies import _gemm_common
 from numbaconv.strategies import igemm as strategy
 from reference import conv_bwd_data_ref, conv_fwd_ref, normalized_error, tolerance
 
@@ -453,7 +454,7 @@ def test_regions_read_a_padded_layers_dy_in_place(groups, dtype):
     attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=groups)
     p = nc.plan("convolution_backprop_data", dy, w, (20, 19), strategy="gemm[regions]",
                 **attrs).problem
-    q = strategy._group(p)
+    q = _gemm_common.group_problem(p)
     assert strategy._skipped(p) < strategy.MIN_SKIPPED
     assert strategy._needs_padding(q) and strategy._reads_dy(q)
     assert strategy.REGIONS.accepts(p) is None

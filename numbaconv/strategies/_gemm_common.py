@@ -322,3 +322,102 @@ class Buffers:
         if b is None:
             b = self.bufs[slot] = memory.empty(self.n, self.dtype)
         return b
+
+
+# -- backward data by regions of the stride phases' grids (gemm[regions], gemm[grouped])
+
+def group_problem(p):
+    """``p`` itself with one group; else the problem of one of its groups (one group of
+    ``icg`` input and ``ocg`` output channels, the rest equal)."""
+    if p.g == 1:
+        return p
+    import dataclasses
+    return dataclasses.replace(p, g=1, ic=p.icg, oc=p.ocg)
+
+
+def region_boxes(p, grid, taps, exact):
+    """A stride phase's grid cut into boxes (``gemm[regions]`` picks between the two kinds,
+    ``igemm._regions``), exact or by whole rows: ``([(lo, hi, positions)], skipped)``;
+    ``positions``: the indices into ``taps`` of the taps a box sums; ``skipped``: the
+    fraction of the phase's multiply-adds the boxes skip, counted in whole row tiles.
+    Exact: within each box every tap reaches inside dY for every pixel or for none."""
+    from ..kernels.cpu import igemm
+    MR = igemm.MR
+    cuts = []
+    for a in range(3):
+        c = {0, grid[a]}
+        if exact or a < 2:
+            for _, b in taps:
+                for v in (-b[a], p.osz[a] - b[a]):
+                    if 0 < v < grid[a]:
+                        c.add(v)
+        c = sorted(c)
+        cuts.append([(u, v) for u, v in zip(c, c[1:]) if v > u])
+    out, kept = [], 0
+    for box in itertools.product(*cuts):
+        lo = tuple(u for u, _ in box)
+        hi = tuple(v for _, v in box)
+        pos = [i for i, (_, b) in enumerate(taps)
+               if all(0 <= lo[a] + b[a] and hi[a] - 1 + b[a] < p.osz[a] for a in range(2))
+               and (0 <= lo[2] + b[2] and hi[2] - 1 + b[2] < p.osz[2] if exact
+                    else lo[2] + b[2] < p.osz[2] and hi[2] - 1 + b[2] >= 0)]
+        out.append((lo, hi, pos))
+        px = p.mb * math.prod(v - u for u, v in zip(lo, hi))
+        kept += -(-px // MR) * len(pos)
+    total = -(-p.mb * math.prod(grid) // MR) * len(taps)
+    return out, (1 - kept / total) if total else 0.0
+
+
+def unpadded(p):
+    """dY itself as the frame of :func:`region_tables`: no leading pads, its own extents."""
+    return tuple((0, n) for n in p.osz)
+
+
+def region_tables(p, q, frame, strides, regions, taps, width, block_tiles, nr):
+    """The region kernels' tables for the boxes ``regions`` of phase ``q`` (as
+    :func:`region_boxes` makes them): ``offs [tiles, 2, MR]`` (A and C row offsets, region
+    after region; a region's last tile padded with its first row's A and C rows ``(r*MR +
+    i) * width`` of the scratch), ``rtab [R, 4]`` (tiles and entries per region), ``pairs
+    [E, 2]`` (a tap's A offset in ``frame``, the padded dY or dY itself, and its rows'
+    element offset ``position * K * nr`` in a packed panel), ``epos [E]`` (the positions),
+    ``items [I, 3]`` (``(region, t0, t1)`` blocks of about ``block_tiles`` tiles times taps
+    of work) and the flat indices in ``offs`` of the padded C rows. Where the boxes are
+    exact a region's taps reach inside dY for every one of its pixels, so its reads never
+    need the padding. ``strides`` ``(K', C', k0, c0)``: the rows of ``frame`` and of dX
+    hold ``K'`` and ``C'`` elements, the problem's channels from ``k0`` and ``c0`` on."""
+    from ..kernels.cpu import igemm
+    MR = igemm.MR
+    (Ld, Dp), (Lh, Hp), (Lw, Wp) = frame
+    ka, cs, k0, c0 = strides
+    segs = [((b[0] * Hp + b[1]) * Wp + b[2]) * ka for _, b in taps]
+    ID, IH, IW = p.isz
+    K = p.oc
+    offs, rtab, pairs, epos, items, padded = [], [], [], [], [], []
+    t = 0
+    for r, (lo, hi, pos) in enumerate(regions):
+        n, jd, jh, jw = (v.ravel().astype(np.int64) for v in np.meshgrid(
+            np.arange(p.mb), *(np.arange(u, v) for u, v in zip(lo, hi)), indexing="ij"))
+        a = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * ka + k0
+        c = (((n * ID + q[0] + p.stride[0] * jd) * IH + q[1] + p.stride[1] * jh) * IW
+             + q[2] + p.stride[2] * jw) * cs + c0
+        nt = -(-len(a) // MR)
+        pad = nt * MR - len(a)
+        if pad:
+            a = np.concatenate([a, np.full(pad, a[0], np.int64)])
+            c = np.concatenate([c, (r * MR + np.arange(MR - pad, MR)) * width])
+            # (flat indices in offs of the padded C rows)
+            padded += [((t + nt - 1) * 2 + 1) * MR + i for i in range(MR - pad, MR)]
+        offs.append(np.stack([a.reshape(nt, MR), c.reshape(nt, MR)], axis=1))
+        rtab.append((t, t + nt, len(pairs), len(pos)))
+        pairs += [(int(segs[i]), i * K * nr) for i in pos]
+        epos += list(pos)
+        # blocks of about equal work (block_tiles tiles of taps), so that the parallel
+        # loop's equal shares of items are equal shares of the work
+        step = max(1, block_tiles // max(1, len(pos)))
+        for t0 in range(t, t + nt, step):
+            items.append((r, t0, min(t + nt, t0 + step)))
+        t += nt
+    return (np.ascontiguousarray(np.concatenate(offs), np.int64),
+            np.array(rtab, np.int64).reshape(-1, 4), np.array(pairs, np.int64).reshape(-1, 2),
+            np.array(epos, np.int64), np.array(items, np.int64).reshape(-1, 3),
+            np.array(padded, np.int64))

@@ -1,5 +1,5 @@
-"""GEMM strategy, grouped variant: backward data of grouped layers whose groups' input
-channels are one to a few whole vectors, as register tiles across several groups.
+"""GEMM strategy, grouped variant: backward data of grouped layers whose groups are square
+and one vector of channels wide, as register tiles across several groups.
 
 ``direct[grouped]`` vectorises across groups: it copies dY to a group-minor layout (lane =
 group) and transposes its tiles back into dX. ``gemm[implicit]`` runs each group as a GEMM
@@ -14,8 +14,8 @@ import math
 import numpy as np
 
 from . import Strategy, itemsize
-from ._gemm_common import stride_phases
-from .igemm import _boxes, _group, _region_tables, _unpadded
+from ._gemm_common import (group_problem, region_boxes, region_tables, stride_phases,
+                           unpadded)
 from .. import memory
 
 #: Row tiles per parallel item in regions that sum every tap (fewer taps: more tiles);
@@ -94,15 +94,16 @@ class GroupedGemm(Strategy):
 
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import igemm
-        q = _group(p)
-        regions = max(len(_boxes(q, grid, taps, True)[0]) for _, grid, taps in stride_phases(q))
+        q = group_problem(p)
+        regions = max(len(region_boxes(q, grid, taps, True)[0])
+                      for _, grid, taps in stride_phases(q))
         return (math.prod(p.ksz) * p.icg * p.oc + regions * igemm.MR * p.ic) * itemsize(p)
 
     def run(self, p, tiles, ops):
         k = _kernels()
         ct = np.dtype(p.compute_dtype)
         dy = np.ascontiguousarray(ops["dy"])
-        q = _group(p)
+        q = group_problem(p)
         w = np.ascontiguousarray(ops["w"]).reshape(math.prod(p.ksz), q.ic, p.g, q.oc)
         dx = memory.empty((p.mb, *p.isz, p.ic), ct, offset=0)
         nc = int(tiles["vectors"])
@@ -126,23 +127,23 @@ _TABLES = {}
 
 def _tables(p, block_tiles):
     """Per stride phase with pixels: ``(tap indices, offs, rtab, pairs, items, padded)`` of
-    :func:`~numbaconv.strategies.igemm._region_tables` for group 0 of the whole arrays (dY
+    :func:`~numbaconv.strategies._gemm_common.region_tables` for group 0 of the whole arrays (dY
     itself as the frame, rows of all channels), items of about ``block_tiles`` full tiles'
     work."""
     key = (p, block_tiles)
     if key not in _TABLES:
         from ..kernels.cpu import igemm
         assert igemm.MR == _kernels().MR
-        q = _group(p)
+        q = group_problem(p)
         out = []
         for qq, grid, taps in stride_phases(q):
             if q.mb * math.prod(grid) == 0:
                 continue
             # exact boxes: each tap reaches inside dY for all of a box's pixels or for none
             # (a box that no tap reaches stores zeros)
-            regions = _boxes(q, grid, taps, True)[0]
-            offs, rtab, pairs, _, items, padded = _region_tables(
-                q, qq, _unpadded(q), (p.oc, p.ic, 0, 0), regions, taps, p.ic,
+            regions = region_boxes(q, grid, taps, True)[0]
+            offs, rtab, pairs, _, items, padded = region_tables(
+                q, qq, unpadded(q), (p.oc, p.ic, 0, 0), regions, taps, p.ic,
                 block_tiles * len(taps), q.ic)
             out.append((np.array([t for t, _ in taps], np.int64), offs, rtab, pairs, items,
                         padded))

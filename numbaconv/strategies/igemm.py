@@ -13,13 +13,13 @@ quarter of ``dX`` at stride 2) and the filter packed per phase into the micro-ke
 panels.
 """
 import functools
-import itertools
 import math
 
 import numpy as np
 
 from . import Strategy, itemsize, result_dtype, streams
 from ._gemm_common import (MIN_N, UK_MAX_SHORT_K, choose_engine, claims, grouped_identity,
+                           group_problem, region_boxes, region_tables, unpadded,
                            identity, stride_phases)
 from .. import config, memory
 
@@ -101,15 +101,6 @@ def _footprint(p):
     return p.mb * (math.prod(p.isz) * p.ic + math.prod(p.osz) * p.oc) + dyp
 
 
-def _group(p):
-    """``p`` itself with one group; else the problem of one of its groups (one group of
-    ``icg`` input and ``ocg`` output channels, the rest equal)."""
-    if p.g == 1:
-        return p
-    import dataclasses
-    return dataclasses.replace(p, g=1, ic=p.icg, oc=p.ocg)
-
-
 #: Backward data runs over regions of each stride phase's grid, each summing only the
 #: taps that reach inside dY (:func:`~numbaconv.kernels.cpu.igemm.bwd_d_regions`),
 #: where that skips at least this fraction of the phase's multiply-adds, counted in whole
@@ -131,39 +122,9 @@ def _regions(p, grid, taps):
     the padded dY's zeros for the others): over small images the exact boxes are a pixel
     or two each and leave their row tiles mostly empty (a 5x5x5 filter over 4x8x8). The
     one that skips more."""
-    exact = _boxes(p, grid, taps, True)
-    rows = _boxes(p, grid, taps, False)
+    exact = region_boxes(p, grid, taps, True)
+    rows = region_boxes(p, grid, taps, False)
     return (*exact, True) if exact[1] >= rows[1] else (*rows, False)
-
-
-def _boxes(p, grid, taps, exact):
-    """:func:`_regions`' boxes, exact or by whole rows: ``([(lo, hi, positions)],
-    skipped)``."""
-    from ..kernels.cpu import igemm
-    MR = igemm.MR
-    cuts = []
-    for a in range(3):
-        c = {0, grid[a]}
-        if exact or a < 2:
-            for _, b in taps:
-                for v in (-b[a], p.osz[a] - b[a]):
-                    if 0 < v < grid[a]:
-                        c.add(v)
-        c = sorted(c)
-        cuts.append([(u, v) for u, v in zip(c, c[1:]) if v > u])
-    out, kept = [], 0
-    for box in itertools.product(*cuts):
-        lo = tuple(u for u, _ in box)
-        hi = tuple(v for _, v in box)
-        pos = [i for i, (_, b) in enumerate(taps)
-               if all(0 <= lo[a] + b[a] and hi[a] - 1 + b[a] < p.osz[a] for a in range(2))
-               and (0 <= lo[2] + b[2] and hi[2] - 1 + b[2] < p.osz[2] if exact
-                    else lo[2] + b[2] < p.osz[2] and hi[2] - 1 + b[2] >= 0)]
-        out.append((lo, hi, pos))
-        px = p.mb * math.prod(v - u for u, v in zip(lo, hi))
-        kept += -(-px // MR) * len(pos)
-    total = -(-p.mb * math.prod(grid) // MR) * len(taps)
-    return out, (1 - kept / total) if total else 0.0
 
 
 #: The region tables of recent problems, by (problem, phase, block tiles): building them
@@ -172,7 +133,7 @@ _TABLES = {}
 
 
 def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, threads):
-    """The :func:`_region_tables` of phase ``q`` where its regions skip at least
+    """The :func:`region_tables` of phase ``q`` where its regions skip at least
     ``MIN_SKIPPED`` of its products, else None; made once per problem and ``frame`` (the
     padded dY's ``pads``, or dY itself: ``(0, extent)`` per axis). The padded rows' C
     offsets are scratch rows counted from 0: the caller adds the scratch's offset from
@@ -182,13 +143,13 @@ def _phase_regions(p, q, grid, taps, frame, strides, width, block_tiles, nr, thr
         from ..kernels.cpu import igemm
         regions, skipped, exact = _regions(p, grid, taps) if taps else ([], 0.0, True)
         tables = None
-        in_place = frame == _unpadded(p)  # dY itself: every phase by regions (exact)
+        in_place = frame == unpadded(p)  # dY itself: every phase by regions (exact)
         if (skipped >= MIN_SKIPPED or in_place) and (exact or not in_place):
             total = -(-p.mb * math.prod(grid) // igemm.MR) * len(taps)
             work = round((1 - skipped) * total)  # the regions' tiles times taps
             # items of at most block_tiles full tiles' work, at least 4 per thread
             share = max(1, min(block_tiles * len(taps), work // (4 * threads)))
-            tables = _region_tables(p, q, frame, strides, regions, taps, width, share, nr)
+            tables = region_tables(p, q, frame, strides, regions, taps, width, share, nr)
         if len(_TABLES) >= 256:
             _TABLES.clear()
         _TABLES[key] = tables
@@ -219,59 +180,6 @@ def _padded(pads, osz):
 def _needs_padding(p):
     """Whether ``gemm[implicit]`` copies dY into a zero-padded frame for ``p``."""
     return _padded(_pads(p, stride_phases(p)), p.osz)
-
-
-def _unpadded(p):
-    """dY itself as the frame of :func:`_region_tables`: no leading pads, its own extents."""
-    return tuple((0, n) for n in p.osz)
-
-
-def _region_tables(p, q, frame, strides, regions, taps, width, block_tiles, nr):
-    """The kernels' tables for :func:`_regions`' boxes of phase ``q``: ``offs [tiles, 2,
-    MR]`` (A and C row offsets, region after region; a region's last tile padded with its
-    first row's A and C rows ``(r*MR + i) * width`` of the scratch), ``rtab [R, 4]``
-    (tiles and entries per region), ``pairs [E, 2]`` (a tap's A offset in ``frame``, the
-    padded dY or dY itself, and its rows' element offset ``position * K * nr`` in a packed
-    panel), ``epos [E]`` (the positions), ``items [I, 3]`` (``(region, t0, t1)`` blocks of
-    about ``block_tiles`` tiles times taps of work) and the flat indices in ``offs`` of the
-    padded C rows. A region's taps reach inside dY for every one of its pixels, so its
-    reads never need the padding. ``strides``: see :func:`_phase_arrays`."""
-    from ..kernels.cpu import igemm
-    MR = igemm.MR
-    (Ld, Dp), (Lh, Hp), (Lw, Wp) = frame
-    ka, cs, k0, c0 = strides
-    segs = [((b[0] * Hp + b[1]) * Wp + b[2]) * ka for _, b in taps]
-    ID, IH, IW = p.isz
-    K = p.oc
-    offs, rtab, pairs, epos, items, padded = [], [], [], [], [], []
-    t = 0
-    for r, (lo, hi, pos) in enumerate(regions):
-        n, jd, jh, jw = (v.ravel().astype(np.int64) for v in np.meshgrid(
-            np.arange(p.mb), *(np.arange(u, v) for u, v in zip(lo, hi)), indexing="ij"))
-        a = (((n * Dp + jd + Ld) * Hp + jh + Lh) * Wp + jw + Lw) * ka + k0
-        c = (((n * ID + q[0] + p.stride[0] * jd) * IH + q[1] + p.stride[1] * jh) * IW
-             + q[2] + p.stride[2] * jw) * cs + c0
-        nt = -(-len(a) // MR)
-        pad = nt * MR - len(a)
-        if pad:
-            a = np.concatenate([a, np.full(pad, a[0], np.int64)])
-            c = np.concatenate([c, (r * MR + np.arange(MR - pad, MR)) * width])
-            # (flat indices in offs of the padded C rows)
-            padded += [((t + nt - 1) * 2 + 1) * MR + i for i in range(MR - pad, MR)]
-        offs.append(np.stack([a.reshape(nt, MR), c.reshape(nt, MR)], axis=1))
-        rtab.append((t, t + nt, len(pairs), len(pos)))
-        pairs += [(int(segs[i]), i * K * nr) for i in pos]
-        epos += list(pos)
-        # blocks of about equal work (block_tiles tiles of taps), so that the parallel
-        # loop's equal shares of items are equal shares of the work
-        step = max(1, block_tiles // max(1, len(pos)))
-        for t0 in range(t, t + nt, step):
-            items.append((r, t0, min(t + nt, t0 + step)))
-        t += nt
-    return (np.ascontiguousarray(np.concatenate(offs), np.int64),
-            np.array(rtab, np.int64).reshape(-1, 4), np.array(pairs, np.int64).reshape(-1, 2),
-            np.array(epos, np.int64), np.array(items, np.int64).reshape(-1, 3),
-            np.array(padded, np.int64))
 
 
 def _blocks(pixels, block_tiles, threads):
@@ -325,7 +233,7 @@ class ImplicitGemm(Strategy):
             if (m.vector_bytes < 64 and claims(p, m)
                     and choose_engine(p, m) == "numba"):
                 return R_GROUPED_1X1.format(rows=rows)
-        p = _group(p)  # with groups: each group's own problem
+        p = group_problem(p)  # with groups: each group's own problem
         if p.ic < MIN_N:
             return R_NARROW.format(c=p.ic)
         vl = igemm.lanes(itemsize(p))
@@ -340,7 +248,7 @@ class ImplicitGemm(Strategy):
     def tiles(self, p, machine):
         from ..kernels.cpu import igemm
         from ..runtime import threads as _threads
-        p = _group(p)
+        p = group_problem(p)
         nr = igemm.panel(itemsize(p))
         chunk = max(1, CHUNK_BYTES // (p.oc * nr * itemsize(p)))
         return {"chunk": int(chunk), "block_tiles": BLOCK_TILES,
@@ -351,7 +259,7 @@ class ImplicitGemm(Strategy):
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import igemm
         if p.g > 1:  # a group's problem on all channels of the padded dY, its filter
-            q = _group(p)
+            q = group_problem(p)
             pads = _pads(q, stride_phases(q))
             return (self.workspace_bytes(q, tiles) + itemsize(p) * (
                 p.mb * math.prod(e for _, e in pads) * (p.oc - q.oc)
@@ -385,7 +293,7 @@ class ImplicitGemm(Strategy):
     def run(self, p, tiles, ops):
         from ..kernels.cpu import igemm
         ct = np.dtype(p.compute_dtype)
-        q = _group(p)  # with groups, each group's problem, run on the whole arrays
+        q = group_problem(p)  # with groups, each group's problem, run on the whole arrays
         pads = _pads(q, stride_phases(q))
         (Ld, Dp), (Lh, Hp), (Lw, Wp) = pads
         dy = ops["dy"]
@@ -394,7 +302,7 @@ class ImplicitGemm(Strategy):
         frame = pads
         if padded and self.regions and not half_out and dy.dtype == ct and _reads_dy(q):
             # every phase by exact regions, whose taps read inside dY only: no padded copy
-            padded, frame = False, _unpadded(p)
+            padded, frame = False, unpadded(p)
         if not padded and dy.dtype == ct:
             dyp = np.ascontiguousarray(dy)
         else:  # float16 bits are widened on the way
@@ -488,7 +396,7 @@ R_HALF = "float16: the region kernels have no float16 path (gemm[implicit] has)"
 
 def _skipped(p):
     """The largest fraction of a stride phase's products that :func:`_regions` skips."""
-    p = _group(p)
+    p = group_problem(p)
     return max([_regions(p, grid, taps)[1] for _, grid, taps in stride_phases(p) if taps]
                or [0.0])
 
@@ -517,7 +425,7 @@ class ImplicitRegions(ImplicitGemm):
         skip = _skipped(p)
         if skip < MIN_SKIPPED:
             # still worth it where it reads dY in place instead of a padded copy
-            q = _group(p)
+            q = group_problem(p)
             if not _needs_padding(q):
                 why = R_NO_COPY
             elif p.dtype != p.compute_dtype:
@@ -536,7 +444,7 @@ class ImplicitRegions(ImplicitGemm):
 
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu import igemm
-        q = _group(p)
+        q = group_problem(p)
         nr = igemm.panel(itemsize(p))
         regions = max(len(_regions(q, grid, taps)[0]) for _, grid, taps in stride_phases(q))
         return (super().workspace_bytes(p, tiles)
