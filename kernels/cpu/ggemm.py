@@ -46,7 +46,7 @@ def lanes(itemsize, vbytes=None):
 
 
 def _micro(ng, nc, vbytes):
-    """``C[crows[i] + gi*cg + v*VL : +VL] (+)= sum_s sum_k A[arows[i] + pairs[s, 0] + gi*KC +
+    """``C[crows[i] + gi*cg + v*VL : +VL] = sum_s sum_k A[arows[i] + pairs[s, 0] + gi*KC +
     k] * B[pairs[s, 1] + gi*bg + k*KC + v*VL : +VL]`` for the ``MR`` rows ``i``, groups
     ``gi < ng`` and vectors ``v < nc``, ``k < KC = nc * VL`` (element offsets from ``a``,
     ``b`` and ``c``; ``arows``, ``crows`` and ``pairs``: addresses of int64 arrays), over
