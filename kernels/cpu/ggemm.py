@@ -41,8 +41,8 @@ MR = 6
 NVT = 4 if VECTOR_BYTES == 64 else 2
 
 
-def lanes(itemsize, vbytes=None):
-    return (VECTOR_BYTES if vbytes is None else vbytes) // itemsize
+def lanes(itemsize):
+    return VECTOR_BYTES // itemsize
 
 
 def _micro(ng, nc, vbytes):
@@ -169,14 +169,15 @@ def _item(dy, bp, dx, offs, items, rtab, pairs, ngb, work, ii):
     # the whole region's taps per tile: a block's filter rows (taps x C x C per group)
     # stay in L1/L2 across its tiles (chunks of taps that fit L1, each tile stored and then
     # added to per chunk, were no faster)
-    for gi in range(1 if ng == _NG else ng):
+    if ng == _NG:
         for ti in range(t0, t1):
-            if ng == _NG:
-                _MICRO(pa, po + ti * 2 * MR * 8, pp, ne, pb, pc, po + (ti * 2 + 1) * MR * 8,
-                       bg, C, work)
-            else:
-                _MICRO1(pa + gi * C * it, po + ti * 2 * MR * 8, pp, ne, pb + gi * bg * it,
-                        pc + gi * C * it, po + (ti * 2 + 1) * MR * 8, bg, C, work)
+            _MICRO(pa, po + ti * 2 * MR * 8, pp, ne, pb, pc, po + (ti * 2 + 1) * MR * 8,
+                   bg, C, work)
+        return
+    for gi in range(ng):
+        for ti in range(t0, t1):
+            _MICRO1(pa + gi * C * it, po + ti * 2 * MR * 8, pp, ne, pb + gi * bg * it,
+                    pc + gi * C * it, po + (ti * 2 + 1) * MR * 8, bg, C, work)
 
 
 #: The driver: groups of one vector of channels, ``NVT`` groups per tile (and one at a time

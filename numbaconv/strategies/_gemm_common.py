@@ -123,13 +123,6 @@ def tap_runs(boff):
 UK_KC = 256
 
 
-#: "auto" on AVX-512 hosts picks the Numba engine for backward weights (the 1x1 ones split
-#: the reduction in one parallel region, the others split dW's rows or run per slab): it
-#: was faster than OpenBLAS on most of the suites' and the zoo's weight gradients, short
-#: reductions included. Backward data and forward stay on BLAS there, except the short or
-#: claimed 1x1 backward data below (measured: docs/performance.md, Numbers behind the
-#: constants).
-UK_BWD_W = True
 #: "auto" picks the Numba engine for 1x1 backward data with at most this many output
 #: channels (the GEMM's reduction), where OpenBLAS's packing of the tall dY outweighs a
 #: short reduction, and for longer reductions where the workers claim row blocks of one
@@ -192,10 +185,13 @@ def choose_engine(p, machine):
     if p.direction == "bwd_d" and (p.g == 1 or grouped_identity(p)) and math.prod(p.ksz) == 1:
         if claims(p, machine) or (p.ocg <= UK_MAX_SHORT_K and VECTOR_BYTES >= 64):
             return "numba"
-    if VECTOR_BYTES >= 64:
-        if p.direction == "bwd_w" and (identity(p) or grouped_identity(p)):
-            return "numba"  # split-K in one parallel region (per group)
-        return "numba" if p.direction == "bwd_w" and UK_BWD_W else "blas"
+    if VECTOR_BYTES >= 64 and p.direction == "bwd_w":
+        # every weight gradient (1x1 at stride 1: split-K in one parallel region, per
+        # group): faster than OpenBLAS on most of the suites' and the zoo's, short
+        # reductions too; backward data and forward stay on BLAS there, but for the short
+        # or claimed 1x1 backward data above (docs/performance.md, Numbers behind the
+        # constants)
+        return "numba"
     return "blas"
 
 
