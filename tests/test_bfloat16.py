@@ -353,6 +353,12 @@ _DOT = [
     ("bwd_d-1d-s4", "bwd_d", 3, (23,), 3, 9, (5,), (4,), (1,), ((2,), (1,))),
     ("bwd_d-3d-s2", "bwd_d", 1, (5, 7, 6), 4, 6, (3, 3, 2), (2, 1, 2), (1, 1, 1),
      ((1, 1, 0), (1, 0, 1))),
+    # an even K: the filter packed as 32-bit words, transposed in 16 x 16 blocks (a full
+    # panel of 64 channels and a partial one; a full block of 16 pairs and a tail)
+    ("bwd_d-2d-wide-even", "bwd_d", 1, (6, 5), 70, 36, (3, 3), (1, 1), (1, 1),
+     ((1, 1), (1, 1))),
+    ("bwd_d-2d-s2-wide-even", "bwd_d", 1, (9, 8), 40, 34, (3, 3), (2, 2), (1, 1),
+     ((1, 1), (1, 0))),
     ("bwd_w-2d-strided", "bwd_w", 3, (11, 10), 6, 13, (3, 3), (2, 2), (1, 1),
      ((1, 1), (1, 0))),
     ("bwd_w-1d-odd-pixels", "bwd_w", 1, (15,), 3, 7, (5,), (1,), (1,), ((2,), (2,))),

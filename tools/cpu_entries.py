@@ -11,7 +11,8 @@ tried; ``SKIP`` (default ``direct``: the plain loop nest, far slower on any laye
 timing) leaves entries out; ``COMPILE_ONLY=1`` makes one call of each and times nothing (to fill the kernel
 cache beside other processes first). ``CONSTS`` sets planner constants first, e.g.
 ``CONSTS=numbaconv.strategies.patcht:WIDE_OUTPUT_CHANNELS=256`` (``;`` between several), to
-time an entry on layers that its measured limits leave to others.
+time an entry on layers that its measured limits leave to others. ``DTYPE`` (default
+``float32``) times another dtype, e.g. ``bfloat16``.
 """
 import ast
 import importlib
@@ -19,6 +20,7 @@ import os
 import sys
 import time
 
+import ml_dtypes  # noqa: F401  (registers the bfloat16 dtype name)
 import numba
 
 import numbaconv as nc
@@ -42,6 +44,7 @@ def main(argv):
     only = [e for e in os.environ.get("ENTRIES", "").split(",") if e]
     compile_only = os.environ.get("COMPILE_ONLY") == "1"
     skip = set(os.environ.get("SKIP", "direct").split(","))
+    dtype = os.environ.get("DTYPE", "float32")
     for item in filter(None, os.environ.get("CONSTS", "").split(";")):
         module, assign = item.split(":", 1)
         attr, value = assign.split("=", 1)
@@ -55,7 +58,7 @@ def main(argv):
         except KeyError:
             print(f"{arg}: no layer {name!r} in the suites", flush=True)
             continue
-        c = suites.call(layer, direction)
+        c = suites.call(layer, direction, dtype)
         fn = getattr(nc, c.op)
         auto = nc.plan(c.op, *c.args, **c.kwargs)
         runs, seen = [], set()

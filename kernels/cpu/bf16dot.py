@@ -137,6 +137,50 @@ def _pack_row(b, bp, t):
         bp[q, p, j] = lo | (hi << np.uint32(16))
 
 
+#: Side of the square blocks :func:`pack_taps` transposes through a local tile.
+TB = 16
+
+
+def pack_taps(w32, taps, bp):
+    """Backward data's B panels straight from the filter: ``bp[q, i*K2 + p, j] =
+    w32[taps[i], q*NR + j, p]`` (zero past ``C``) for ``w32`` the filter's bits ``[T, C,
+    K]`` read as ``uint32`` ``[T, C, K2]`` (``K`` even, so that each word already holds
+    the pair ``W[t, c, 2p]`` (low half), ``W[t, c, 2p+1]`` (high half) that
+    :func:`pack_pairs` would build for ``W~[t*K + k, c] = W[t, c, k]``) and ``bp``
+    ``uint32`` ``[ceil(C/NR), len(taps)*K2, NR]``: per (panel, tap) a 32-bit transpose in
+    ``TB x TB`` blocks, rows read and written contiguously, in parallel over (panel,
+    tap)."""
+    _pack_tap.run("bf16", bp.shape[0] * taps.shape[0], w32, taps, bp)
+
+
+@separate("void(uint32[:, :, ::1], int64[::1], uint32[:, :, ::1], int64)", noalias=True,
+          bf16="bf16")
+def _pack_tap(w32, taps, bp, qt):
+    """(Panel, tap) ``qt`` of :func:`pack_taps`."""
+    C, K2 = w32.shape[1], w32.shape[2]
+    nt = taps.shape[0]
+    q = qt // nt
+    i = qt - q * nt
+    t = taps[i]
+    tmp = np.empty((TB, TB), np.uint32)
+    for c0 in range(0, NR, TB):
+        cg = q * NR + c0
+        for p0 in range(0, K2, TB):
+            pb = min(TB, K2 - p0)
+            if cg + TB <= C and pb == TB:
+                for a in range(TB):
+                    for b in range(TB):
+                        tmp[b, a] = w32[t, cg + a, p0 + b]
+                for b in range(TB):
+                    for a in range(TB):
+                        bp[q, i * K2 + p0 + b, c0 + a] = tmp[b, a]
+            else:  # a block past C or K2: element by element, zeros past C
+                for b in range(pb):
+                    for a in range(TB):
+                        c = cg + a
+                        bp[q, i * K2 + p0 + b, c0 + a] = w32[t, c, p0 + b] if c < C else 0
+
+
 def im2col(src, rows, out, geo, sign):
     """Rows of A from ``src`` (``uint16`` ``[mb, d, h, w, C]``, C-contiguous): row ``m`` of
     ``out`` (``uint16`` ``[M, Kp]``, ``Kp`` the even number at or above ``taps*C``) is output
