@@ -31,7 +31,8 @@ TINY = [T2D, T2D_SAME, T1D, T3D]
 
 ROW_FIELDS = {"suite", "layer", "descriptor", "direction", "dtype", "strategy", "variant",
               "threads", "flops", "ms", "gflops", "peak_pct", "bytes", "roof", "error",
-              "tolerance", "torch_ms", "torch_gflops", "ratio", "torch_diff", "note"}
+              "tolerance", "torch_ms", "torch_gflops", "ratio", "torch_diff", "torch_layout",
+              "note"}
 
 
 @pytest.fixture(autouse=True)
@@ -56,22 +57,25 @@ def test_defaults():
     assert a.repeat is None and not a.quick and a.check and a.layers is None
     assert a.rounds == bench.DEFAULT_ROUNDS == 2
     assert a.json is None and a.plot is None and a.malloc == "steady"
+    assert a.torch_layout == "faster"
 
 
 def test_all_options():
     a = parse(["--suite", "mobilenet_v2_dw", "--pass", "fwd", "bwd_w", "--dtype", "float16",
                "--threads", "1", "--strategy", "direct", "--compare", "torch", "--json",
                "o.json", "--plot", "o.png", "--layers", "dw960_7_s1_p1", "--repeat", "3",
-               "--quick", "--no-check", "--malloc", "as-is", "--rounds", "4"])
+               "--quick", "--no-check", "--malloc", "as-is", "--rounds", "4",
+               "--torch-layout", "nchw"])
     assert (a.suite, a.passes, a.dtype, a.threads, a.strategy, a.compare) == (
         "mobilenet_v2_dw", ["fwd", "bwd_w"], "float16", 1, "direct", "torch")
     assert (a.json, a.plot, a.layers, a.repeat, a.quick, a.check) == (
         "o.json", "o.png", ["dw960_7_s1_p1"], 3, True, False)
-    assert a.malloc == "as-is" and a.rounds == 4
+    assert a.malloc == "as-is" and a.rounds == 4 and a.torch_layout == "nchw"
 
 
 @pytest.mark.parametrize("argv", [["--suite", "vgg"], ["--pass", "bwd"], ["--dtype", "int8"],
-                                  ["--strategy", "fft"], ["--compare", "tensorflow"]])
+                                  ["--strategy", "fft"], ["--compare", "tensorflow"],
+                                  ["--torch-layout", "nhwc"]])
 def test_bad_choices_are_rejected(argv, capsys):
     with pytest.raises(SystemExit):
         parse(argv)
@@ -280,6 +284,56 @@ def test_compare_torch_without_torch(monkeypatch, capsys):
     assert 'n"t2d"' in captured.out and "torch ms" not in captured.out
 
 
+def test_torch_layouts():
+    """``faster`` times both of PyTorch's memory formats where a layer has two (1-D data
+    has one); a named one alone; anything else is refused by name."""
+    from numbaconv.bench.torch_peer import torch_layouts
+    assert torch_layouts("faster", 2) == torch_layouts("faster", 3) == ("channels-last", "nchw")
+    assert torch_layouts("faster", 1) == torch_layouts("channels-last", 1) == ("nchw",)
+    assert torch_layouts("channels-last", 2) == ("channels-last",)
+    assert torch_layouts("nchw", 3) == ("nchw",)
+    with pytest.raises(ValueError, match="torch layout: expected one of"):
+        torch_layouts("nhwc", 2)
+    with pytest.raises(ValueError, match="torch layout"):
+        bench.run([T2D], ["bwd_d"], torch_layout="NHWC", progress=False, echo=False)
+
+
+class _FakePass:
+    """A PyTorch pass that only sleeps: channels-last 20 ms, NCHW 1 ms."""
+
+    def __init__(self, torch, layer, direction, arrays, layout="channels-last"):
+        self.layout = layout
+        delay = 0.02 if layout == "channels-last" else 0.001
+        self.fn = lambda: time.sleep(delay)
+
+    def as_numbaconv(self, result):
+        return np.zeros(1)  # a shape that differs: the row says so and compares nothing
+
+
+class _FakeTorch:
+    @staticmethod
+    def no_grad():
+        import contextlib
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("choice, layout, low, high", [
+    ("faster", "nchw", 0.5, 10.0), ("channels-last", "channels-last", 19.0, 100.0)])
+def test_the_faster_torch_layout_counts(monkeypatch, choice, layout, low, high):
+    """Under ``faster`` each layout is timed in blocks of its own and the faster one's time
+    is the row's; a named layout is timed alone."""
+    from numbaconv.bench import runner
+    monkeypatch.setattr(runner, "TorchPass", _FakePass)
+    monkeypatch.setattr(timing, "MIN_BLOCK_SECONDS", 0.0)
+    monkeypatch.setattr(timing, "IDLE_PAUSE", 0.0)
+    (row,) = bench.run([T2D], ["bwd_d"], repeat=1, rounds=1, torch=_FakeTorch(),
+                       check=False, progress=False, echo=False, torch_layout=choice)
+    assert row.torch_layout == layout
+    assert low <= row.torch_ms <= high, row.torch_ms
+    assert row.ratio == pytest.approx(row.torch_ms / row.ms)
+    assert "not compared" in row.note
+
+
 def test_plot_without_matplotlib(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     png = tmp_path / "b.png"
@@ -298,6 +352,8 @@ def test_compare_torch():
     for r in rows:
         assert r.note == "", r
         assert r.torch_ms > 0 and r.torch_gflops > 0 and r.ratio > 0
+        assert r.torch_layout in (("nchw",) if r.descriptor.startswith("mb3ic5iw")
+                                  else ("channels-last", "nchw")), r
         # Same data and layout conversions: PyTorch must agree to float32 rounding.
         assert r.torch_diff < 1e-5, r
 

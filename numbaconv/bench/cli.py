@@ -13,7 +13,7 @@ from .host import machine_info, steady_allocator
 from .outputs import plot, write_json
 from .rows import TORCH_MISMATCH, summarize, summary_lines
 from .runner import DEFAULT_REPEAT, DEFAULT_ROUNDS, DTYPES, run
-from .torch_peer import TORCH_HINT, import_torch
+from .torch_peer import TORCH_HINT, TORCH_LAYOUTS, import_torch
 
 PLOT_HINT = ("--plot: matplotlib is not installed; `pip install matplotlib` (or "
              "`pip install numbaconv[bench]`). Running without the plot.")
@@ -36,6 +36,9 @@ def add_arguments(parser):
                         help="force a strategy (layers it declines are reported and skipped)")
     parser.add_argument("--compare", default=None, choices=["torch"],
                         help="also time PyTorch (CPU) on the same data, in the same process")
+    parser.add_argument("--torch-layout", default="faster", choices=list(TORCH_LAYOUTS),
+                        help="PyTorch's memory format with --compare torch: faster (default) "
+                             "times channels-last and NCHW and keeps the faster per row")
     parser.add_argument("--repeat", type=int, default=None, metavar="N",
                         help=f"timed calls per pass after the warm-up, best is reported "
                              f"(default: {DEFAULT_REPEAT}, 1 with --quick)")
@@ -137,15 +140,18 @@ def main(args, layers=None):
           f"least bytes at the bandwidth) / time")
     print(f"malloc: {allocator or 'as it is'}")
     if torch is not None:
+        layout = getattr(args, "torch_layout", "faster")
+        what = ("the faster of channels-last (NHWC) and NCHW per row" if layout == "faster"
+                else layout)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-              f"channels-last; ratio = torch ms / numbaconv ms (> 1: numbaconv faster); "
+              f"{what}; ratio = torch ms / numbaconv ms (> 1: numbaconv faster); "
               f"vs torch = normalised difference of the results")
     if args.check:
         print("error: vs the float64 reference on the batch-1 slice (docs/contract.md section 10)")
 
     rows = run(layers, args.passes, args.dtype, repeat=repeat, strategy=args.strategy,
                check=args.check, torch=torch, peak=peak, rounds=rounds,
-               bandwidth=bandwidth)
+               bandwidth=bandwidth, torch_layout=getattr(args, "torch_layout", "faster"))
     summary = summarize(rows)
     for line in summary_lines(summary, peak):
         print(line)

@@ -66,7 +66,7 @@ class Table:
         h = (f"{'pass':<6} {'descriptor':<{self.dw}} {'strategy':<17} {'ms':>9} "
              f"{'GFLOP/s':>8} {'%peak':>6} {'roof':>5} {'error':>8}")
         if self.torch_on:
-            h += f" | {'torch ms':>9} {'GFLOP/s':>8} {'ratio':>6} {'vs torch':>8}"
+            h += f" | {'torch ms':>9} {'layout':>6} {'GFLOP/s':>8} {'ratio':>6} {'vs torch':>8}"
         return h
 
     def row(self, r):
@@ -75,7 +75,8 @@ class Table:
              f"{_fmt(r.roof, '.2f', 5)} "
              f"{_fmt(r.error, '.1e', 8)}")
         if self.torch_on:
-            s += (f" | {_fmt(r.torch_ms, '.2f', 9)} {_fmt(r.torch_gflops, '.2f', 8)} "
+            lay = {"channels-last": "NHWC", "nchw": "NCHW"}.get(r.torch_layout, "-")
+            s += (f" | {_fmt(r.torch_ms, '.2f', 9)} {lay:>6} {_fmt(r.torch_gflops, '.2f', 8)} "
                   f"{_fmt(r.ratio, '.2f', 6)} {_fmt(r.torch_diff, '.1e', 8)}")
         flags = []
         if not r.error_ok:

@@ -26,7 +26,8 @@ class Row:
     ``ratio`` is ``torch_ms / ms``: above 1, numbaconv is faster. ``error`` is the normalised
     error against the float64 reference on the batch-1 slice of the layer, ``tolerance``
     the bound of docs/contract.md section 10 for the dtype and strategy, ``torch_diff`` the normalised difference from
-    PyTorch's result on the full layer. ``variant`` names the strategy's implementation
+    PyTorch's result on the full layer (the larger over the layouts timed), ``torch_layout``
+    the PyTorch memory format whose time counts (``channels-last`` or ``nchw``). ``variant`` names the strategy's implementation
     where several share its name (``gemm`` ``col2im``, ``direct`` ``depthwise``).
     """
 
@@ -50,6 +51,7 @@ class Row:
     torch_gflops: float = None
     ratio: float = None
     torch_diff: float = None
+    torch_layout: str = ""
     note: str = ""
 
     @property

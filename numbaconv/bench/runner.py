@@ -9,7 +9,7 @@ from .accuracy import check_error, numbaconv_fn
 from .console import Table, progress as _progress
 from .rows import Row
 from .timing import blocked, roof_fraction, traffic_bytes
-from .torch_peer import TorchPass
+from .torch_peer import TorchPass, torch_layouts
 
 DTYPES = ("float32", "float16", "float64", "bfloat16")
 DEFAULT_REPEAT = 5
@@ -19,7 +19,7 @@ DEFAULT_ROUNDS = 2
 
 def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEAT,
         strategy=None, check=True, torch=None, peak=None, progress=True, echo=True,
-        rounds=DEFAULT_ROUNDS, bandwidth=None):
+        rounds=DEFAULT_ROUNDS, bandwidth=None, torch_layout="faster"):
     """Time ``passes`` of ``layers``; the core of ``numbaconv bench``.
 
     Parameters
@@ -48,6 +48,9 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
         Print the table (header, one line per row as it completes) on stdout.
     rounds : int
         Rounds of timed blocks per pass (see :func:`numbaconv.bench.timing.blocked`); the best call counts.
+    torch_layout : {"faster", "channels-last", "nchw"}
+        PyTorch's memory format: ``faster`` times both, each in blocks of its own, and keeps
+        the faster per row (its name in the row's ``torch_layout``).
 
     Returns
     -------
@@ -65,6 +68,7 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
         import ml_dtypes  # noqa: F401  (registers the dtype the operands are cast to)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds: expected a positive count, got {rounds!r}")
+    torch_layouts(torch_layout, 2)  # a bad choice fails before any layer runs
     table = Table(layers, torch is not None)
     bar = _progress(len(layers) * len(passes), progress)
     emit = bar.write if echo else (lambda line: None)
@@ -79,7 +83,8 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
                 for direction in passes:
                     bar.set_description_str(f"{layer.name} {direction}")
                     row = _run_one(numbaconv, layer, direction, dtype, arrays, repeat,
-                                   strategy, check, torch, peak, rounds, bandwidth)
+                                   strategy, check, torch, peak, rounds, bandwidth,
+                                   torch_layout)
                     rows.append(row)
                     emit(table.row(row))
                     bar.update(1)
@@ -89,7 +94,7 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
 
 
 def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check, torch,
-             peak, rounds=DEFAULT_ROUNDS, bandwidth=None):
+             peak, rounds=DEFAULT_ROUNDS, bandwidth=None, torch_layout="faster"):
     c = suites.call(layer, direction, dtype, arrays=arrays)
     row = Row(suite=layer.suite, layer=layer.name, descriptor=layer.descriptor(),
               direction=direction, dtype=dtype, flops=layer.flops,
@@ -107,18 +112,22 @@ def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check
     nc_fn = numbaconv_fn(c, strategy)
     got = nc_fn()  # warm-up: compiles (or loads) the kernels; its result is checked below
 
-    tp = None
+    tps = []
     if torch is not None:
         try:
-            tp = TorchPass(torch, layer, direction, arrays)
-            want = tp.as_numbaconv(tp.fn())  # warm-up, and the sanity check's operand
-            if want.shape == np.shape(got):
-                row.torch_diff = R.normalized_error(got, want.astype(np.float64), want)
-            else:
-                row.note = f"torch result shape {want.shape} != {np.shape(got)}: not compared"
-            del want
+            for layout in torch_layouts(torch_layout, layer.nd):
+                tp = TorchPass(torch, layer, direction, arrays, layout)
+                want = tp.as_numbaconv(tp.fn())  # warm-up, and the sanity check's operand
+                if want.shape == np.shape(got):
+                    diff = R.normalized_error(got, want.astype(np.float64), want)
+                    row.torch_diff = max(diff, row.torch_diff or 0.0)
+                else:
+                    row.note = (f"torch result shape {want.shape} != {np.shape(got)}: "
+                                f"not compared")
+                del want
+                tps.append(tp)
         except Exception as exc:  # e.g. a dtype PyTorch's CPU convolution lacks
-            tp = None
+            tps = []
             row.note = f"torch failed: {type(exc).__name__}: {exc}"
 
     if check:
@@ -126,15 +135,17 @@ def _run_one(numbaconv, layer, direction, dtype, arrays, repeat, strategy, check
         row.note = "; ".join(n for n in (row.note, note) if n)
     del got
 
-    fns = [nc_fn] + ([tp.fn] if tp is not None else [])
+    fns = [nc_fn] + [tp.fn for tp in tps]
     best = blocked(fns, repeat, rounds)
     row.ms = best[0] * 1e3
     row.gflops = layer.flops / best[0] / 1e9
     if peak:
         row.peak_pct = 100.0 * row.gflops / peak
     row.roof = roof_fraction(layer.flops, row.bytes, best[0], peak, bandwidth)
-    if tp is not None:
-        row.torch_ms = best[1] * 1e3
-        row.torch_gflops = layer.flops / best[1] / 1e9
-        row.ratio = best[1] / best[0]
+    if tps:
+        i = min(range(len(tps)), key=lambda j: best[1 + j])
+        row.torch_layout = tps[i].layout
+        row.torch_ms = best[1 + i] * 1e3
+        row.torch_gflops = layer.flops / best[1 + i] / 1e9
+        row.ratio = best[1 + i] / best[0]
     return row

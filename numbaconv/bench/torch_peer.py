@@ -16,20 +16,38 @@ def import_torch():
     return torch
 
 
+#: PyTorch's memory formats the bench times (``--torch-layout``): ``faster`` times both
+#: and keeps, per row, the faster one (a 1-D layer has one layout).
+TORCH_LAYOUTS = ("faster", "channels-last", "nchw")
+
+
+def torch_layouts(choice, nd):
+    """The layouts to time for a layer of ``nd`` spatial axes under ``--torch-layout
+    choice``."""
+    if choice not in TORCH_LAYOUTS:
+        raise ValueError(f"torch layout: expected one of {list(TORCH_LAYOUTS)}, got {choice!r}")
+    if nd == 1:
+        return ("nchw",)
+    return ("channels-last", "nchw") if choice == "faster" else (choice,)
+
+
 class TorchPass:
     """One pass of a layer in PyTorch: tensors converted once, outside the timed region.
 
-    Data goes to NCHW (NCDHW, NCW) tensors in ``channels_last`` (``channels_last_3d``) memory
-    format, as a user of a channels-last model would run it; filters go from XIO to OIX.
+    Data goes to NCHW (NCDHW, NCW) tensors, in ``channels_last`` (``channels_last_3d``)
+    memory format (``layout="channels-last"``, as a user of a channels-last model would
+    run it) or contiguous (``"nchw"``); filters go from XIO to OIX, in the same format.
     Asymmetric pads (TF's SAME at stride 2) are not expressible in PyTorch's convolution, so
     the input is pre-padded once and PyTorch runs with padding 0: the arithmetic is the same.
     """
 
-    def __init__(self, torch, layer, direction, arrays):
+    def __init__(self, torch, layer, direction, arrays, layout="channels-last"):
         F = torch.nn.functional
         x, w, dy = arrays
         nd = layer.nd
-        fmt = {2: torch.channels_last, 3: torch.channels_last_3d}.get(nd)
+        fmt = ({2: torch.channels_last, 3: torch.channels_last_3d}.get(nd)
+               if layout == "channels-last" else None)
+        self.layout = layout if nd != 1 else "nchw"
 
         def tensor(a):
             a = np.ascontiguousarray(a)
