@@ -75,6 +75,93 @@ def test_implicit_variant_parallel_modes(case, by_panels, monkeypatch):
     assert _run(case, "float32", seed=5) <= tolerance("float32")
 
 
+#: Channel counts that are not whole vectors (16 float32 / 8 float64 lanes on AVX-512, 8 /
+#: 4 on AVX2): the last vector of each tile row stored masked.
+PARTIAL = [
+    # R(2+1)D's temporal 3x1x1 over 45 channels: 3 vectors, the last of 13 lanes (float32)
+    (1, 45, 64, (6, 5, 7), (3, 1, 1), (1, 1, 1), (1, 1, 1), (1, 0, 0), (1, 0, 0)),
+    # strided phases over 21 channels
+    (2, 21, 24, (9, 8), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+    # a full panel and a panel of 6 channels, 5x5 with pads (regions at the borders)
+    (1, 70, 40, (7, 9), (5, 5), (1, 1), (1, 1), (2, 2), (2, 2)),
+]
+PARTIAL_IDS = [f"ic{c[1]}k{'x'.join(map(str, c[4]))}s{'x'.join(map(str, c[5]))}"
+               for c in PARTIAL]
+
+
+@pytest.mark.parametrize("by_panels", [True, False])
+@pytest.mark.parametrize("entry", ["gemm[implicit]", "gemm[regions]"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", PARTIAL, ids=PARTIAL_IDS)
+def test_partial_vectors_touch_only_their_channels(case, dtype, entry, by_panels, monkeypatch):
+    """Channels that are not whole vectors: against the reference, into an ``out=`` that
+    is a window of a NaN-filled array (the elements around it, and the row padding after
+    each pixel's channels, must stay NaN: a tile's last vector is masked to its lanes),
+    in both parallel schemes."""
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    monkeypatch.setattr(strategy, "_by_panels", lambda *a: by_panels)
+    monkeypatch.setattr(strategy, "MIN_SKIPPED", 0.0)  # regions wherever any is skipped
+    _fresh()
+    assert ic % igemm.lanes(np.dtype(dtype).itemsize)
+    rng = np.random.default_rng(ic)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    plan = nc.plan("convolution_backprop_data", dy, w, isz, strategy=entry, **attrs)
+    assert f"{plan.strategy}[{plan.variant}]" == entry and not plan.tiles["stream"], plan
+    # the result's pixels 3 channels apart from the next (a C-contiguous window of a wider
+    # buffer would be refused): a whole NaN buffer, the result one element after its start
+    buf = np.full(x.size + 2 * ic, np.nan, dtype)
+    out = buf[1:1 + x.size].reshape(x.shape)
+    got = nc.convolution_backprop_data(dy, w, isz, strategy=entry, out=out, **attrs)
+    assert got is out or np.shares_memory(got, buf)
+    assert np.isnan(buf[0]) and np.isnan(buf[1 + x.size:]).all()
+    assert not np.isnan(out).any()
+    assert normalized_error(out, conv_bwd_data_ref, dy, w, isz, **geom) <= tolerance(dtype)
+    _fresh()
+
+
+@pytest.mark.parametrize("entry", ["gemm[implicit]", "gemm[regions]"])
+def test_partial_vectors_of_groups(entry, monkeypatch):
+    """Two groups of 20 channels: each group's tiles are masked to its own channels (the
+    next group's first lanes are not overwritten)."""
+    monkeypatch.setattr(strategy, "MIN_SKIPPED", 0.0)
+    _fresh()
+    rng = np.random.default_rng(7)
+    dy = rng.standard_normal((2, 7, 6, 48)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 20, 48)).astype(np.float32)
+    attrs = dict(strides=1, pads_begin=1, pads_end=1, groups=2)
+    got = nc.convolution_backprop_data(dy, w, (7, 6), strategy=entry, **attrs)
+    err = normalized_error(got, conv_bwd_data_ref, dy, w, (7, 6), stride=1, dilation=1,
+                           pads_begin=1, pads_end=1, groups=2)
+    assert err <= tolerance("float32")
+    _fresh()
+
+
+def test_partial_vectors_float16():
+    """float16 over a channel count that is not whole vectors (float32 scratch, rounded
+    into dX per row)."""
+    case = PARTIAL[0]
+    assert _run(case, "float16", seed=1) <= tolerance("float16")
+
+
+def test_partial_vectors_rule():
+    """A 1x1 layer at stride 1 without pads over channels that are not whole vectors
+    stays with the GEMMs on the arrays themselves, named as the reason."""
+    dy = np.zeros((2, 6, 6, 64), np.float32)
+    w = np.zeros((1, 1, 44, 64), np.float32)  # 44: not whole vectors of 8 or 16 lanes
+    with pytest.raises(ValueError, match=r"1x1 at stride 1 without pads over 44 input "
+                                         r"channels \(not whole"):
+        nc.plan("convolution_backprop_data", dy, w, (6, 6), strides=1,
+                strategy="gemm[implicit]")
+    w3 = np.zeros((3, 3, 44, 64), np.float32)
+    plan = nc.plan("convolution_backprop_data", dy, w3, (6, 6), strides=1, pads_begin=1,
+                   pads_end=1, strategy="gemm[implicit]")
+    assert plan.variant == "implicit"
+
+
 def test_panels_rule():
     """Panels for a packed phase filter above the threshold that shares out evenly."""
     assert strategy._by_panels(9, 512, 8, 64, 4, 2, 512 * 1024)
@@ -169,8 +256,9 @@ def test_pack_filter(C, K, dtype, nr):
 
 def test_implicit_variant_choice():
     """Dense backward data takes the implicit variant, and up to MAX_GROUPS groups (each
-    group's problem judged alone); more groups, channel counts that are not whole vectors,
-    short 1x1 reductions, the other directions and the BLAS engine do not."""
+    group's problem judged alone); more groups, 1x1 layers over channel counts that are
+    not whole vectors, short 1x1 reductions, the other directions and the BLAS engine do
+    not."""
     def plan(ic, oc, k=(3,), groups=1, strides=1, op="convolution_backprop_data"):
         x = np.zeros((2, 30, ic), np.float32)
         o = (30 - k[0]) // strides + 1
@@ -189,9 +277,12 @@ def test_implicit_variant_choice():
     assert plan(64, 64, groups=2).variant == "implicit"
     many = plan(160, 160, groups=s_igemm.MAX_GROUPS + 1)
     assert many.variant != "implicit" and "groups" in str(many)
-    assert plan(40, 64, groups=2).variant != "implicit"  # 20 channels a group: not whole
-    odd = plan(20, 64)
-    assert odd.variant != "implicit" and "lane" in str(odd)
+    # channels that are not whole vectors: a masked last vector (20 a group, 20 in all),
+    # except for a 1x1 layer at stride 1 without pads
+    assert plan(40, 64, groups=2).variant == "implicit"
+    assert plan(20, 64).variant == "implicit"
+    odd = plan(20, 256, k=(1,))
+    assert odd.variant != "implicit" and "not whole" in str(odd)
     assert plan(64, 64, op="convolution_backprop_filters").variant != "implicit"
 
 
@@ -220,7 +311,7 @@ def test_grouped_1x1_over_few_rows_goes_to_claimed(side, groups, variant, monkey
         # the kernels' own vectors (512-bit on an AVX-512 host) refuse 40 channels: the
         # row rule must not be the reason
         assert "claim the groups' row blocks" not in str(plan), plan
-        assert "not a whole number of" in str(plan), plan
+        assert "not whole" in str(plan), plan
     else:
         assert plan.variant == variant, plan
     if variant == "claimed" and groups > 1:

@@ -74,18 +74,22 @@ def _micro(nv, btab=False):
     ``crows``: addresses of int64 arrays), ``nseg`` segments of ``kl`` elements each, ``B``
     packed with rows ``ldb`` elements apart. ``beta`` 0 stores the tile, 1 adds it to C, 2
     streams it (non-temporal stores: every row of the tile on a vector boundary); with no
-    segments it stores zeros (or leaves C as it is). ``btab``: ``segs`` holds pairs, each
-    segment's ``A`` offset and the element offset of its first ``B`` row (segments whose
-    filter rows are not one after the other: a region's taps)."""
+    segments it stores zeros (or leaves C as it is). ``tail`` (0: none) is the number of
+    lanes of C that the last vector of each row covers (a channel count that is not a
+    whole number of vectors): its load and store are masked to them, so the tile never
+    touches the next pixel's channels. ``btab``: ``segs`` holds pairs, each segment's
+    ``A`` offset and the element offset of its first ``B`` row (segments whose filter
+    rows are not one after the other: a region's taps)."""
 
     @intrinsic
-    def micro(typingctx, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
+    def micro(typingctx, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, tail, work):
         sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp,
-                         types.intp, types.intp, types.intp, types.intp, types.intp, work)
+                         types.intp, types.intp, types.intp, types.intp, types.intp,
+                         types.intp, work)
         dtype = work.dtype
 
         def codegen(context, builder, signature, args):
-            a, arows, segs, nseg, kl, b, ldb, c, crows, beta, _ = args
+            a, arows, segs, nseg, kl, b, ldb, c, crows, beta, tail, _ = args
             f = context.get_value_type(dtype)
             vl = VECTOR_BYTES // context.get_abi_sizeof(f)
             vty = ir.VectorType(f, vl)
@@ -136,6 +140,24 @@ def _micro(nv, btab=False):
             plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
             stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
             nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            # the last vector's lanes below ``tail``, where it is partial
+            i32 = ir.IntType(32)
+            mty = ir.VectorType(ir.IntType(1), vl)
+            lane = ir.Constant(ir.VectorType(i32, vl), list(range(vl)))
+            t32 = builder.insert_element(ir.Constant(ir.VectorType(i32, vl), ir.Undefined),
+                                         builder.trunc(tail, i32), ir.Constant(i32, 0))
+            t32 = builder.shuffle_vector(t32, t32, splat)
+            mask = builder.icmp_unsigned("<", lane, t32)
+            partial = builder.icmp_signed("!=", tail, ir.Constant(i64, 0))
+            sfx = "v%d%s.p0v%d%s" % (vl, "f32" if dtype == types.float32 else "f64",
+                                     vl, "f32" if dtype == types.float32 else "f64")
+            mload = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vty, [vp, i32, mty, vty]),
+                "llvm.masked.load." + sfx)
+            mstore = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [vty, vp, i32, mty]),
+                "llvm.masked.store." + sfx)
+            one = ir.Constant(i32, 1)
             for i in range(MR):
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64p),
                                                 [ir.Constant(i64, i)]))
@@ -143,14 +165,19 @@ def _micro(nv, btab=False):
                     p = builder.bitcast(
                         builder.gep(pc, [builder.add(crow, ir.Constant(i64, v * vl))]), vp)
                     val = builder.load(acc[i][v])
-                    with builder.if_then(add):
-                        builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
-                    with builder.if_then(plain):
-                        builder.store(val, p, align=1)
-                    with builder.if_then(stream):
-                        # whole aligned vectors past the caches (no read for ownership)
-                        st = builder.store(val, p, align=VECTOR_BYTES)
-                        st.set_metadata("nontemporal", nontemporal)
+                    if v == nv - 1:
+                        with builder.if_else(partial) as (masked, whole):
+                            with masked:  # (never streamed: the strategy's rule)
+                                with builder.if_then(add):
+                                    old = builder.call(mload, [p, one, mask, zero])
+                                    builder.call(mstore, [builder.fadd(val, old), p, one,
+                                                          mask])
+                                with builder.if_then(builder.not_(add)):
+                                    builder.call(mstore, [val, p, one, mask])
+                            with whole:
+                                _store(builder, val, p, add, plain, stream, nontemporal)
+                    else:
+                        _store(builder, val, p, add, plain, stream, nontemporal)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -158,32 +185,61 @@ def _micro(nv, btab=False):
     return micro
 
 
+def _store(builder, val, p, add, plain, stream, nontemporal):
+    """The micro-kernel's store of one whole vector ``val`` at ``p`` as ``beta`` says."""
+    with builder.if_then(add):
+        builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
+    with builder.if_then(plain):
+        builder.store(val, p, align=1)
+    with builder.if_then(stream):
+        # whole aligned vectors past the caches (no read for ownership)
+        st = builder.store(val, p, align=VECTOR_BYTES)
+        st.set_metadata("nontemporal", nontemporal)
+
+
 _micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
 _micro1t, _micro2t, _micro3t, _micro4t = (_micro(n, True) for n in (1, 2, 3, 4))
 
 
 @helper
+def _vectors(width, vl):
+    """A tile's width in vectors as the kernels pass it (``nv`` below): ``n + 8*tail`` for
+    ``width`` channels in ``n`` vectors of ``vl`` lanes, ``tail`` the lanes of a partial
+    last vector (0 where the last vector is whole)."""
+    n = (width + vl - 1) // vl
+    tail = width - (n - 1) * vl
+    return n + 8 * (tail if tail < vl else 0)
+
+
+@helper
 def _call(nv, a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work):
-    if nv == 4:
-        _micro4(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
-    elif nv == 3:
-        _micro3(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
-    elif nv == 2:
-        _micro2(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+    """The micro-kernel of ``nv & 7`` vectors, its last one ``nv >> 3`` lanes wide where
+    that is not 0 (:func:`_vectors`)."""
+    n = nv & 7
+    tail = nv >> 3
+    if n == 4:
+        _micro4(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, tail, work)
+    elif n == 3:
+        _micro3(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, tail, work)
+    elif n == 2:
+        _micro2(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, tail, work)
     else:
-        _micro1(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, work)
+        _micro1(a, arows, segs, nseg, kl, b, ldb, c, crows, beta, tail, work)
 
 
 @helper
 def _call_t(nv, a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work):
-    if nv == 4:
-        _micro4t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
-    elif nv == 3:
-        _micro3t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
-    elif nv == 2:
-        _micro2t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
+    """:func:`_call` with a table of segments (``btab``)."""
+    n = nv & 7
+    tail = nv >> 3
+    if n == 4:
+        _micro4t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, tail, work)
+    elif n == 3:
+        _micro3t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, tail, work)
+    elif n == 2:
+        _micro2t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, tail, work)
     else:
-        _micro1t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, work)
+        _micro1t(a, arows, pairs, nseg, kl, b, ldb, c, crows, beta, tail, work)
 
 
 @intrinsic
@@ -394,7 +450,7 @@ def _phase_block(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, first, b
     rel = _rel(work[blk], pc, it)           # scratch rows as offsets from dx
     _tile_offsets(pg, t0, t1, offs, rel, npan * nr)
     for p in range(npan):
-        nv = (min(nr, C - p * nr) + vl - 1) // vl
+        nv = _vectors(min(nr, C - p * nr), vl)
         cp = pc + p * nr * it
         for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
             ns = min(chunk, ntaps - c0)
@@ -445,7 +501,7 @@ def _phase_panel(tiles_fn, pack_fn, dyp, w, taps, dx, segs, pg, chunk, nr, work,
     psegs = segs.ctypes.data
     ws = w.reshape(w.size)
     wflat = work.reshape(work.size)
-    nv = (min(nr, C - p * nr) + vl - 1) // vl
+    nv = _vectors(min(nr, C - p * nr), vl)
     cp = pc + p * nr * it
     buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
     tmp = np.empty((TB, TB), dx.dtype)
@@ -504,7 +560,7 @@ def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, 
     r, t0, t1 = items[ii, 0], items[ii, 1], items[ii, 2]
     e0, ne = rtab[r, 2], rtab[r, 3]
     for p in range(npan):
-        nv = (min(nr, C - p * nr) + vl - 1) // vl
+        nv = _vectors(min(nr, C - p * nr), vl)
         cp = pc + p * nr * it
         if ne == 0:
             _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp, 0, K, bflat, 0, nr, cp, 0,
@@ -552,7 +608,7 @@ def _regions_panel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs, epos,
     ws = w.reshape(w.size)
     wflat = work.reshape(work.size)
     nreg = rtab.shape[0]
-    nv = (min(nr, C - p * nr) + vl - 1) // vl
+    nv = _vectors(min(nr, C - p * nr), vl)
     cp = pc + p * nr * it
     buf = np.empty(max(1, min(chunk, ntaps)) * K * nr, dx.dtype)
     tmp = np.empty((TB, TB), dx.dtype)
@@ -681,7 +737,7 @@ def _phase_share_half(tiles_fn, dyp, bp, dxh, segs, pg, chunk, nth, work, th):
         _tile_offsets(pg, t0, t1, offs, 0, 0)
         _to_scratch(offs, nt, dofs, ldw)
         for p in range(npan):
-            nv = (min(nr, C - p * nr) + vl - 1) // vl
+            nv = _vectors(min(nr, C - p * nr), vl)
             cp = pw + p * nr * it
             for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
                 ns = min(chunk, ntaps - c0)
@@ -738,7 +794,7 @@ def _panels_share_half(tiles_fn, pack_fn, dyp, w, taps, dxh, segs, pg, chunk, nr
     tmp = np.empty((TB, TB), work.dtype)
     for p in range(th * ppt, min(npan, (th + 1) * ppt)):
         wdt = min(nr, C - p * nr)
-        nv = (wdt + vl - 1) // vl
+        nv = _vectors(wdt, vl)
         for c0 in range(0, max(ntaps, 1), chunk):  # no taps: one pass storing zeros
             ns = min(chunk, ntaps - c0)
             for t in range(ns):
