@@ -111,8 +111,8 @@ def test_partial_vectors_touch_only_their_channels(case, dtype, entry, by_panels
     attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
     plan = nc.plan("convolution_backprop_data", dy, w, isz, strategy=entry, **attrs)
     assert f"{plan.strategy}[{plan.variant}]" == entry and not plan.tiles["stream"], plan
-    # the result's pixels 3 channels apart from the next (a C-contiguous window of a wider
-    # buffer would be refused): a whole NaN buffer, the result one element after its start
+    # the result one element into a NaN buffer: anything written past either end of it
+    # shows, and its rows start off the vectors' boundaries
     buf = np.full(x.size + 2 * ic, np.nan, dtype)
     out = buf[1:1 + x.size].reshape(x.shape)
     got = nc.convolution_backprop_data(dy, w, isz, strategy=entry, out=out, **attrs)
