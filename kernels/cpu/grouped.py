@@ -396,13 +396,12 @@ def _gm_into(src, d1, orow0, gstride, wp, C, vl, g, pl, r):
     its, it = src.itemsize, d1.itemsize
     full = vl * it == VECTOR_BYTES
     ps, pd = src.ctypes.data, d1.ctypes.data
-    for gv in range(nvg):
-        g0 = gv * vl
-        n = min(vl, g - g0)
-        orow = orow0 + gv * gstride
-        for i_w in range(wp):
-            s = i_w - pl
-            o = orow + i_w * pst
+    for i_w in range(wp):  # pixels outermost: the source read once, in order
+        s = i_w - pl
+        for gv in range(nvg):
+            g0 = gv * vl
+            n = min(vl, g - g0)
+            o = orow0 + gv * gstride + i_w * pst
             if s < 0 or s >= w or n < vl:
                 for c in range(C):
                     for l in range(vl):
