@@ -362,6 +362,12 @@ _DOT = [
     ("bwd_w-2d-strided", "bwd_w", 3, (11, 10), 6, 13, (3, 3), (2, 2), (1, 1),
      ((1, 1), (1, 0))),
     ("bwd_w-1d-odd-pixels", "bwd_w", 1, (15,), 3, 7, (5,), (1,), (1,), ((2,), (2,))),
+    # x transposed in registers, 32 pixels x 16 channels at a time (padding pixels read
+    # as zeros; a tail of channels and of pixels element by element)
+    ("bwd_w-2d-wide", "bwd_w", 2, (9, 10), 40, 24, (3, 3), (1, 1), (1, 1),
+     ((1, 1), (1, 1))),
+    ("bwd_w-1x1-wide", "bwd_w", 1, (8, 9), 48, 20, (1, 1), (1, 1), (1, 1),
+     ((0, 0), (0, 0))),
 ]
 
 

@@ -229,6 +229,54 @@ def _im2col_row(src, rows, out, geo, sign, m):
 
 #: Pixels per block of :func:`im2col_t`.
 PIXELS = 64
+#: A register transpose's pixels (pairs of them make the 32-bit words of a row of ``out``)
+#: and channels.
+TP, TC = 32, 16
+
+
+@intrinsic
+def _transpose_pairs(typingctx, rowp, dst, ldd):
+    """``TP`` pixels x ``TC`` channels of bfloat16 bits, transposed in registers: pixel
+    ``j``'s ``TC`` channels start at the address ``rowp[j]`` (``rowp``: the address of an
+    int64 array), and channel ``c``'s ``TP`` pixels go to ``dst + c*ldd`` bytes (one
+    64-byte store). Pixels ``2p`` and ``2p+1`` are interleaved into 32-bit words, whose 16
+    x 16 matrix LLVM transposes with vector shuffles: each element moves in registers,
+    where a loop element by element took 1.7 ns a value (a third of a 1x1 weight
+    gradient's time)."""
+    sig = types.void(types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        rowp, dst, ldd = args
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        v16 = ir.VectorType(i16, TC)
+        prow = builder.inttoptr(rowp, i64.as_pointer())
+        rows = []
+        for j in range(TP):
+            a = builder.load(builder.gep(prow, [ir.Constant(i64, j)]))
+            rows.append(builder.load(builder.inttoptr(a, v16.as_pointer()), align=2))
+        inter = ir.Constant(ir.VectorType(i32, 2 * TC),
+                            [k for c in range(TC) for k in (c, TC + c)])
+        words = [builder.bitcast(builder.shuffle_vector(rows[2 * p], rows[2 * p + 1], inter),
+                                 ir.VectorType(i32, TC)) for p in range(TP // 2)]
+        width = TC
+        while len(words) > 1:  # one [TP/2 * TC] vector of words, pair-major
+            cat = ir.Constant(ir.VectorType(i32, 2 * width), list(range(2 * width)))
+            words = [builder.shuffle_vector(words[k], words[k + 1], cat)
+                     for k in range(0, len(words), 2)]
+            width *= 2
+        big = words[0]
+        undef = ir.Constant(big.type, ir.Undefined)
+        vout = ir.VectorType(i32, TP // 2)
+        pd = builder.inttoptr(dst, ir.IntType(8).as_pointer())
+        for c in range(TC):
+            col = builder.shuffle_vector(
+                big, undef, ir.Constant(ir.VectorType(i32, TP // 2),
+                                        [p * TC + c for p in range(TP // 2)]))
+            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
+            builder.store(col, builder.bitcast(at, vout.as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 def im2col_t(src, rows, out, geo):
@@ -267,6 +315,8 @@ def _im2col_t_block(src, rows, out, geo, tb):
     b = (t - a * kh * kw) // kw
     c = t - a * kh * kw - b * kw
     offs = np.empty(PIXELS, np.int64)
+    rowp = np.empty(TP, np.int64)
+    zeros = np.zeros(TC, np.uint16)
     for m in range(m0, m1):
         n = m // (od * oh * ow)
         r = m - n * (od * oh * ow)
@@ -281,9 +331,23 @@ def _im2col_t_block(src, rows, out, geo, tb):
             offs[m - m0] = (((n * sdp + iz) * shp + iy) * swp + ix) * C
         else:
             offs[m - m0] = -1
+    # whole blocks of TP pixels x TC channels in registers, the rest element by element
+    ps, po = flat.ctypes.data, out.ctypes.data
+    ldd = out.shape[1] * 2
+    j0 = 0
+    cw = C - C % TC
+    while j0 + TP <= m1 - m0:
+        for c0 in range(0, cw, TC):
+            for j in range(TP):
+                o = offs[j0 + j]
+                # (``zeros`` read here, not only its address: Numba frees an array
+                # after its last use)
+                rowp[j] = ps + (o + c0) * 2 if o >= 0 else zeros.ctypes.data
+            _transpose_pairs(rowp.ctypes.data, po + ((t * C + c0) * me + m0 + j0) * 2, ldd)
+        j0 += TP
     for ch in range(C):
         row = t * C + ch
-        for j in range(m1 - m0):
+        for j in range(0 if ch >= cw else j0, m1 - m0):
             o = offs[j]
             out[row, m0 + j] = flat[o + ch] if o >= 0 else 0
         if m1 == M and me > M:
