@@ -114,10 +114,9 @@ def _filter_t(w3):
 def _packed_filter_t(w3, taps):
     """Backward data's B (:func:`_filter_t` of the taps ``taps`` of ``w3 [T, C, K]``)
     packed into pairs: with ``K`` even each pair is one 32-bit word of the filter as it
-    is, and the packing is a 32-bit transpose per tap (``pack_taps``); else the copy of
-    :func:`_filter_t`, then :func:`pack_pairs` (ResNet-50's res5b_branch2b, bfloat16,
-    backward data: the copy and the pairing took 4.4 of the call's 15.8 ms on one
-    thread)."""
+    is, and the packing is a 32-bit transpose per tap (``pack_taps``, in parallel); else
+    the serial copy of :func:`_filter_t`, then :func:`pack_pairs` (docs/performance.md,
+    "bfloat16")."""
     from ..kernels.cpu import bf16dot as k
     _, c, kk = w3.shape
     taps = np.asarray(taps, np.int64)

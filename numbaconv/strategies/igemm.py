@@ -43,11 +43,8 @@ R_SHORT = ("1x1 at stride 1 without pads over {k} output channels (<= %d): the G
 R_BLAS = "GEMM_ENGINE is 'blas' (the implicit variant runs on the Numba engine)"
 #: Channel counts that are not whole vectors are stored through a masked last vector;
 #: a 1x1 layer at stride 1 without pads keeps to the GEMMs on the arrays themselves
-#: there (forced, 2 threads, Zen 4 host, gemm[implicit] against gemm[claimed] or
-#: gemm[identity]: xception:middle_pw (728 channels) 15.3 / 15.2 ms,
-#: efficientnet_b0:mb5_expand (40) 0.76 / 0.76, shufflenet:stage3_gconv2 (3 groups of
-#: 40) 0.53 / 0.43), while 3x1x1 R(2+1)D layers of 45 and 230 channels ran 1.5x and 1.1x
-#: as fast as gemm[slabs] on gemm[regions].
+#: there, which ran as fast or faster (docs/performance.md, "Channels that are not whole
+#: vectors").
 R_PARTIAL = ("1x1 at stride 1 without pads over {c} input channels (not whole {vl}-lane "
              "vectors): the GEMM on the arrays themselves (gemm[claimed] or "
              "gemm[identity]) is as fast")
