@@ -52,6 +52,7 @@ from numba.extending import intrinsic
 from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
+from numbaconv.kernels.cpu._ir import lane_mask, masked_io  # noqa: E402
 
 #: Rows of a register tile and the most vectors across it (as ukernel's: ``MR*NV``
 #: accumulators, ``NV`` loaded vectors and a broadcast within 32 registers with AVX-512).
@@ -141,23 +142,9 @@ def _micro(nv, btab=False):
             stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
             nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
             # the last vector's lanes below ``tail``, where it is partial
-            i32 = ir.IntType(32)
-            mty = ir.VectorType(ir.IntType(1), vl)
-            lane = ir.Constant(ir.VectorType(i32, vl), list(range(vl)))
-            t32 = builder.insert_element(ir.Constant(ir.VectorType(i32, vl), ir.Undefined),
-                                         builder.trunc(tail, i32), ir.Constant(i32, 0))
-            t32 = builder.shuffle_vector(t32, t32, splat)
-            mask = builder.icmp_unsigned("<", lane, t32)
+            mask = lane_mask(builder, tail, vl)
             partial = builder.icmp_signed("!=", tail, ir.Constant(i64, 0))
-            sfx = "v%d%s.p0v%d%s" % (vl, "f32" if dtype == types.float32 else "f64",
-                                     vl, "f32" if dtype == types.float32 else "f64")
-            mload = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vty, [vp, i32, mty, vty]),
-                "llvm.masked.load." + sfx)
-            mstore = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [vty, vp, i32, mty]),
-                "llvm.masked.store." + sfx)
-            one = ir.Constant(i32, 1)
+            mload, mstore = masked_io(builder, vty, vl)
             for i in range(MR):
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64p),
                                                 [ir.Constant(i64, i)]))
@@ -169,11 +156,9 @@ def _micro(nv, btab=False):
                         with builder.if_else(partial) as (masked, whole):
                             with masked:  # (never streamed: the strategy's rule)
                                 with builder.if_then(add):
-                                    old = builder.call(mload, [p, one, mask, zero])
-                                    builder.call(mstore, [builder.fadd(val, old), p, one,
-                                                          mask])
+                                    mstore(builder.fadd(val, mload(p, mask)), p, mask)
                                 with builder.if_then(builder.not_(add)):
-                                    builder.call(mstore, [val, p, one, mask])
+                                    mstore(val, p, mask)
                             with whole:
                                 _store(builder, val, p, add, plain, stream, nontemporal)
                     else:
