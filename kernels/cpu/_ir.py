@@ -37,6 +37,49 @@ def at(builder, base, off, ty):
     return p if ty is base.type.pointee else builder.bitcast(p, ty.as_pointer())
 
 
+def beta_store(builder, beta):
+    """``(store, add)`` for a register tile's stores as its ``beta`` (int64) says:
+    ``store(value, ptr)`` adds the vector to what is at ``ptr`` (``beta`` 1), stores it
+    (0), or streams it past the caches (2: non-temporal, ``ptr`` on a vector boundary, no
+    read for ownership); ``add`` is the ``beta == 1`` predicate, for a caller's own
+    (masked) stores."""
+    i64 = ir.IntType(64)
+    add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
+    plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
+    stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
+    nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+
+    def store(val, p):
+        with builder.if_then(add):
+            builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
+        with builder.if_then(plain):
+            builder.store(val, p, align=1)
+        with builder.if_then(stream):
+            st = builder.store(val, p, align=VECTOR_BYTES)
+            st.set_metadata("nontemporal", nontemporal)
+
+    return store, add
+
+
+def transpose(builder, rows):
+    """The columns of the matrix whose rows are the vectors ``rows`` (a power-of-two
+    count, one length): element ``j`` of row ``i`` is element ``i`` of column ``j``. By
+    shuffles: a tree of concatenations into one vector, then one shuffle per column."""
+    i32 = ir.IntType(32)
+    n, width = len(rows), rows[0].type.count
+    vecs, w = list(rows), width
+    while len(vecs) > 1:
+        cat = ir.Constant(ir.VectorType(i32, 2 * w), list(range(2 * w)))
+        vecs = [builder.shuffle_vector(vecs[k], vecs[k + 1], cat)
+                for k in range(0, len(vecs), 2)]
+        w *= 2
+    big = vecs[0]
+    undef = ir.Constant(big.type, ir.Undefined)
+    return [builder.shuffle_vector(big, undef, ir.Constant(ir.VectorType(i32, n),
+                                                           [i * width + j for i in range(n)]))
+            for j in range(width)]
+
+
 def _iota_splat(builder, v, vl):
     """``(iota, splat)``: ``<vl x i64>`` vectors ``0 .. vl - 1`` and ``v`` in every lane."""
     i64 = ir.IntType(64)

@@ -31,6 +31,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import kernel, par_for, separate
+from numbaconv.kernels.cpu._ir import transpose
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
 #: broadcast fit AVX-512's 32 registers.
@@ -256,20 +257,9 @@ def _transpose_pairs(typingctx, rowp, dst, ldd):
                             [k for c in range(TC) for k in (c, TC + c)])
         words = [builder.bitcast(builder.shuffle_vector(rows[2 * p], rows[2 * p + 1], inter),
                                  ir.VectorType(i32, TC)) for p in range(TP // 2)]
-        width = TC
-        while len(words) > 1:  # one [TP/2 * TC] vector of words, pair-major
-            cat = ir.Constant(ir.VectorType(i32, 2 * width), list(range(2 * width)))
-            words = [builder.shuffle_vector(words[k], words[k + 1], cat)
-                     for k in range(0, len(words), 2)]
-            width *= 2
-        big = words[0]
-        undef = ir.Constant(big.type, ir.Undefined)
         vout = ir.VectorType(i32, TP // 2)
         pd = builder.inttoptr(dst, ir.IntType(8).as_pointer())
-        for c in range(TC):
-            col = builder.shuffle_vector(
-                big, undef, ir.Constant(ir.VectorType(i32, TP // 2),
-                                        [p * TC + c for p in range(TP // 2)]))
+        for c, col in enumerate(transpose(builder, words)):
             at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
             builder.store(col, builder.bitcast(at, vout.as_pointer()), align=2)
         return context.get_dummy_value()

@@ -51,6 +51,7 @@ from numbaconv._jit import dtype_name, helper, separate
 
 #: Bytes of one SIMD register on this host (the lanes of a group vector).
 from numbaconv.kernels.cpu._host import VECTOR_BYTES  # noqa: E402
+from numbaconv.kernels.cpu._ir import transpose  # noqa: E402
 #: Register tiles (rows x vectors) of the backward-data and backward-weights micro-kernels:
 #: rows*vectors accumulators plus the loaded operands fit the register file (16 vector
 #: registers with AVX2, 32 with AVX-512).
@@ -307,19 +308,9 @@ def _transpose(cc, to_lanes, vbytes=VECTOR_BYTES):
                     builder.store(builder.extract_element(vecs[0], ir.Constant(i32, j)),
                                   at(pd, ds, j))
                 return context.get_dummy_value()
-            width = win
-            while len(vecs) > 1:  # concatenate: one [nin*win] vector, row-major
-                mask = ir.Constant(ir.VectorType(i32, 2 * width), list(range(2 * width)))
-                vecs = [builder.shuffle_vector(vecs[k], vecs[k + 1], mask)
-                        for k in range(0, len(vecs), 2)]
-                width *= 2
-            big = vecs[0]
-            undef = ir.Constant(big.type, ir.Undefined)
             vout = ir.VectorType(f, nin)
-            for j in range(win):
-                mask = ir.Constant(ir.VectorType(i32, nin), [i * win + j for i in range(nin)])
-                builder.store(builder.shuffle_vector(big, undef, mask),
-                              builder.bitcast(at(pd, ds, j), vout.as_pointer()), align=1)
+            for j, col in enumerate(transpose(builder, vecs)):
+                builder.store(col, builder.bitcast(at(pd, ds, j), vout.as_pointer()), align=1)
             return context.get_dummy_value()
 
         return sig, codegen

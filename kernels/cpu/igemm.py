@@ -52,7 +52,7 @@ from numba.extending import intrinsic
 from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
-from numbaconv.kernels.cpu._ir import lane_mask, masked_io  # noqa: E402
+from numbaconv.kernels.cpu._ir import beta_store, lane_mask, masked_io  # noqa: E402
 
 #: Rows of a register tile and the most vectors across it (as ukernel's: ``MR*NV``
 #: accumulators, ``NV`` loaded vectors and a broadcast within 32 registers with AVX-512).
@@ -137,10 +137,7 @@ def _micro(nv, btab=False):
                             builder.store(
                                 builder.call(fma, [x, bv[v], builder.load(acc[i][v])]),
                                 acc[i][v])
-            add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
-            plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
-            stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
-            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            store, add = beta_store(builder, beta)
             # the last vector's lanes below ``tail``, where it is partial
             mask = lane_mask(builder, tail, vl)
             partial = builder.icmp_signed("!=", tail, ir.Constant(i64, 0))
@@ -160,26 +157,14 @@ def _micro(nv, btab=False):
                                 with builder.if_then(builder.not_(add)):
                                     mstore(val, p, mask)
                             with whole:
-                                _store(builder, val, p, add, plain, stream, nontemporal)
+                                store(val, p)
                     else:
-                        _store(builder, val, p, add, plain, stream, nontemporal)
+                        store(val, p)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return micro
-
-
-def _store(builder, val, p, add, plain, stream, nontemporal):
-    """The micro-kernel's store of one whole vector ``val`` at ``p`` as ``beta`` says."""
-    with builder.if_then(add):
-        builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
-    with builder.if_then(plain):
-        builder.store(val, p, align=1)
-    with builder.if_then(stream):
-        # whole aligned vectors past the caches (no read for ownership)
-        st = builder.store(val, p, align=VECTOR_BYTES)
-        st.set_metadata("nontemporal", nontemporal)
 
 
 _micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))

@@ -37,6 +37,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import dtype_name, helper, kernel, separate
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES
+from numbaconv.kernels.cpu._ir import beta_store
 #: Rows of a register tile, and the most vectors across it: MR*NV accumulators plus NV
 #: loaded vectors and one broadcast must fit the register file (32 with AVX-512, 16 else).
 MR = 6
@@ -108,10 +109,7 @@ def _micro(nv, mr=MR, row_table=False):
                     for v in range(nv):
                         builder.store(builder.call(fma, [s, bv[v], builder.load(acc[i][v])]),
                                       acc[i][v])
-            add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
-            stream = builder.icmp_signed("==", beta, ir.Constant(i64, 2))
-            plain = builder.icmp_signed("==", beta, ir.Constant(i64, 0))
-            nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+            store, _ = beta_store(builder, beta)
             for i in range(mr):
                 # row i of the tile starts crows[i] elements after c
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64.as_pointer()),
@@ -119,15 +117,7 @@ def _micro(nv, mr=MR, row_table=False):
                 for v in range(nv):
                     p = builder.bitcast(
                         builder.gep(pc, [builder.add(crow, ir.Constant(i64, v * vl))]), vp)
-                    val = builder.load(acc[i][v])
-                    with builder.if_then(add):
-                        builder.store(builder.fadd(val, builder.load(p, align=1)), p, align=1)
-                    with builder.if_then(plain):
-                        builder.store(val, p, align=1)
-                    with builder.if_then(stream):
-                        # whole aligned vectors past the caches (no read for ownership)
-                        st = builder.store(val, p, align=VECTOR_BYTES)
-                        st.set_metadata("nontemporal", nontemporal)
+                    store(builder.load(acc[i][v]), p)
             return context.get_dummy_value()
 
         return sig, codegen
