@@ -460,6 +460,52 @@ def test_bf16_dot_flushes_products_below_float32s_normal_range():
     assert np.all(np.abs(big.astype(np.float64) / (8 * v * 1e20) - 1) < 2 ** -6)
 
 
+@needs_bf16_dot
+@pytest.mark.parametrize("m, n, k, kc2, mc", [
+    (37, 64, 64, 128, 6),      # one block of the reduction, a last row tile of 1
+    (50, 130, 258, 16, 18),    # 9 blocks of the reduction, a last panel of 2 columns
+    (7, 5, 4, 2, 6),           # every tile partial
+])
+def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, mc):
+    """The GEMM rounding each tile to bfloat16 as its reduction ends (the partial sums of
+    a longer one in its block's own float32 rows) gives, bit for bit, the float32 product
+    rounded by the backend's converter: ties to even, NaN and Inf kept, overflow to Inf."""
+    from numbaconv.kernels.cpu import bf16dot as kern
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    # the first columns of C exactly the specials of B's first row (A's first column ones,
+    # the rest of those columns of B zeros): a NaN, infinities, a sum that overflows
+    # bfloat16's range (3.3e38 + 3.3e38 in column 3), two ties, a subnormal's neighbour
+    a[:, 0] = 1
+    a[:, 1] = 1 if k > 1 else 0
+    special = np.array([np.nan, np.inf, -np.inf, 3.3e38, 1.00390625, 1.01171875, -2.0,
+                        2.0 ** -120], np.float32)
+    j = min(n, 8)
+    b[:, :j] = 0
+    b[0, :j] = special[:j].astype(BF16)
+    if k > 1 and j > 3:
+        b[1, 3] = b[0, 3]
+    bp = np.zeros((-(-n // kern.NR), k // 2, kern.NR), np.uint32)
+    kern.pack_pairs(b.view(np.uint16), bp)
+    a32 = a.view(np.uint16).view(np.uint32)
+    c = np.full((m, n), np.nan, np.float32)
+    kern.gemm(a32, bp, c, kc2, mc)
+    want = cpu.to_bfloat16(c).view(np.uint16)
+    d = np.full((m, n), 0xABCD, np.uint16)
+    kern.gemm(a32, bp, np.zeros((0, n), np.float32), kc2, mc, d)
+    np.testing.assert_array_equal(d, want)
+    got = d.view(BF16).astype(np.float64)
+    assert np.isnan(got[:, 0]).all() and (got[:, 1:3] == [np.inf, -np.inf]).all()
+    if j > 6:
+        assert (got[:, 3] == np.inf).all() and (got[:, 4:7] == [1.0, 1.015625, -2.0]).all()
+    # and the product is right: within bfloat16's rounding of the float64 one
+    with np.errstate(invalid="ignore"):
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
+        assert np.all(np.abs(got - ref)[fin] <= 2 ** -8 * np.abs(ref)[fin] + 1e-4)
+
+
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
     from numbaconv.kernels.cpu import _host
     monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES

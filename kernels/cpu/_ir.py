@@ -61,6 +61,27 @@ def beta_store(builder, beta):
     return store, add
 
 
+def bf16_round(builder, u):
+    """bfloat16 bits (``i16``, or a vector of them) of the float32 bits ``u`` (``i32`` or a
+    vector): round to nearest, ties to even, by adding ``0x7fff`` plus the lowest kept bit
+    and keeping the upper half (an overflow carries into the exponent and gives Inf, as it
+    should); a NaN keeps its upper half with the quiet bit set (one whose payload lies in
+    the lower half would otherwise round to Inf). Integer operations only."""
+    ty = u.type
+    width = ty.count if isinstance(ty, ir.VectorType) else 0
+
+    def c32(v):
+        k = ir.Constant(ir.IntType(32), v)
+        return ir.Constant(ty, [k] * width) if width else k
+
+    hi = builder.lshr(u, c32(16))
+    rounded = builder.lshr(builder.add(builder.add(u, c32(0x7FFF)), builder.and_(hi, c32(1))),
+                           c32(16))
+    nan = builder.icmp_unsigned(">", builder.and_(u, c32(0x7FFFFFFF)), c32(0x7F800000))
+    val = builder.select(nan, builder.or_(hi, c32(0x40)), rounded)
+    return builder.trunc(val, ir.VectorType(ir.IntType(16), width) if width else ir.IntType(16))
+
+
 def transpose(builder, rows):
     """The columns of the matrix whose rows are the vectors ``rows`` (a power-of-two
     count, one length): element ``j`` of row ``i`` is element ``i`` of column ``j``. By

@@ -30,8 +30,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import kernel, par_for, separate
-from numbaconv.kernels.cpu._ir import transpose
+from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv.kernels.cpu._ir import bf16_round, transpose
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
 #: broadcast fit AVX-512's 32 registers.
@@ -55,24 +55,27 @@ class _BFloat(ir.Type):
 
 
 @intrinsic
-def _micro(typingctx, a, lda, b, c, ldc, k2, beta):
+def _micro(typingctx, a, lda, b, c, ldc, k2, beta, d, ldd):
     """``C[:MR, :NR] (+)= A[:MR, :2*k2] @ B[:2*k2, :NR]``: ``a`` the address of A's first
     pair (rows ``lda`` pairs apart), ``b`` of a packed panel (``k2`` rows of ``NR`` pairs),
-    ``c`` of C's first element (rows ``ldc`` floats apart); ``beta`` 0 stores, 1 adds."""
-    sig = types.void(types.intp, types.intp, types.intp, types.intp, types.intp,
-                     types.intp, types.intp)
+    ``c`` of C's first element (rows ``ldc`` floats apart). ``beta``: bit 0 adds to what C
+    holds (else stores), bit 1 rounds the sum to bfloat16 bits at ``d`` (rows ``ldd``
+    elements apart; C is then only read) instead of storing it to C."""
+    sig = types.void(*[types.intp] * 9)
 
     def codegen(context, builder, signature, args):
-        a, lda, b, c, ldc, k2, beta = args
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        a, lda, b, c, ldc, k2, beta, d, ldd = args
+        f32, i16, i32, i64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
         vf, vi, vb = (ir.VectorType(f32, 16), ir.VectorType(i32, 16),
                       ir.VectorType(_BFloat(), 32))
+        vh = ir.VectorType(i16, 16)
         dot = cgutils.get_or_insert_function(builder.module,
                                              ir.FunctionType(vf, [vf, vb, vb]),
                                              "llvm.x86.avx512bf16.dpbf16ps.512")
         pa = builder.inttoptr(a, i32.as_pointer())
         pb = builder.inttoptr(b, vi.as_pointer())
         pc = builder.inttoptr(c, f32.as_pointer())
+        pd = builder.inttoptr(d, i16.as_pointer())
         zero = ir.Constant(vf, None)
         undef = ir.Constant(vi, ir.Undefined)
         splat = ir.Constant(vi, None)
@@ -93,18 +96,34 @@ def _micro(typingctx, a, lda, b, c, ldc, k2, beta):
                 for v in range(NV):
                     builder.store(builder.call(dot, [builder.load(acc[i][v]), s, bv[v]]),
                                   acc[i][v])
-        add = builder.icmp_signed("==", beta, ir.Constant(i64, 1))
-        for i in range(MR):
-            row = builder.mul(ldc, ir.Constant(i64, i))
-            for v in range(NV):
-                p = builder.bitcast(builder.gep(pc, [builder.add(row, ir.Constant(i64, 16 * v))]),
-                                    vf.as_pointer())
-                val = builder.load(acc[i][v])
-                with builder.if_else(add) as (then, otherwise):
-                    with then:
-                        builder.store(builder.fadd(val, builder.load(p, align=4)), p, align=4)
-                    with otherwise:
-                        builder.store(val, p, align=4)
+
+        def c_at(i, v):
+            off = builder.add(builder.mul(ldc, ir.Constant(i64, i)), ir.Constant(i64, 16 * v))
+            return builder.bitcast(builder.gep(pc, [off]), vf.as_pointer())
+
+        one = ir.Constant(i64, 1)
+        add = builder.icmp_signed("!=", builder.and_(beta, one), ir.Constant(i64, 0))
+        rnd = builder.icmp_signed("!=", builder.and_(beta, ir.Constant(i64, 2)),
+                                  ir.Constant(i64, 0))
+        with builder.if_then(add):
+            for i in range(MR):
+                for v in range(NV):
+                    p = c_at(i, v)
+                    builder.store(builder.fadd(builder.load(acc[i][v]), builder.load(p, align=4)),
+                                  acc[i][v])
+        with builder.if_else(rnd) as (then, otherwise):
+            with then:
+                for i in range(MR):
+                    for v in range(NV):
+                        off = builder.add(builder.mul(ldd, ir.Constant(i64, i)),
+                                          ir.Constant(i64, 16 * v))
+                        bits = bf16_round(builder, builder.bitcast(builder.load(acc[i][v]), vi))
+                        builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
+                                                            vh.as_pointer()), align=2)
+            with otherwise:
+                for i in range(MR):
+                    for v in range(NV):
+                        builder.store(builder.load(acc[i][v]), c_at(i, v), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -342,23 +361,31 @@ def _im2col_t_block(src, rows, out, geo, tb):
             out[row, M] = 0
 
 
-@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], int64, int64, "
-               "int64)")
-def _block(a, bp, c, kc2, mc, blk):
+@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint16[:, ::1], "
+               "int64, int64, int64)")
+def _block(a, bp, c, d, kc2, mc, blk):
     """Block ``blk`` of ``mc`` rows of ``C = A @ B`` (see :func:`gemm`)."""
     M = a.shape[0]
     r0, r1 = blk * mc, min(M, (blk + 1) * mc)
+    K2 = a.shape[1]
+    rnd = d.shape[0] > 0
+    N = d.shape[1] if rnd else c.shape[1]
     wa = np.zeros((MR, kc2), np.uint32)
     wc = np.zeros((MR, NR), np.float32)
-    K2 = a.shape[1]
-    N = c.shape[1]
+    if rnd:  # the partial sums of a longer reduction in this block's rows of C of its own
+        c = np.empty((r1 - r0 if K2 > kc2 else 0, N), np.float32)
+        c0 = r0
+    else:
+        c0 = 0
     npan = bp.shape[0]
     # addresses as int64 alike: one inlining of the micro-kernel's typing, not two
     pa0, pb0, pc0 = np.int64(a.ctypes.data), np.int64(bp.ctypes.data), np.int64(c.ctypes.data)
+    pd0 = np.int64(d.ctypes.data)
     pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
+    wu = wc.view(np.uint32)
     for k0 in range(0, K2, kc2):
         kk = min(kc2, K2 - k0)
-        beta = 0 if k0 == 0 else 1
+        beta = (0 if k0 == 0 else 1) | (2 if rnd and k0 + kc2 >= K2 else 0)
         for q in range(npan):
             j = q * NR
             w = min(NR, N - j)
@@ -373,21 +400,42 @@ def _block(a, bp, c, kc2, mc, blk):
                             wa[i, k] = a[i0 + i, k0 + k] if i < im else 0
                     pa, lda = pwa, wa.shape[1]
                 if im == MR and w == NR:
-                    _micro(pa, lda, pb, pc0 + (i0 * N + j) * 4, N, kk, beta)
-                else:  # through the scratch tile: only im x w of C is touched
-                    if beta:
+                    _micro(pa, lda, pb, pc0 + ((i0 - c0) * N + j) * 4, N, kk, beta,
+                           pd0 + (i0 * N + j) * 2, N)
+                else:  # through the scratch tile: only im x w of C (or D) is touched
+                    if beta & 1:
                         for i in range(im):
                             for jj in range(w):
-                                wc[i, jj] = c[i0 + i, j + jj]
-                    _micro(pa, lda, pb, pwc, NR, kk, beta)
-                    for i in range(im):
-                        for jj in range(w):
-                            c[i0 + i, j + jj] = wc[i, jj]
+                                wc[i, jj] = c[i0 - c0 + i, j + jj]
+                    _micro(pa, lda, pb, pwc, NR, kk, beta & 1, pwc, NR)
+                    if beta & 2:
+                        for i in range(im):
+                            for jj in range(w):
+                                d[i0 + i, j + jj] = _round_bits(wu[i, jj])
+                    else:
+                        for i in range(im):
+                            for jj in range(w):
+                                c[i0 - c0 + i, j + jj] = wc[i, jj]
 
 
-def gemm(a, bp, c, kc2, mc):
+@helper(inline=True)
+def _round_bits(u):
+    """The bfloat16 bits of the float32 bits ``u`` (``_ir.bf16_round``, one value)."""
+    hi = u >> np.uint32(16)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16(hi | np.uint32(0x40))
+    return np.uint16((u + np.uint32(0x7FFF) + (hi & np.uint32(1))) >> np.uint32(16))
+
+
+_NO_BITS = np.zeros((0, 0), np.uint16)
+
+
+def gemm(a, bp, c, kc2, mc, d=None):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
-    threads; the reduction runs in blocks of ``kc2`` pairs."""
-    _block.run("bf16", (a.shape[0] + mc - 1) // mc, a, bp, c, kc2, mc)
+    threads; the reduction runs in blocks of ``kc2`` pairs. With ``d`` (``uint16 [M, N]``,
+    C-contiguous) the product is rounded to bfloat16 bits there instead, as each tile's
+    reduction ends (``c`` is then not touched: pass any float32 ``[0, N]`` array)."""
+    _block.run("bf16", (a.shape[0] + mc - 1) // mc, a, bp, c, _NO_BITS if d is None else d,
+               kc2, mc)

@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel, separate
 from numbaconv.kernels.cpu._host import F16C
+from numbaconv.kernels.cpu._ir import bf16_round
 
 #: Elements per SIMD step (one 256-bit vector of float32).
 VL = 8
@@ -121,10 +122,8 @@ def _convert_block(src, dst, up, b):
 
 # -- bfloat16 -------------------------------------------------------------------------------------
 # bfloat16 is the upper half of a float32: widening is a 16-bit shift of the bits, rounding
-# adds 0x7fff plus the lowest kept bit (round to nearest, ties to even; an overflow carries
-# into the exponent and gives Inf, as it should) and keeps the upper half, except for NaNs,
-# whose upper half is kept with the quiet bit set (a NaN whose payload lies in the lower
-# half would otherwise round to Inf). Integer operations only: every host, no F16C needed.
+# is :func:`_ir.bf16_round` (round to nearest even, NaN kept; integer operations only: every
+# host, no F16C needed).
 # Written as vector IR on addresses, as the float16 converters: the same loops on arrays
 # stayed scalar inside a parallel region (10x slower than the serial loop).
 
@@ -160,14 +159,8 @@ def _bf16_converter(n, widen):
             else:
                 p = builder.gep(builder.inttoptr(s, i32.as_pointer()), [idx])
                 u = builder.load(builder.bitcast(p, t32.as_pointer()), align=4)
-                hi = builder.lshr(u, c32(16))
-                rounded = builder.lshr(builder.add(builder.add(u, c32(0x7FFF)),
-                                                   builder.and_(hi, c32(1))), c32(16))
-                nan = builder.icmp_unsigned(">", builder.and_(u, c32(0x7FFFFFFF)),
-                                            c32(0x7F800000))
-                val = builder.select(nan, builder.or_(hi, c32(0x40)), rounded)
                 q = builder.gep(builder.inttoptr(d, i16.as_pointer()), [idx])
-                builder.store(builder.trunc(val, t16), builder.bitcast(q, t16.as_pointer()),
+                builder.store(bf16_round(builder, u), builder.bitcast(q, t16.as_pointer()),
                               align=2)
             return context.get_dummy_value()
 

@@ -1,7 +1,8 @@
 """``gemm[bf16-dot]``: bfloat16 problems as one GEMM on AVX512_BF16's dot products.
 
-Each direction is one product ``C = A @ B`` of bfloat16 matrices with float32 results
-(:mod:`numbaconv.kernels.cpu.bf16dot`), rounded to bfloat16 once by the backend:
+Each direction is one product ``C = A @ B`` of bfloat16 matrices summed in float32
+(:mod:`numbaconv.kernels.cpu.bf16dot`) and rounded to bfloat16 once, by the GEMM's tiles as
+their reductions end (no float32 result is written and read again):
 
 * forward:          ``Y [M, K] = im2col(X) [M, taps*C] @ W [taps*C, K]``
 * backward data:    ``dX [M', C] = im2col~(dY) [M', taps*K] @ W~ [taps*K, C]``, at stride 1:
@@ -129,19 +130,25 @@ def _packed_filter_t(w3, taps):
     return bp
 
 
-def _product(a, b, kp, kc2, mc):
-    """``A @ B`` in float32 (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits), B
-    packed into pairs first."""
+def _product(a, b, kp, kc2, mc, bits=False):
+    """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits), B packed into
+    pairs first; ``bits``: as :func:`_gemm`."""
     from ..kernels.cpu import bf16dot as k
     n = b.shape[1]
     bp = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32)
     k.pack_pairs(b, bp)
-    return _gemm(a, bp, n, kc2, mc)
+    return _gemm(a, bp, n, kc2, mc, bits)
 
 
-def _gemm(a, bp, n, kc2, mc):
-    """``A @ B`` in float32 for ``a [M, kp]`` and B packed (``bp``), ``n`` columns."""
+def _gemm(a, bp, n, kc2, mc, bits=False):
+    """``A @ B`` for ``a [M, kp]`` and B packed (``bp``), ``n`` columns: float32, or with
+    ``bits`` rounded to bfloat16 bits (``uint16``) by the kernel as each tile's reduction
+    ends (no float32 result written and read again)."""
     from ..kernels.cpu import bf16dot as k
+    if bits:
+        d = memory.empty((a.shape[0], n), np.uint16)
+        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, mc, d)
+        return d
     c = memory.empty((a.shape[0], n), np.float32)
     k.gemm(_pairs(a), bp, c, kc2, mc)
     return c
@@ -220,16 +227,19 @@ class Bf16Dot(Strategy):
         taps = _taps(p)
         kc2, mc = int(tiles["kc2"]), int(tiles["mc"])
         if p.direction == "bwd_w":  # dW [taps*C, K] = im2col(X)^T @ dY, over pixels
+            bits = ops["x"].dtype == np.uint16
             x, dy = _bits(ops["x"]), _bits(ops["dy"])
             m = p.mb * math.prod(p.osz)
             k2 = -(-m // 2)
             a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
             g, _ = _im2col_geo(p, False)
             k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
-            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, mc).reshape(ws)
+            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, mc, bits).reshape(ws)
         bwd = p.direction == "bwd_d"
         if bwd and any(s != 1 for s in p.stride):
             return self._bwd_d_phases(p, ops, kc2)
+        # bfloat16 in (not the tuner's float32 operands): rounded by the GEMM, bits out
+        bits = (ops["dy"] if bwd else ops["x"]).dtype == np.uint16
         src = _bits(ops["dy"] if bwd else ops["x"])
         w = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
         c_in, c_out = (p.oc, p.ic) if bwd else (p.ic, p.oc)
@@ -244,9 +254,9 @@ class Bf16Dot(Strategy):
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
         if bwd:
-            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, mc)
+            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, mc, bits)
         else:
-            c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, mc)
+            c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, mc, bits)
         return c.reshape(xs if bwd else ys)
 
     def _bwd_d_phases(self, p, ops, kc2):
@@ -256,9 +266,10 @@ class Bf16Dot(Strategy):
         from ..kernels.cpu import bf16dot as k
 
         xs, _, _ = canonical_shapes(p)
+        bits = ops["dy"].dtype == np.uint16
         dy = _bits(ops["dy"])
         w3 = _bits(ops["w"]).reshape(-1, p.ic, p.oc)
-        dx = memory.empty((p.mb, *p.isz, p.ic), np.float32)
+        dx = memory.empty((p.mb, *p.isz, p.ic), np.uint16 if bits else np.float32)
         for q, grid, taps in stride_phases(p):
             m = p.mb * math.prod(grid)
             if m == 0:
@@ -283,7 +294,7 @@ class Bf16Dot(Strategy):
             kh, kw = p.ksz[1], p.ksz[2]
             idx = [(td * kh + th) * kw + tw for td in range(d0, d0 + dn * ds, ds)
                    for th in range(h0, h0 + hn * hs, hs) for tw in range(w0, w0 + wn * ws_, ws_)]
-            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2, _block_rows(m))
+            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2, _block_rows(m), bits)
             view[...] = c.reshape(p.mb, *grid, p.ic)
         return dx.reshape(xs)
 
