@@ -368,6 +368,9 @@ _DOT = [
      ((1, 1), (1, 1))),
     ("bwd_w-1x1-wide", "bwd_w", 1, (8, 9), 48, 20, (1, 1), (1, 1), (1, 1),
      ((0, 0), (0, 0))),
+    # few rows of dW over a long reduction: the reduction in parts, summed after
+    ("bwd_w-1x1-split", "bwd_w", 2, (41, 50), 8, 70, (1, 1), (1, 1), (1, 1),
+     ((0, 0), (0, 0))),
 ]
 
 
@@ -376,7 +379,7 @@ _DOT = [
 def test_bf16_dot_entry(case, monkeypatch):
     """Forced, on edges of every tile: within the bound of the float64 reference (the
     entry's rules for narrow layers off: these shapes are about the kernels' edges)."""
-    for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS", "POINTWISE_CHANNELS"):
+    for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS"):
         monkeypatch.setattr(bf16dot_strategy, name, 0)
     _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
     rng = np.random.default_rng(len(isz) + c + k)
@@ -417,12 +420,17 @@ def test_bf16_dot_entry_declines_with_reasons():
         nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 3), BF16), (3, 3),
                 np.zeros((1, 8, 8, 64), BF16), strides=1, pads_begin=1, pads_end=1,
                 strategy="gemm[bf16-dot]")
-    with pytest.raises(ValueError, match=r"1x1 weight gradient at stride 1 over 64 -> 256"):
-        nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 64), BF16), (1, 1),
-                np.zeros((1, 8, 8, 256), BF16), strides=1, strategy="gemm[bf16-dot]")
-    p = nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 256), BF16), (1, 1),
-                np.zeros((1, 8, 8, 512), BF16), strides=1)
-    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
+    with pytest.raises(ValueError, match=r"weight gradient into 24 channels \(< 32\)"):
+        nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 64), BF16), (3, 3),
+                np.zeros((1, 8, 8, 24), BF16), strides=1, pads_begin=1, pads_end=1,
+                strategy="gemm[bf16-dot]")
+    with pytest.raises(ValueError, match=r"weight gradient of 16 rows \(taps x input"):
+        nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, 16), BF16), (1, 1),
+                np.zeros((1, 8, 8, 64), BF16), strides=1, strategy="gemm[bf16-dot]")
+    for c, k in ((64, 256), (256, 512), (32, 32)):
+        p = nc.plan("convolution_backprop_filters", np.zeros((1, 8, 8, c), BF16), (1, 1),
+                    np.zeros((1, 8, 8, k), BF16), strides=1)
+        assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
     with pytest.raises(ValueError, match=r"float32, not bfloat16"):
         nc.plan("convolution", x.astype(np.float32), np.zeros((3, 3, 8, 8), np.float32),
                 strides=1, strategy="gemm[bf16-dot]")
@@ -504,6 +512,30 @@ def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, mc)
         ref = a.astype(np.float64) @ b.astype(np.float64)
         fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
         assert np.all(np.abs(got - ref)[fin] <= 2 ** -8 * np.abs(ref)[fin] + 1e-4)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("ks", [2, 3, 8])
+def test_bf16_dot_gemm_splits_its_reduction(ks):
+    """The reduction in ``ks`` parts of whole blocks (the last one empty at 8 parts of
+    4100 pairs: its sums must be zeros), part ``z``'s sums in rows ``z*M ..``: their sum
+    is the product, within float32's rounding of the float64 one."""
+    from numbaconv.kernels.cpu import bf16dot as kern
+    rng = np.random.default_rng(ks)
+    m, n, k = 9, 70, 8200
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    bp = np.zeros((-(-n // kern.NR), k // 2, kern.NR), np.uint32)
+    kern.pack_pairs(b.view(np.uint16), bp)
+    parts = np.full((ks * m, n), np.nan, np.float32)
+    kern.gemm(a.view(np.uint16).view(np.uint32), bp, parts, 128, 12, None, ks)
+    assert not np.isnan(parts).any()
+    got = parts.reshape(ks, m, n).astype(np.float64).sum(axis=0)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    assert np.all(np.abs(got - ref) <= 1e-5 * scale)
+    # each part is a real share of the work: no part holds the whole product
+    assert all(np.abs(parts[z * m:(z + 1) * m] - ref).max() > 1 for z in range(ks))
 
 
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):

@@ -129,32 +129,50 @@ def _micro(typingctx, a, lda, b, c, ldc, k2, beta, d, ldd):
     return sig, codegen
 
 
+#: Pairs of rows of B per block of :func:`pack_pairs`' work.
+PACK_PAIRS = 64
+
+
 def pack_pairs(b, bp):
     """``bp[q, p, j] = B[2p, q*NR + j] | B[2p+1, q*NR + j] << 16`` (zero past B's edges) for
     ``b`` a 2-D ``uint16`` array of any strides (bfloat16 bits) and ``bp`` ``uint32``
-    ``[ceil(N/NR), ceil(K/2), NR]``, C-contiguous."""
-    _pack_row.run("bf16" if b.flags.c_contiguous else "bf16_strided", bp.shape[0] * bp.shape[1], b,
-                  bp)
+    ``[ceil(N/NR), ceil(K/2), NR]``, C-contiguous; in parallel over (panel, block of
+    ``PACK_PAIRS`` pairs)."""
+    nb = -(-bp.shape[1] // PACK_PAIRS)
+    _pack_rows.run("bf16" if b.flags.c_contiguous else "bf16_strided", bp.shape[0] * nb, b,
+                   bp)
 
 
 @separate("void(uint16[:, {L}], uint32[:, :, ::1], int64)", noalias=True,
           bf16=dict(L="::1"), bf16_strided=dict(L=":"))
-def _pack_row(b, bp, t):
-    """Row ``t`` (flat over ``(q, p)``) of :func:`pack_pairs`' ``bp`` (a C-contiguous ``b``
-    read as such, else through its strides)."""
+def _pack_rows(b, bp, t):
+    """Block ``t`` (flat over (panel, block of pairs)) of :func:`pack_pairs`' ``bp``: where
+    the panel lies inside B and both rows of a pair exist, a plain loop the compiler
+    vectorises (a C-contiguous ``b``); else value by value."""
     K, N = b.shape
     k2 = bp.shape[1]
-    q = t // k2
-    p = t - q * k2
-    for j in range(NR):
-        col = q * NR + j
-        lo = np.uint32(0)
-        hi = np.uint32(0)
-        if col < N:
-            lo = np.uint32(b[2 * p, col])
-            if 2 * p + 1 < K:
-                hi = np.uint32(b[2 * p + 1, col])
-        bp[q, p, j] = lo | (hi << np.uint32(16))
+    nb = (k2 + PACK_PAIRS - 1) // PACK_PAIRS
+    q = t // nb
+    p0 = (t - q * nb) * PACK_PAIRS
+    p1 = min(k2, p0 + PACK_PAIRS)
+    c0 = q * NR
+    whole = min(p1, K // 2) if c0 + NR <= N else p0
+    for p in range(p0, whole):
+        lo = b[2 * p, c0:c0 + NR]
+        hi = b[2 * p + 1, c0:c0 + NR]
+        dst = bp[q, p]
+        for j in range(NR):
+            dst[j] = np.uint32(lo[j]) | (np.uint32(hi[j]) << np.uint32(16))
+    for p in range(whole, p1):
+        for j in range(NR):
+            col = c0 + j
+            lo = np.uint32(0)
+            hi = np.uint32(0)
+            if col < N:
+                lo = np.uint32(b[2 * p, col])
+                if 2 * p + 1 < K:
+                    hi = np.uint32(b[2 * p + 1, col])
+            bp[q, p, j] = lo | (hi << np.uint32(16))
 
 
 #: Side of the square blocks :func:`pack_taps` transposes through a local tile.
@@ -362,30 +380,40 @@ def _im2col_t_block(src, rows, out, geo, tb):
 
 
 @separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint16[:, ::1], "
-               "int64, int64, int64)")
-def _block(a, bp, c, d, kc2, mc, blk):
-    """Block ``blk`` of ``mc`` rows of ``C = A @ B`` (see :func:`gemm`)."""
+               "int64, int64, int64, int64)")
+def _block(a, bp, c, d, kc2, mc, ks, blk):
+    """Block ``blk`` of :func:`gemm`: ``mc`` rows over part ``blk // (row blocks)`` of ``ks``
+    of the reduction."""
     M = a.shape[0]
-    r0, r1 = blk * mc, min(M, (blk + 1) * mc)
     K2 = a.shape[1]
+    nrb = (M + mc - 1) // mc
+    kz = blk // nrb
+    r0 = (blk - kz * nrb) * mc
+    r1 = min(M, r0 + mc)
+    chunk = -(-K2 // (ks * kc2)) * kc2  # whole blocks of the reduction per part
+    ka, kb = min(K2, kz * chunk), min(K2, (kz + 1) * chunk)
     rnd = d.shape[0] > 0
     N = d.shape[1] if rnd else c.shape[1]
     wa = np.zeros((MR, kc2), np.uint32)
     wc = np.zeros((MR, NR), np.float32)
     if rnd:  # the partial sums of a longer reduction in this block's rows of C of its own
-        c = np.empty((r1 - r0 if K2 > kc2 else 0, N), np.float32)
+        c = np.empty((r1 - r0 if kb - ka > kc2 else 0, N), np.float32)
         c0 = r0
-    else:
-        c0 = 0
+    else:  # part kz's sums in rows kz*M.. of C
+        c0 = -kz * M
+        if ka == kb:  # nothing of the reduction left for this part
+            for i in range(r0, r1):
+                for j in range(N):
+                    c[i - c0, j] = 0
     npan = bp.shape[0]
     # addresses as int64 alike: one inlining of the micro-kernel's typing, not two
     pa0, pb0, pc0 = np.int64(a.ctypes.data), np.int64(bp.ctypes.data), np.int64(c.ctypes.data)
     pd0 = np.int64(d.ctypes.data)
     pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
     wu = wc.view(np.uint32)
-    for k0 in range(0, K2, kc2):
-        kk = min(kc2, K2 - k0)
-        beta = (0 if k0 == 0 else 1) | (2 if rnd and k0 + kc2 >= K2 else 0)
+    for k0 in range(ka, kb, kc2):
+        kk = min(kc2, kb - k0)
+        beta = (0 if k0 == ka else 1) | (2 if rnd and k0 + kc2 >= kb else 0)
         for q in range(npan):
             j = q * NR
             w = min(NR, N - j)
@@ -430,12 +458,17 @@ def _round_bits(u):
 _NO_BITS = np.zeros((0, 0), np.uint16)
 
 
-def gemm(a, bp, c, kc2, mc, d=None):
+def gemm(a, bp, c, kc2, mc, d=None, ks=1):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
     threads; the reduction runs in blocks of ``kc2`` pairs. With ``d`` (``uint16 [M, N]``,
     C-contiguous) the product is rounded to bfloat16 bits there instead, as each tile's
-    reduction ends (``c`` is then not touched: pass any float32 ``[0, N]`` array)."""
-    _block.run("bf16", (a.shape[0] + mc - 1) // mc, a, bp, c, _NO_BITS if d is None else d,
-               kc2, mc)
+    reduction ends (``c`` is then not touched: pass any float32 ``[0, N]`` array).
+    ``ks`` > 1 (without ``d``): the reduction in ``ks`` parts of whole blocks, each a
+    block of the threads' work, part ``z``'s sums in rows ``z*M ..`` of ``c`` ``[ks*M,
+    N]`` (the caller adds them): for few rows over a long reduction (a weight gradient
+    over few channels), where blocks of rows alone would leave threads idle or read B
+    once per block."""
+    _block.run("bf16", ks * ((a.shape[0] + mc - 1) // mc), a, bp, c,
+               _NO_BITS if d is None else d, kc2, mc, ks)

@@ -23,15 +23,14 @@ from . import Strategy, canonical_shapes
 from ._gemm_common import stride_phases
 from .. import memory
 
-#: Backward data declines fewer result channels than this, weight gradients stems of at
-#: most ``STEM_CHANNELS`` input channels and 1x1 layers at stride 1 whose smaller channel
-#: count is at most ``POINTWISE_CHANNELS`` (ResNet-50, batch 8, 2 threads, against
-#: numbaconv's float32: conv1's backward data 0.08x and weight gradient 0.22x; the 1x1
-#: weight gradients over 64-128 channels 0.55-0.94x, over 256 and more 1.0-1.8x;
+#: Backward data declines fewer result channels than this, weight gradients fewer output
+#: channels or rows (taps x input channels), and stems of at most ``STEM_CHANNELS`` input
+#: channels (ResNet-50 and the zoo, batch 8, 2 threads, against numbaconv's float32
+#: entries on widened operands: conv1's backward data 0.08x and weight gradient 0.22x;
+#: weight gradients into 2-24 channels 0.36-0.46x, over 16 rows 0.92x;
 #: docs/performance.md, "bfloat16").
 MIN_DATA_CHANNELS = 32
 STEM_CHANNELS = 4
-POINTWISE_CHANNELS = 128
 
 R_DTYPE = "{dtype}, not bfloat16 (the dot products take bfloat16 pairs)"
 R_HOST = "this host has no AVX512_BF16 (vdpbf16ps)"
@@ -41,9 +40,11 @@ R_NARROW_D = ("backward data into {c} channels (< %d): most of every 64-column r
               % MIN_DATA_CHANNELS)
 R_STEM_W = ("weight gradient of {c} input channels (<= %d, a stem): the float32 patch "
             "GEMM on widened operands wins" % STEM_CHANNELS)
-R_POINTWISE_W = ("1x1 weight gradient at stride 1 over {c} -> {k} channels (the smaller "
-                 "<= %d): transposing x and pairing dY over every pixel costs more than "
-                 "the dot products save; the float32 entries win" % POINTWISE_CHANNELS)
+R_NARROW_W = ("weight gradient into {k} channels (< %d): most of every 64-column register "
+              "tile would be idle; the float32 entries on widened operands win"
+              % MIN_DATA_CHANNELS)
+R_FEW_ROWS_W = ("weight gradient of {r} rows (taps x input channels < %d): the float32 "
+                "entries on widened operands win" % MIN_DATA_CHANNELS)
 R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}): the float32 Winograd "
               "entry's fewer multiplies win")
 
@@ -59,6 +60,10 @@ KC2 = 128
 #: Most rows per block shared out to a thread, and blocks per thread at least.
 MAX_MC = 192
 BLOCKS_PER_THREAD = 4
+#: A weight gradient's reduction split into parts (:func:`_split_reduction`): blocks of the
+#: reduction per part at least, and the parts' float32 sums at most (bytes).
+MIN_PART = 4
+SPLIT_BYTES = 8 << 20
 
 
 def host_has_bf16():
@@ -102,6 +107,24 @@ def _block_rows(rows):
     return max(MR, min(MAX_MC, -(-per // MR) * MR))
 
 
+def _split_reduction(rows, k2, n):
+    """``(mc, ks)`` for a weight gradient's ``rows`` (``taps*C``) over ``k2`` pairs of
+    pixels into ``n`` columns: where blocks of rows alone are fewer than
+    ``BLOCKS_PER_THREAD`` per thread, blocks of up to ``MAX_MC`` rows, each reduction
+    split into ``ks`` parts (each at least ``MIN_PART`` blocks of ``KC2`` pairs, every
+    part's float32 sums together at most ``SPLIT_BYTES``); else ``(_block_rows(rows), 1)``."""
+    from ..runtime import threads as _threads
+    from ..kernels.cpu.bf16dot import MR
+    want = BLOCKS_PER_THREAD * max(1, _threads())
+    mc = max(MR, min(MAX_MC, -(-rows // MR) * MR))
+    nrb = -(-rows // mc)
+    if nrb >= want:
+        return int(_block_rows(rows)), 1
+    ks = min(-(-want // nrb), max(1, k2 // (MIN_PART * KC2)),
+             max(1, SPLIT_BYTES // (4 * rows * n)))
+    return (int(mc), int(ks)) if ks > 1 else (int(_block_rows(rows)), 1)
+
+
 def _filter_t(w3):
     """Backward data's B, ``W~[t*K + k, c] = W[t, c, k]``, from a filter ``w3 [taps, C,
     K]`` of bits: for one tap a strided view (the packing reads it through its strides),
@@ -130,14 +153,21 @@ def _packed_filter_t(w3, taps):
     return bp
 
 
-def _product(a, b, kp, kc2, mc, bits=False):
+def _product(a, b, kp, kc2, mc, bits=False, ks=1):
     """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits), B packed into
-    pairs first; ``bits``: as :func:`_gemm`."""
+    pairs first; ``bits``: as :func:`_gemm`; ``ks`` > 1: the reduction in that many parts
+    (``bf16dot.gemm``), their sums added in order here."""
     from ..kernels.cpu import bf16dot as k
     n = b.shape[1]
     bp = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32)
     k.pack_pairs(b, bp)
-    return _gemm(a, bp, n, kc2, mc, bits)
+    if ks == 1:
+        return _gemm(a, bp, n, kc2, mc, bits)
+    m = a.shape[0]
+    parts = memory.empty((ks * m, n), np.float32)
+    k.gemm(_pairs(a), bp, parts, kc2, mc, None, ks)
+    c = parts.reshape(ks, m, n).sum(axis=0)
+    return _bits(c) if bits else c
 
 
 def _gemm(a, bp, n, kc2, mc, bits=False):
@@ -187,9 +217,10 @@ class Bf16Dot(Strategy):
         if p.direction == "bwd_w":
             if p.ic <= STEM_CHANNELS:
                 return R_STEM_W.format(c=p.ic)
-            if (_taps(p) == 1 and all(s == 1 for s in p.stride)
-                    and min(p.ic, p.oc) <= POINTWISE_CHANNELS):
-                return R_POINTWISE_W.format(c=p.ic, k=p.oc)
+            if p.oc < MIN_DATA_CHANNELS:
+                return R_NARROW_W.format(k=p.oc)
+            if _taps(p) * p.ic < MIN_DATA_CHANNELS:
+                return R_FEW_ROWS_W.format(r=_taps(p) * p.ic)
         lo, hi = WINOGRAD_CHANNELS
         if (p.ndim == 2 and p.ksz == (1, 3, 3) and p.stride == (1, 1, 1)
                 and p.dilation == (1, 1, 1) and lo <= min(p.ic, p.oc) <= hi):
@@ -197,8 +228,11 @@ class Bf16Dot(Strategy):
         return None
 
     def tiles(self, p, machine):
-        rows = (_taps(p) * p.ic if p.direction == "bwd_w" else
-                p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz))
+        if p.direction == "bwd_w":
+            k2 = -(-p.mb * math.prod(p.osz) // 2)
+            mc, ks = _split_reduction(_taps(p) * p.ic, k2, p.oc)
+            return {"kc2": KC2, "mc": mc, "ks": ks}
+        rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
         return {"kc2": KC2, "mc": int(_block_rows(rows))}
 
     def bf16_operands(self, p, tiles):
@@ -218,7 +252,10 @@ class Bf16Dot(Strategy):
         else:
             k, n, rows = m, p.oc, taps * p.ic
         k2 = -(-k // 2)
-        return rows * k2 * 4 + -(-n // NR) * k2 * NR * 4  # A (pairs), B's panels
+        parts = int(tiles.get("ks", 1))
+        # A (pairs), B's panels, the reduction's parts' sums
+        return (rows * k2 * 4 + -(-n // NR) * k2 * NR * 4
+                + (parts * rows * n * 4 if parts > 1 else 0))
 
     def run(self, p, tiles, ops):
         from ..kernels.cpu import bf16dot as k
@@ -234,7 +271,8 @@ class Bf16Dot(Strategy):
             a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
             g, _ = _im2col_geo(p, False)
             k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
-            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, mc, bits).reshape(ws)
+            ks = int(tiles.get("ks", 1))
+            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, mc, bits, ks).reshape(ws)
         bwd = p.direction == "bwd_d"
         if bwd and any(s != 1 for s in p.stride):
             return self._bwd_d_phases(p, ops, kc2)
