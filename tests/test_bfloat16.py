@@ -447,6 +447,10 @@ def test_bf16_dot_entry_declines_with_reasons():
     p = nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=2, pads_begin=1,
                 pads_end=1)
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
+    # backward data of the same layer stays on the dot products
+    p = nc.plan("convolution_backprop_data", x, np.zeros((3, 3, 128, 128), BF16), (28, 28),
+                strides=1, pads_begin=1, pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
 
 
 @needs_bf16_dot

@@ -45,13 +45,16 @@ R_NARROW_W = ("weight gradient into {k} channels (< %d): most of every 64-column
               % MIN_DATA_CHANNELS)
 R_FEW_ROWS_W = ("weight gradient of {r} rows (taps x input channels < %d): the float32 "
                 "entries on widened operands win" % MIN_DATA_CHANNELS)
-R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}): the float32 Winograd "
-              "entry's fewer multiplies win")
+R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}), forward or weight "
+              "gradient: the float32 Winograd entry's fewer multiplies win")
 
-#: 2-D 3x3 layers at stride 1 whose smaller channel count lies in this range are left to
-#: the Winograd entry (on widened operands); 2 threads, batch 8, ResNet-50: Winograd took
-#: 20-27 ms against this entry's 35-66 ms at 64 and 128 channels (56x56, 28x28), this entry
-#: 17-24 ms against 28-66 ms at 256 (14x14). Below 64 channels Winograd declines anyway.
+#: 2-D 3x3 forward passes and weight gradients at stride 1 whose smaller channel count
+#: lies in this range are left to the Winograd entry (on widened operands); ResNet-50,
+#: batch 8, 2 threads, ms, this entry against Winograd: 64 channels (56x56) forward
+#: 6.43 / 5.33, weights 11.0 / 5.8; 128 (28x28) forward 5.12 / 5.24, weights 6.9 / 5.8;
+#: from 256 (14x14) this entry wins. Backward data stays here (64 channels 6.6 / 6.3-7.8,
+#: 128: 5.2 / 5.5-5.7), which also keeps Winograd's rounding out of it. Below 64 channels
+#: Winograd declines anyway.
 WINOGRAD_CHANNELS = (64, 255)
 
 #: Pairs of the reduction per block: a packed panel of B (``kc2 x NR`` words, 32 KiB)
@@ -222,8 +225,9 @@ class Bf16Dot(Strategy):
             if _taps(p) * p.ic < MIN_DATA_CHANNELS:
                 return R_FEW_ROWS_W.format(r=_taps(p) * p.ic)
         lo, hi = WINOGRAD_CHANNELS
-        if (p.ndim == 2 and p.ksz == (1, 3, 3) and p.stride == (1, 1, 1)
-                and p.dilation == (1, 1, 1) and lo <= min(p.ic, p.oc) <= hi):
+        if (p.direction != "bwd_d" and p.ndim == 2 and p.ksz == (1, 3, 3)
+                and p.stride == (1, 1, 1) and p.dilation == (1, 1, 1)
+                and lo <= min(p.ic, p.oc) <= hi):
             return R_WINOGRAD.format(c=min(p.ic, p.oc), lo=lo, hi=hi)
         return None
 
