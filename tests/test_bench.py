@@ -205,6 +205,22 @@ def test_traffic_bytes_counts_operands_and_result_once():
     assert bench.traffic_bytes(T2D_SAME, "bwd_w") == 4 * (2 * 64 * 4 + 9 * 2 * 6 + 2 * 16 * 6)
 
 
+def test_compute_peak_per_dtype(monkeypatch):
+    """float16/float32: the sgemm peak; bfloat16: twice it where AVX512_BF16's dot products
+    run (else float32's); float64: a float64 matmul, timed."""
+    from numbaconv.kernels.cpu import _host
+    assert bench.compute_peak(150.0, "float32")[0] == 150.0
+    assert bench.compute_peak(150.0, "float16")[0] == 150.0
+    monkeypatch.setattr(_host, "FEATURES", tuple(_host.FEATURES) + ("avx512bf16",))
+    peak, how = bench.compute_peak(150.0, "bfloat16")
+    assert peak == 300.0 and "AVX512_BF16" in how
+    monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES
+                                                  if f != "avx512bf16"))
+    assert bench.compute_peak(150.0, "bfloat16")[0] == 150.0
+    peak, how = bench.compute_peak(150.0, "float64", repeat=1, n=64)
+    assert peak > 0 and "float64" in how
+
+
 def test_roof_fraction():
     # compute-bound: 2 GFLOP at 100 GFLOP/s is 20 ms; the bytes would take 1 ms
     assert math.isclose(bench.roof_fraction(2e9, 1e7, 0.04, 100.0, 10.0), 0.5)

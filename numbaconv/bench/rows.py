@@ -21,7 +21,7 @@ class Row:
 
     ``bytes`` is the least traffic of the pass (operands read once, result written once,
     :func:`numbaconv.bench.timing.traffic_bytes`); ``roof`` the fraction of the row's roofline
-    reached: ``max(flops at the sgemm peak, bytes at the measured bandwidth) / time`` (1: at
+    reached: ``max(flops at the dtype's compute peak, bytes at the measured bandwidth) / time`` (1: at
     the roof; Winograd, which does fewer multiplies than ``flops`` counts, can pass 1).
     ``ratio`` is ``torch_ms / ms``: above 1, numbaconv is faster. ``error`` is the normalised
     error against the float64 reference on the batch-1 slice of the layer, ``tolerance``
@@ -89,7 +89,7 @@ def summary_lines(summary, peak):
             continue
         line = f"  {direction:<6} numbaconv {s['gflops']:.2f} GFLOP/s"
         if peak:
-            line += f" ({100 * s['gflops'] / peak:.1f}% of sgemm)"
+            line += f" ({100 * s['gflops'] / peak:.1f}% of peak)"
         if s.get("roof") is not None:
             line += f", {s['roof']:.2f} of the roofline"
         if s["torch_gflops"] is not None:

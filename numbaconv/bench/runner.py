@@ -38,7 +38,8 @@ def run(layers, passes=("bwd_d", "bwd_w"), dtype="float32", repeat=DEFAULT_REPEA
     torch : module, optional
         PyTorch to time alongside (from :func:`import_torch`); ``None``: numbaconv alone.
     peak : float, optional
-        sgemm GFLOP/s for the ``peak_pct`` column (and the roofline's compute roof).
+        The dtype's compute peak, GFLOP/s (:func:`numbaconv.bench.timing.compute_peak`), for
+        the ``peak_pct`` column and the roofline's compute roof.
     bandwidth : float, optional
         Memory GB/s (:func:`numbaconv.bench.timing.stream_bandwidth`): with ``peak``, the
         ``roof`` column.

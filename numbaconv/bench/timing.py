@@ -1,4 +1,5 @@
-"""Timing: the sgemm peak that defines 100 %, and the blocks in which each contender is timed."""
+"""Timing: the sgemm peak and each dtype's compute peak that define 100 %, and the blocks in which
+each contender is timed."""
 from contextlib import nullcontext
 import math
 import time
@@ -11,8 +12,9 @@ SGEMM_N = 2048
 SGEMM_REPEAT = 3
 
 
-def sgemm_peak(threads=None, repeat=SGEMM_REPEAT, n=None):
-    """Best GFLOP/s of numpy float32 ``n x n x n`` matmuls: the practical 100 %.
+def sgemm_peak(threads=None, repeat=SGEMM_REPEAT, n=None, dtype=np.float32):
+    """Best GFLOP/s of numpy float32 ``n x n x n`` matmuls: the practical 100 %
+    (``dtype``: another one's matmul, as :func:`compute_peak` times float64's).
 
     Parameters
     ----------
@@ -31,8 +33,8 @@ def sgemm_peak(threads=None, repeat=SGEMM_REPEAT, n=None):
     """
     n = n or SGEMM_N
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
+    a = rng.standard_normal((n, n), dtype=dtype)
+    b = rng.standard_normal((n, n), dtype=dtype)
     limit, how = nullcontext(), "BLAS default threads (install threadpoolctl to match --threads)"
     if threads is not None:
         try:
@@ -49,6 +51,22 @@ def sgemm_peak(threads=None, repeat=SGEMM_REPEAT, n=None):
             a @ b
             best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best / 1e9, how
+
+
+def compute_peak(sgemm, dtype, threads=None, repeat=SGEMM_REPEAT, n=None):
+    """The compute roof of a run in ``dtype`` (GFLOP/s, how it was found), from the
+    measured sgemm peak: float16 and float32 compute in float32 (the sgemm peak itself);
+    float64 is NumPy's float64 matmul, timed as the sgemm is; bfloat16 on a host with
+    AVX512_BF16 is twice the sgemm peak (``vdpbf16ps`` does two multiply-adds per float32
+    lane where an FMA does one, at the FMA's rate), elsewhere computed in float32."""
+    if dtype == "float64":
+        peak, how = sgemm_peak(threads, repeat, n, np.float64)
+        return peak, f"numpy float64 matmul, {how}"
+    if dtype == "bfloat16":
+        from ..strategies.bf16dot import host_has_bf16
+        if host_has_bf16():
+            return 2.0 * sgemm, "twice the sgemm peak: AVX512_BF16 dot products"
+    return sgemm, "the sgemm peak"
 
 
 #: Bytes of each of the two arrays of the streaming copy that measures the memory bandwidth:
