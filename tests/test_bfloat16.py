@@ -473,12 +473,13 @@ def test_bf16_dot_flushes_products_below_float32s_normal_range():
 
 
 @needs_bf16_dot
-@pytest.mark.parametrize("m, n, k, kc2, mc", [
-    (37, 64, 64, 128, 6),      # one block of the reduction, a last row tile of 1
-    (50, 130, 258, 16, 18),    # 9 blocks of the reduction, a last panel of 2 columns
-    (7, 5, 4, 2, 6),           # every tile partial
+@pytest.mark.parametrize("m, n, k, kc2, nrb", [
+    (37, 64, 64, 128, 3),      # one block of the reduction, a last row tile of 1
+    (50, 130, 258, 16, 4),     # 9 blocks of the reduction, a last panel of 2 columns
+    (50, 70, 40, 8, 12),       # more row blocks than register tiles: some empty
+    (7, 5, 4, 2, 1),           # every tile partial
 ])
-def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, mc):
+def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, nrb):
     """The GEMM rounding each tile to bfloat16 as its reduction ends (the partial sums of
     a longer one in its block's own float32 rows) gives, bit for bit, the float32 product
     rounded by the backend's converter: ties to even, NaN and Inf kept, overflow to Inf."""
@@ -502,10 +503,10 @@ def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, mc)
     kern.pack_pairs(b.view(np.uint16), bp)
     a32 = a.view(np.uint16).view(np.uint32)
     c = np.full((m, n), np.nan, np.float32)
-    kern.gemm(a32, bp, c, kc2, mc)
+    kern.gemm(a32, bp, c, kc2, nrb)
     want = cpu.to_bfloat16(c).view(np.uint16)
     d = np.full((m, n), 0xABCD, np.uint16)
-    kern.gemm(a32, bp, np.zeros((0, n), np.float32), kc2, mc, d)
+    kern.gemm(a32, bp, np.zeros((0, n), np.float32), kc2, nrb, d)
     np.testing.assert_array_equal(d, want)
     got = d.view(BF16).astype(np.float64)
     assert np.isnan(got[:, 0]).all() and (got[:, 1:3] == [np.inf, -np.inf]).all()
@@ -532,7 +533,7 @@ def test_bf16_dot_gemm_splits_its_reduction(ks):
     bp = np.zeros((-(-n // kern.NR), k // 2, kern.NR), np.uint32)
     kern.pack_pairs(b.view(np.uint16), bp)
     parts = np.full((ks * m, n), np.nan, np.float32)
-    kern.gemm(a.view(np.uint16).view(np.uint32), bp, parts, 128, 12, None, ks)
+    kern.gemm(a.view(np.uint16).view(np.uint32), bp, parts, 128, 2, None, ks)
     assert not np.isnan(parts).any()
     got = parts.reshape(ks, m, n).astype(np.float64).sum(axis=0)
     ref = a.astype(np.float64) @ b.astype(np.float64)

@@ -381,15 +381,16 @@ def _im2col_t_block(src, rows, out, geo, tb):
 
 @separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint16[:, ::1], "
                "int64, int64, int64, int64)")
-def _block(a, bp, c, d, kc2, mc, ks, blk):
-    """Block ``blk`` of :func:`gemm`: ``mc`` rows over part ``blk // (row blocks)`` of ``ks``
-    of the reduction."""
+def _block(a, bp, c, d, kc2, nrb, ks, blk):
+    """Block ``blk`` of :func:`gemm`: row block ``blk % nrb`` of ``nrb`` over part ``blk //
+    nrb`` of ``ks`` of the reduction."""
     M = a.shape[0]
     K2 = a.shape[1]
-    nrb = (M + mc - 1) // mc
     kz = blk // nrb
-    r0 = (blk - kz * nrb) * mc
-    r1 = min(M, r0 + mc)
+    rb = blk - kz * nrb
+    tiles = (M + MR - 1) // MR
+    r0 = MR * (rb * tiles // nrb)
+    r1 = min(M, MR * ((rb + 1) * tiles // nrb))
     chunk = -(-K2 // (ks * kc2)) * kc2  # whole blocks of the reduction per part
     ka, kb = min(K2, kz * chunk), min(K2, (kz + 1) * chunk)
     rnd = d.shape[0] > 0
@@ -458,17 +459,16 @@ def _round_bits(u):
 _NO_BITS = np.zeros((0, 0), np.uint16)
 
 
-def gemm(a, bp, c, kc2, mc, d=None, ks=1):
+def gemm(a, bp, c, kc2, nrb, d=None, ks=1):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
-    C-contiguous. Blocks of ``mc`` rows (a multiple of ``MR``) are shared among the
-    threads; the reduction runs in blocks of ``kc2`` pairs. With ``d`` (``uint16 [M, N]``,
-    C-contiguous) the product is rounded to bfloat16 bits there instead, as each tile's
-    reduction ends (``c`` is then not touched: pass any float32 ``[0, N]`` array).
-    ``ks`` > 1 (without ``d``): the reduction in ``ks`` parts of whole blocks, each a
-    block of the threads' work, part ``z``'s sums in rows ``z*M ..`` of ``c`` ``[ks*M,
-    N]`` (the caller adds them): for few rows over a long reduction (a weight gradient
-    over few channels), where blocks of rows alone would leave threads idle or read B
-    once per block."""
-    _block.run("bf16", ks * ((a.shape[0] + mc - 1) // mc), a, bp, c,
-               _NO_BITS if d is None else d, kc2, mc, ks)
+    C-contiguous. The rows, in whole register tiles, are cut into ``nrb`` blocks as even as
+    the tiles allow, shared among the threads; the reduction runs in blocks of ``kc2``
+    pairs. With ``d`` (``uint16 [M, N]``, C-contiguous) the product is rounded to bfloat16
+    bits there instead, as each tile's reduction ends (``c`` is then not touched: pass any
+    float32 ``[0, N]`` array). ``ks`` > 1 (without ``d``): the reduction in ``ks`` parts of
+    whole blocks, each a block of the threads' work, part ``z``'s sums in rows ``z*M ..``
+    of ``c`` ``[ks*M, N]`` (the caller adds them): for few rows over a long reduction (a
+    weight gradient over few channels), where blocks of rows alone would leave threads
+    idle or read B once per block."""
+    _block.run("bf16", ks * nrb, a, bp, c, _NO_BITS if d is None else d, kc2, nrb, ks)

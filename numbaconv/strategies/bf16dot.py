@@ -101,31 +101,42 @@ def _phase_axes(p, q):
     return out
 
 
-def _block_rows(rows):
-    """Rows of A per block shared out to a thread (``mc``): about ``BLOCKS_PER_THREAD``
-    blocks per thread, whole register tiles, at most ``MAX_MC``."""
-    from ..runtime import threads as _threads
+def _threads():
+    from ..runtime import threads
+    return max(1, threads())
+
+
+def _row_blocks(rows):
+    """Blocks of rows of A shared out to the threads (``nrb``): at least
+    ``BLOCKS_PER_THREAD`` per thread and at most ``MAX_MC`` rows each, a multiple of the
+    threads (the parallel loop hands each thread an equal count), at most one per register
+    tile; :func:`bf16dot.gemm` cuts the tiles among them as evenly as they go."""
     from ..kernels.cpu.bf16dot import MR
-    per = -(-rows // (BLOCKS_PER_THREAD * max(1, _threads())))
-    return max(MR, min(MAX_MC, -(-per // MR) * MR))
+    thr = _threads()
+    tiles = -(-rows // MR)
+    nrb = max(BLOCKS_PER_THREAD * thr, -(-tiles // (MAX_MC // MR)))
+    return int(max(1, min(tiles, -(-nrb // thr) * thr)))
 
 
 def _split_reduction(rows, k2, n):
-    """``(mc, ks)`` for a weight gradient's ``rows`` (``taps*C``) over ``k2`` pairs of
-    pixels into ``n`` columns: where blocks of rows alone are fewer than
-    ``BLOCKS_PER_THREAD`` per thread, blocks of up to ``MAX_MC`` rows, each reduction
-    split into ``ks`` parts (each at least ``MIN_PART`` blocks of ``KC2`` pairs, every
-    part's float32 sums together at most ``SPLIT_BYTES``); else ``(_block_rows(rows), 1)``."""
-    from ..runtime import threads as _threads
+    """``(nrb, ks)`` for a weight gradient's ``rows`` (``taps*C``) over ``k2`` pairs of
+    pixels into ``n`` columns: where blocks of up to ``MAX_MC`` rows are fewer than
+    ``BLOCKS_PER_THREAD`` per thread, those blocks, each reduction split into ``ks``
+    parts (each at least ``MIN_PART`` blocks of ``KC2`` pairs, every part's float32 sums
+    together at most ``SPLIT_BYTES``; a count of blocks that is a multiple of the threads
+    where the limits allow); else ``(_row_blocks(rows), 1)``."""
     from ..kernels.cpu.bf16dot import MR
-    want = BLOCKS_PER_THREAD * max(1, _threads())
-    mc = max(MR, min(MAX_MC, -(-rows // MR) * MR))
-    nrb = -(-rows // mc)
+    thr = _threads()
+    want = BLOCKS_PER_THREAD * thr
+    tiles = -(-rows // MR)
+    nrb = -(-tiles // (MAX_MC // MR))
     if nrb >= want:
-        return int(_block_rows(rows)), 1
-    ks = min(-(-want // nrb), max(1, k2 // (MIN_PART * KC2)),
-             max(1, SPLIT_BYTES // (4 * rows * n)))
-    return (int(mc), int(ks)) if ks > 1 else (int(_block_rows(rows)), 1)
+        return _row_blocks(rows), 1
+    most = min(max(1, k2 // (MIN_PART * KC2)), max(1, SPLIT_BYTES // (4 * rows * n)))
+    ks = min(-(-want // nrb), most)
+    while ks < most and (nrb * ks) % thr:
+        ks += 1
+    return (int(nrb), int(ks)) if ks > 1 else (_row_blocks(rows), 1)
 
 
 def _filter_t(w3):
@@ -156,7 +167,7 @@ def _packed_filter_t(w3, taps):
     return bp
 
 
-def _product(a, b, kp, kc2, mc, bits=False, ks=1):
+def _product(a, b, kp, kc2, nrb, bits=False, ks=1):
     """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits), B packed into
     pairs first; ``bits``: as :func:`_gemm`; ``ks`` > 1: the reduction in that many parts
     (``bf16dot.gemm``), their sums added in order here."""
@@ -165,25 +176,25 @@ def _product(a, b, kp, kc2, mc, bits=False, ks=1):
     bp = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32)
     k.pack_pairs(b, bp)
     if ks == 1:
-        return _gemm(a, bp, n, kc2, mc, bits)
+        return _gemm(a, bp, n, kc2, nrb, bits)
     m = a.shape[0]
     parts = memory.empty((ks * m, n), np.float32)
-    k.gemm(_pairs(a), bp, parts, kc2, mc, None, ks)
+    k.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks)
     c = parts.reshape(ks, m, n).sum(axis=0)
     return _bits(c) if bits else c
 
 
-def _gemm(a, bp, n, kc2, mc, bits=False):
+def _gemm(a, bp, n, kc2, nrb, bits=False):
     """``A @ B`` for ``a [M, kp]`` and B packed (``bp``), ``n`` columns: float32, or with
     ``bits`` rounded to bfloat16 bits (``uint16``) by the kernel as each tile's reduction
     ends (no float32 result written and read again)."""
     from ..kernels.cpu import bf16dot as k
     if bits:
         d = memory.empty((a.shape[0], n), np.uint16)
-        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, mc, d)
+        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, nrb, d)
         return d
     c = memory.empty((a.shape[0], n), np.float32)
-    k.gemm(_pairs(a), bp, c, kc2, mc)
+    k.gemm(_pairs(a), bp, c, kc2, nrb)
     return c
 
 
@@ -234,10 +245,10 @@ class Bf16Dot(Strategy):
     def tiles(self, p, machine):
         if p.direction == "bwd_w":
             k2 = -(-p.mb * math.prod(p.osz) // 2)
-            mc, ks = _split_reduction(_taps(p) * p.ic, k2, p.oc)
-            return {"kc2": KC2, "mc": mc, "ks": ks}
+            nrb, ks = _split_reduction(_taps(p) * p.ic, k2, p.oc)
+            return {"kc2": KC2, "row_blocks": nrb, "ks": ks}
         rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
-        return {"kc2": KC2, "mc": int(_block_rows(rows))}
+        return {"kc2": KC2, "row_blocks": _row_blocks(rows)}
 
     def bf16_operands(self, p, tiles):
         return frozenset({"x", "dy", "w"})
@@ -266,7 +277,7 @@ class Bf16Dot(Strategy):
 
         xs, ys, ws = canonical_shapes(p)
         taps = _taps(p)
-        kc2, mc = int(tiles["kc2"]), int(tiles["mc"])
+        kc2, nrb = int(tiles["kc2"]), int(tiles["row_blocks"])
         if p.direction == "bwd_w":  # dW [taps*C, K] = im2col(X)^T @ dY, over pixels
             bits = ops["x"].dtype == np.uint16
             x, dy = _bits(ops["x"]), _bits(ops["dy"])
@@ -276,7 +287,7 @@ class Bf16Dot(Strategy):
             g, _ = _im2col_geo(p, False)
             k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
             ks = int(tiles.get("ks", 1))
-            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, mc, bits, ks).reshape(ws)
+            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, nrb, bits, ks).reshape(ws)
         bwd = p.direction == "bwd_d"
         if bwd and any(s != 1 for s in p.stride):
             return self._bwd_d_phases(p, ops, kc2)
@@ -296,9 +307,9 @@ class Bf16Dot(Strategy):
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
         if bwd:
-            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, mc, bits)
+            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, nrb, bits)
         else:
-            c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, mc, bits)
+            c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, nrb, bits)
         return c.reshape(xs if bwd else ys)
 
     def _bwd_d_phases(self, p, ops, kc2):
@@ -336,7 +347,7 @@ class Bf16Dot(Strategy):
             kh, kw = p.ksz[1], p.ksz[2]
             idx = [(td * kh + th) * kw + tw for td in range(d0, d0 + dn * ds, ds)
                    for th in range(h0, h0 + hn * hs, hs) for tw in range(w0, w0 + wn * ws_, ws_)]
-            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2, _block_rows(m), bits)
+            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2, _row_blocks(m), bits)
             view[...] = c.reshape(p.mb, *grid, p.ic)
         return dx.reshape(xs)
 
