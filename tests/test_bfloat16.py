@@ -541,6 +541,10 @@ def test_bf16_dot_gemm_splits_its_reduction(ks):
     assert np.all(np.abs(got - ref) <= 1e-5 * scale)
     # each part is a real share of the work: no part holds the whole product
     assert all(np.abs(parts[z * m:(z + 1) * m] - ref).max() > 1 for z in range(ks))
+    # parts are float32 sums: rounding them in the tiles is refused, not done per part
+    with pytest.raises(ValueError, match=r"ks > 1"):
+        kern.gemm(a.view(np.uint16).view(np.uint32), bp, parts, 128, 2,
+                  np.zeros((m, n), np.uint16), ks)
 
 
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):

@@ -471,4 +471,7 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1):
     of ``c`` ``[ks*M, N]`` (the caller adds them): for few rows over a long reduction (a
     weight gradient over few channels), where blocks of rows alone would leave threads
     idle or read B once per block."""
+    if d is not None and ks > 1:
+        raise ValueError("bf16dot.gemm: a reduction in parts (ks > 1) returns float32 sums; "
+                         "round them after adding (d must be None)")
     _block.run("bf16", ks * nrb, a, bp, c, _NO_BITS if d is None else d, kc2, nrb, ks)
