@@ -175,7 +175,7 @@ def _pack_rows(b, bp, t):
             bp[q, p, j] = lo | (hi << np.uint32(16))
 
 
-#: Side of the square blocks :func:`pack_taps` transposes through a local tile.
+#: Side of the square blocks of 32-bit words :func:`pack_taps` transposes in registers.
 TB = 16
 
 
@@ -191,27 +191,46 @@ def pack_taps(w32, taps, bp):
     _pack_tap.run("bf16", bp.shape[0] * taps.shape[0], w32, taps, bp)
 
 
+@intrinsic
+def _transpose_words(typingctx, src, lds, dst, ldd):
+    """A ``TB x TB`` block of 32-bit words transposed in registers: row ``r`` at ``src +
+    r*lds`` bytes, column ``c`` stored to ``dst + c*ldd`` bytes (one 64-byte store each)."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, lds, dst, ldd = args
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        vw = ir.VectorType(ir.IntType(32), TB)
+        ps = builder.inttoptr(src, i8.as_pointer())
+        pd = builder.inttoptr(dst, i8.as_pointer())
+        rows = [builder.load(builder.bitcast(builder.gep(ps, [builder.mul(lds, ir.Constant(
+            i64, r))]), vw.as_pointer()), align=4) for r in range(TB)]
+        for c, col in enumerate(transpose(builder, rows)):
+            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
+            builder.store(col, builder.bitcast(at, vw.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @separate("void(uint32[:, :, ::1], int64[::1], uint32[:, :, ::1], int64)", noalias=True,
           bf16="bf16")
 def _pack_tap(w32, taps, bp, qt):
-    """(Panel, tap) ``qt`` of :func:`pack_taps`."""
+    """(Panel, tap) ``qt`` of :func:`pack_taps`: whole ``TB x TB`` blocks transposed in
+    registers (:func:`_transpose_words`), blocks past ``C`` or ``K2`` word by word."""
     C, K2 = w32.shape[1], w32.shape[2]
     nt = taps.shape[0]
     q = qt // nt
     i = qt - q * nt
     t = taps[i]
-    tmp = np.empty((TB, TB), np.uint32)
+    pw, pb0 = np.int64(w32.ctypes.data), np.int64(bp.ctypes.data)
     for c0 in range(0, NR, TB):
         cg = q * NR + c0
         for p0 in range(0, K2, TB):
             pb = min(TB, K2 - p0)
             if cg + TB <= C and pb == TB:
-                for a in range(TB):
-                    for b in range(TB):
-                        tmp[b, a] = w32[t, cg + a, p0 + b]
-                for b in range(TB):
-                    for a in range(TB):
-                        bp[q, i * K2 + p0 + b, c0 + a] = tmp[b, a]
+                _transpose_words(pw + ((t * C + cg) * K2 + p0) * 4, K2 * 4,
+                                 pb0 + ((q * bp.shape[1] + i * K2 + p0) * NR + c0) * 4, NR * 4)
             else:  # a block past C or K2: element by element, zeros past C
                 for b in range(pb):
                     for a in range(TB):
