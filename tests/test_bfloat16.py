@@ -547,6 +547,38 @@ def test_bf16_dot_gemm_splits_its_reduction(ks):
                   np.zeros((m, n), np.uint16), ks)
 
 
+@needs_bf16_dot
+@pytest.mark.parametrize("m, n, k, nrb, ks, rnd", [
+    (9, 70, 8201, 1, 3, False),    # odd rows of B (the last pair half zeros), 2 panels
+    (13, 130, 1001, 1, 1, True),   # rounded in the tiles, a panel of 2 columns
+    (20, 64, 600, 2, 2, False),    # two blocks of rows: each pairs B on its own
+])
+def test_bf16_dot_gemm_pairs_b_as_it_goes(m, n, k, nrb, ks, rnd):
+    """B handed over as it is and paired panel by panel inside the GEMM gives, bit for
+    bit, the product over B packed whole first."""
+    from numbaconv.kernels.cpu import bf16dot as kern
+    rng = np.random.default_rng(m + k)
+    a = rng.standard_normal((m, k + k % 2)).astype(BF16)
+    a[:, k:] = 0
+    b = rng.standard_normal((k, n)).astype(BF16).view(np.uint16)
+    a32 = a.view(np.uint16).view(np.uint32)
+    bp = np.zeros((-(-n // kern.NR), a32.shape[1], kern.NR), np.uint32)
+    kern.pack_pairs(b, bp)
+    none = np.zeros((0, 0, kern.NR), np.uint32)
+    if rnd:
+        want, got = (np.full((m, n), 0xABCD, np.uint16) for _ in range(2))
+        kern.gemm(a32, bp, np.zeros((0, n), np.float32), 128, nrb, want)
+        kern.gemm(a32, none, np.zeros((0, n), np.float32), 128, nrb, got, 1, b)
+    else:
+        want, got = (np.full((ks * m, n), np.nan, np.float32) for _ in range(2))
+        kern.gemm(a32, bp, want, 128, nrb, None, ks)
+        kern.gemm(a32, none, got, 128, nrb, None, ks, b)
+    np.testing.assert_array_equal(got, want)
+    if not rnd:
+        ref = a.astype(np.float64)[:, :k] @ b.view(BF16).astype(np.float64)
+        assert np.abs(want.reshape(ks, m, n).sum(axis=0) - ref).max() < 1e-3 * k ** 0.5
+
+
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
     from numbaconv.kernels.cpu import _host
     monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES

@@ -146,23 +146,27 @@ def pack_pairs(b, bp):
 @separate("void(uint16[:, {L}], uint32[:, :, ::1], int64)", noalias=True,
           bf16=dict(L="::1"), bf16_strided=dict(L=":"))
 def _pack_rows(b, bp, t):
-    """Block ``t`` (flat over (panel, block of pairs)) of :func:`pack_pairs`' ``bp``: where
-    the panel lies inside B and both rows of a pair exist, a plain loop the compiler
-    vectorises (a C-contiguous ``b``); else value by value."""
-    K, N = b.shape
+    """Block ``t`` (flat over (panel, block of pairs)) of :func:`pack_pairs`' ``bp``."""
     k2 = bp.shape[1]
     nb = (k2 + PACK_PAIRS - 1) // PACK_PAIRS
     q = t // nb
     p0 = (t - q * nb) * PACK_PAIRS
-    p1 = min(k2, p0 + PACK_PAIRS)
-    c0 = q * NR
+    _pair_rows(b, bp[q], p0, min(k2, p0 + PACK_PAIRS), q * NR, p0)
+
+
+@helper(inline=True)
+def _pair_rows(b, dst, p0, p1, c0, r0):
+    """``dst[r0 + p - p0, j] = B[2p, c0 + j] | B[2p+1, c0 + j] << 16`` for ``p0 <= p < p1``
+    (zero past B's edges): where the panel lies inside B and both rows of a pair exist, a
+    plain loop the compiler vectorises (a C-contiguous ``b``); else value by value."""
+    K, N = b.shape
     whole = min(p1, K // 2) if c0 + NR <= N else p0
     for p in range(p0, whole):
         lo = b[2 * p, c0:c0 + NR]
         hi = b[2 * p + 1, c0:c0 + NR]
-        dst = bp[q, p]
+        row = dst[r0 + p - p0]
         for j in range(NR):
-            dst[j] = np.uint32(lo[j]) | (np.uint32(hi[j]) << np.uint32(16))
+            row[j] = np.uint32(lo[j]) | (np.uint32(hi[j]) << np.uint32(16))
     for p in range(whole, p1):
         for j in range(NR):
             col = c0 + j
@@ -172,7 +176,7 @@ def _pack_rows(b, bp, t):
                 lo = np.uint32(b[2 * p, col])
                 if 2 * p + 1 < K:
                     hi = np.uint32(b[2 * p + 1, col])
-            bp[q, p, j] = lo | (hi << np.uint32(16))
+            dst[r0 + p - p0, j] = lo | (hi << np.uint32(16))
 
 
 #: Side of the square blocks of 32-bit words :func:`pack_taps` transposes in registers.
@@ -398,13 +402,15 @@ def _im2col_t_block(src, rows, out, geo, tb):
             out[row, M] = 0
 
 
-@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], float32[:, ::1], uint16[:, ::1], "
-               "int64, int64, int64, int64)")
-def _block(a, bp, c, d, kc2, nrb, ks, blk):
+@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], uint16[:, ::1], float32[:, ::1], "
+               "uint16[:, ::1], int64, int64, int64, int64)")
+def _block(a, bp, braw, c, d, kc2, nrb, ks, blk):
     """Block ``blk`` of :func:`gemm`: row block ``blk % nrb`` of ``nrb`` over part ``blk //
     nrb`` of ``ks`` of the reduction."""
     M = a.shape[0]
     K2 = a.shape[1]
+    pairs = braw.shape[0] > 0  # B as it is: each panel of a block of the reduction paired here
+    bl = np.empty((kc2 if pairs else 0, NR), np.uint32)
     kz = blk // nrb
     rb = blk - kz * nrb
     tiles = (M + MR - 1) // MR
@@ -414,6 +420,7 @@ def _block(a, bp, c, d, kc2, nrb, ks, blk):
     ka, kb = min(K2, kz * chunk), min(K2, (kz + 1) * chunk)
     rnd = d.shape[0] > 0
     N = d.shape[1] if rnd else c.shape[1]
+    npan = (N + NR - 1) // NR
     wa = np.zeros((MR, kc2), np.uint32)
     wc = np.zeros((MR, NR), np.float32)
     if rnd:  # the partial sums of a longer reduction in this block's rows of C of its own
@@ -425,11 +432,11 @@ def _block(a, bp, c, d, kc2, nrb, ks, blk):
             for i in range(r0, r1):
                 for j in range(N):
                     c[i - c0, j] = 0
-    npan = bp.shape[0]
     # addresses as int64 alike: one inlining of the micro-kernel's typing, not two
     pa0, pb0, pc0 = np.int64(a.ctypes.data), np.int64(bp.ctypes.data), np.int64(c.ctypes.data)
     pd0 = np.int64(d.ctypes.data)
     pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
+    pbl = np.int64(bl.ctypes.data)
     wu = wc.view(np.uint32)
     for k0 in range(ka, kb, kc2):
         kk = min(kc2, kb - k0)
@@ -437,7 +444,11 @@ def _block(a, bp, c, d, kc2, nrb, ks, blk):
         for q in range(npan):
             j = q * NR
             w = min(NR, N - j)
-            pb = pb0 + (q * K2 * NR + k0 * NR) * 4
+            if pairs:
+                _pair_rows(braw, bl, k0, k0 + kk, j, 0)
+                pb = pbl
+            else:
+                pb = pb0 + (q * K2 * NR + k0 * NR) * 4
             for i0 in range(r0, r1, MR):
                 im = min(MR, r1 - i0)
                 if im == MR:
@@ -478,7 +489,7 @@ def _round_bits(u):
 _NO_BITS = np.zeros((0, 0), np.uint16)
 
 
-def gemm(a, bp, c, kc2, nrb, d=None, ks=1):
+def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. The rows, in whole register tiles, are cut into ``nrb`` blocks as even as
@@ -489,8 +500,12 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1):
     whole blocks, each a block of the threads' work, part ``z``'s sums in rows ``z*M ..``
     of ``c`` ``[ks*M, N]`` (the caller adds them): for few rows over a long reduction (a
     weight gradient over few channels), where blocks of rows alone would leave threads
-    idle or read B once per block."""
+    idle or read B once per block. With ``b`` (B itself, ``uint16 [K, N]``, C-contiguous;
+    ``bp`` then unused) each block pairs the panels of its blocks of the reduction as it
+    meets them, into a panel of its own that stays in L1: for a B that only one block of
+    rows reads (``nrb`` 1), where packing it whole first would write and read it again."""
     if d is not None and ks > 1:
         raise ValueError("bf16dot.gemm: a reduction in parts (ks > 1) returns float32 sums; "
                          "round them after adding (d must be None)")
-    _block.run("bf16", ks * nrb, a, bp, c, _NO_BITS if d is None else d, kc2, nrb, ks)
+    _block.run("bf16", ks * nrb, a, bp, _NO_BITS if b is None else b, c,
+               _NO_BITS if d is None else d, kc2, nrb, ks)

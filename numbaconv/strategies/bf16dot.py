@@ -67,6 +67,9 @@ BLOCKS_PER_THREAD = 4
 #: reduction per part at least, and the parts' float32 sums at most (bytes).
 MIN_PART = 4
 SPLIT_BYTES = 8 << 20
+#: Most rows per block of a weight gradient whose reduction is split: up to this many rows
+#: make one block, which pairs B as it goes (A's block of the reduction, 192 KiB, in L2).
+SPLIT_MAX_MC = 384
 
 
 def host_has_bf16():
@@ -120,7 +123,7 @@ def _row_blocks(rows):
 
 def _split_reduction(rows, k2, n):
     """``(nrb, ks)`` for a weight gradient's ``rows`` (``taps*C``) over ``k2`` pairs of
-    pixels into ``n`` columns: where blocks of up to ``MAX_MC`` rows are fewer than
+    pixels into ``n`` columns: where blocks of up to ``SPLIT_MAX_MC`` rows are fewer than
     ``BLOCKS_PER_THREAD`` per thread, those blocks, each reduction split into ``ks``
     parts (each at least ``MIN_PART`` blocks of ``KC2`` pairs, every part's float32 sums
     together at most ``SPLIT_BYTES``; a count of blocks that is a multiple of the threads
@@ -129,7 +132,7 @@ def _split_reduction(rows, k2, n):
     thr = _threads()
     want = BLOCKS_PER_THREAD * thr
     tiles = -(-rows // MR)
-    nrb = -(-tiles // (MAX_MC // MR))
+    nrb = -(-tiles // (SPLIT_MAX_MC // MR))
     if nrb >= want:
         return _row_blocks(rows), 1
     most = min(max(1, k2 // (MIN_PART * KC2)), max(1, SPLIT_BYTES // (4 * rows * n)))
@@ -168,33 +171,42 @@ def _packed_filter_t(w3, taps):
 
 
 def _product(a, b, kp, kc2, nrb, bits=False, ks=1):
-    """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits), B packed into
-    pairs first; ``bits``: as :func:`_gemm`; ``ks`` > 1: the reduction in that many parts
-    (``bf16dot.gemm``), their sums added in order here."""
+    """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits): B packed into
+    pairs first, or, where one block of rows reads all of it (``nrb`` 1: a weight gradient
+    over few rows), paired by the GEMM panel by panel as it goes; ``bits``: as
+    :func:`_gemm`; ``ks`` > 1: the reduction in that many parts (``bf16dot.gemm``), their
+    sums added in order here."""
     from ..kernels.cpu import bf16dot as k
     n = b.shape[1]
-    bp = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32)
-    k.pack_pairs(b, bp)
+    if nrb == 1 and b.flags.c_contiguous:
+        bp, raw = _NO_PANELS, b
+    else:
+        bp, raw = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32), None
+        k.pack_pairs(b, bp)
     if ks == 1:
-        return _gemm(a, bp, n, kc2, nrb, bits)
+        return _gemm(a, bp, n, kc2, nrb, bits, raw)
     m = a.shape[0]
     parts = memory.empty((ks * m, n), np.float32)
-    k.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks)
+    k.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks, raw)
     c = parts.reshape(ks, m, n).sum(axis=0)
     return _bits(c) if bits else c
 
 
-def _gemm(a, bp, n, kc2, nrb, bits=False):
-    """``A @ B`` for ``a [M, kp]`` and B packed (``bp``), ``n`` columns: float32, or with
-    ``bits`` rounded to bfloat16 bits (``uint16``) by the kernel as each tile's reduction
-    ends (no float32 result written and read again)."""
+_NO_PANELS = np.zeros((0, 0, 64), np.uint32)
+
+
+def _gemm(a, bp, n, kc2, nrb, bits=False, b=None):
+    """``A @ B`` for ``a [M, kp]`` and B packed (``bp``; or ``b``, B itself, paired by the
+    GEMM), ``n`` columns: float32, or with ``bits`` rounded to bfloat16 bits (``uint16``)
+    by the kernel as each tile's reduction ends (no float32 result written and read
+    again)."""
     from ..kernels.cpu import bf16dot as k
     if bits:
         d = memory.empty((a.shape[0], n), np.uint16)
-        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, nrb, d)
+        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, nrb, d, 1, b)
         return d
     c = memory.empty((a.shape[0], n), np.float32)
-    k.gemm(_pairs(a), bp, c, kc2, nrb)
+    k.gemm(_pairs(a), bp, c, kc2, nrb, None, 1, b)
     return c
 
 
@@ -268,9 +280,10 @@ class Bf16Dot(Strategy):
             k, n, rows = m, p.oc, taps * p.ic
         k2 = -(-k // 2)
         parts = int(tiles.get("ks", 1))
-        # A (pairs), B's panels, the reduction's parts' sums
-        return (rows * k2 * 4 + -(-n // NR) * k2 * NR * 4
-                + (parts * rows * n * 4 if parts > 1 else 0))
+        # A (pairs), B's panels (none where one block of rows pairs B as it goes), the
+        # reduction's parts' sums
+        panels = 0 if int(tiles["row_blocks"]) == 1 else -(-n // NR) * k2 * NR * 4
+        return rows * k2 * 4 + panels + (parts * rows * n * 4 if parts > 1 else 0)
 
     def run(self, p, tiles, ops):
         from ..kernels.cpu import bf16dot as k
