@@ -579,6 +579,36 @@ def test_bf16_dot_gemm_pairs_b_as_it_goes(m, n, k, nrb, ks, rnd):
         assert np.abs(want.reshape(ks, m, n).sum(axis=0) - ref).max() < 1e-3 * k ** 0.5
 
 
+@needs_bf16_dot
+@pytest.mark.parametrize("p, c, n, ks, rnd", [
+    (1000, 64, 70, 2, False),   # whole register transposes, two panels, parts
+    (1001, 40, 64, 1, True),    # a tail of 8 channels and an odd pixel, rounded in tiles
+    (77, 35, 9, 1, False),      # no whole transpose at all
+])
+def test_bf16_dot_gemm_transposes_a_as_it_goes(p, c, n, ks, rnd):
+    """A handed over as x (``[P, C]``) and transposed block by block inside the GEMM gives,
+    bit for bit, the product over x transposed into pixel pairs first."""
+    from numbaconv.kernels.cpu import bf16dot as kern
+    rng = np.random.default_rng(p + c)
+    x = rng.standard_normal((p, c)).astype(BF16).view(np.uint16)
+    dy = rng.standard_normal((p, n)).astype(BF16).view(np.uint16)
+    k2 = (p + 1) // 2
+    a = np.zeros((c, 2 * k2), np.uint16)
+    a[:, :p] = x.T
+    none, no_a = np.zeros((0, 0, kern.NR), np.uint32), np.zeros((0, 0), np.uint32)
+    if rnd:
+        want, got = (np.full((c, n), 0xABCD, np.uint16) for _ in range(2))
+        kern.gemm(a.view(np.uint32), none, np.zeros((0, n), np.float32), 128, 1, want, 1, dy)
+        kern.gemm(no_a, none, np.zeros((0, n), np.float32), 128, 1, got, 1, dy, x)
+    else:
+        want, got = (np.full((ks * c, n), np.nan, np.float32) for _ in range(2))
+        kern.gemm(a.view(np.uint32), none, want, 128, 1, None, ks, dy)
+        kern.gemm(no_a, none, got, 128, 1, None, ks, dy, x)
+        ref = x.view(BF16).astype(np.float64).T @ dy.view(BF16).astype(np.float64)
+        assert np.abs(got.reshape(ks, c, n).sum(axis=0) - ref).max() < 1e-3 * p ** 0.5
+    np.testing.assert_array_equal(got, want)
+
+
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
     from numbaconv.kernels.cpu import _host
     monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES

@@ -402,13 +402,14 @@ def _im2col_t_block(src, rows, out, geo, tb):
             out[row, M] = 0
 
 
-@separate(bf16="void(uint32[:, ::1], uint32[:, :, ::1], uint16[:, ::1], float32[:, ::1], "
-               "uint16[:, ::1], int64, int64, int64, int64)")
-def _block(a, bp, braw, c, d, kc2, nrb, ks, blk):
+@separate(bf16="void(uint32[:, ::1], uint16[:, ::1], uint32[:, :, ::1], uint16[:, ::1], "
+               "float32[:, ::1], uint16[:, ::1], int64, int64, int64, int64)")
+def _block(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
     """Block ``blk`` of :func:`gemm`: row block ``blk % nrb`` of ``nrb`` over part ``blk //
     nrb`` of ``ks`` of the reduction."""
-    M = a.shape[0]
-    K2 = a.shape[1]
+    at = xt.shape[0] > 0  # A = xt transposed: each block of the reduction transposed here
+    M = xt.shape[1] if at else a.shape[0]
+    K2 = (xt.shape[0] + 1) // 2 if at else a.shape[1]
     pairs = braw.shape[0] > 0  # B as it is: each panel of a block of the reduction paired here
     bl = np.empty((kc2 if pairs else 0, NR), np.uint32)
     kz = blk // nrb
@@ -438,9 +439,24 @@ def _block(a, bp, braw, c, d, kc2, nrb, ks, blk):
     pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
     pbl = np.int64(bl.ctypes.data)
     wu = wc.view(np.uint32)
+    # A's block of the reduction, transposed from xt (rows r0..r1), and the pixel rows of
+    # one register transpose
+    al = np.empty((r1 - r0 if at else 0, kc2), np.uint32)
+    pal = np.int64(al.ctypes.data)
+    rowp = np.empty(TP, np.int64)
+    if at:
+        src, sa, sr, scol = al, pal, kc2, 0
+    else:
+        src, sa, sr, scol = a, pa0, K2, 0
     for k0 in range(ka, kb, kc2):
         kk = min(kc2, kb - k0)
         beta = (0 if k0 == ka else 1) | (2 if rnd and k0 + kc2 >= kb else 0)
+        if at:
+            _transpose_block(xt, al, rowp, r0, r1, k0, kk)
+            roff = r0
+        else:
+            scol = k0
+            roff = 0
         for q in range(npan):
             j = q * NR
             w = min(NR, N - j)
@@ -452,11 +468,11 @@ def _block(a, bp, braw, c, d, kc2, nrb, ks, blk):
             for i0 in range(r0, r1, MR):
                 im = min(MR, r1 - i0)
                 if im == MR:
-                    pa, lda = pa0 + (i0 * K2 + k0) * 4, K2
+                    pa, lda = sa + ((i0 - roff) * sr + scol) * 4, sr
                 else:  # a zero-padded copy of the last rows
                     for i in range(MR):
                         for k in range(kk):
-                            wa[i, k] = a[i0 + i, k0 + k] if i < im else 0
+                            wa[i, k] = src[i0 - roff + i, scol + k] if i < im else 0
                     pa, lda = pwa, wa.shape[1]
                 if im == MR and w == NR:
                     _micro(pa, lda, pb, pc0 + ((i0 - c0) * N + j) * 4, N, kk, beta,
@@ -478,6 +494,34 @@ def _block(a, bp, braw, c, d, kc2, nrb, ks, blk):
 
 
 @helper(inline=True)
+def _transpose_block(xt, al, rowp, r0, r1, k0, kk):
+    """``al[c - r0, p] = xt[2(k0+p), c] | xt[2(k0+p)+1, c] << 16`` for ``r0 <= c < r1``,
+    ``p < kk`` (zero past xt's pixels): ``TC`` channels x ``TP`` pixels at a time by the
+    register transpose (:func:`_transpose_pairs`), the rest value by value."""
+    P, C = xt.shape
+    px = np.int64(xt.ctypes.data)
+    pal = np.int64(al.ctypes.data)
+    ldd = al.shape[1] * 4
+    whole = min(kk, (P - 2 * k0) // TP * (TP // 2))  # pairs in whole transposes
+    whole -= whole % (TP // 2)
+    cw = r0 + (r1 - r0) // TC * TC
+    prow = np.int64(rowp.ctypes.data)
+    for g in range(0, whole, TP // 2):
+        for c0 in range(r0, cw, TC):
+            for j in range(TP):
+                rowp[j] = px + ((2 * (k0 + g) + j) * C + c0) * 2
+            _transpose_pairs(prow, pal + ((c0 - r0) * al.shape[1] + g) * 4, ldd)
+    for c in range(r0, r1):
+        row = al[c - r0]
+        first = whole if c < cw else 0
+        for p in range(first, kk):
+            q = 2 * (k0 + p)
+            lo = np.uint32(xt[q, c]) if q < P else np.uint32(0)
+            hi = np.uint32(xt[q + 1, c]) if q + 1 < P else np.uint32(0)
+            row[p] = lo | (hi << np.uint32(16))
+
+
+@helper(inline=True)
 def _round_bits(u):
     """The bfloat16 bits of the float32 bits ``u`` (``_ir.bf16_round``, one value)."""
     hi = u >> np.uint32(16)
@@ -489,7 +533,7 @@ def _round_bits(u):
 _NO_BITS = np.zeros((0, 0), np.uint16)
 
 
-def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None):
+def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. The rows, in whole register tiles, are cut into ``nrb`` blocks as even as
@@ -503,9 +547,12 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None):
     idle or read B once per block. With ``b`` (B itself, ``uint16 [K, N]``, C-contiguous;
     ``bp`` then unused) each block pairs the panels of its blocks of the reduction as it
     meets them, into a panel of its own that stays in L1: for a B that only one block of
-    rows reads (``nrb`` 1), where packing it whole first would write and read it again."""
+    rows reads (``nrb`` 1), where packing it whole first would write and read it again.
+    With ``xt`` (``uint16 [P, M]``, C-contiguous; ``a`` then unused) A is ``xt``
+    transposed, pixel pairs along its rows (a 1x1 weight gradient's ``x``), each block of
+    the reduction transposed in registers as the GEMM reaches it."""
     if d is not None and ks > 1:
         raise ValueError("bf16dot.gemm: a reduction in parts (ks > 1) returns float32 sums; "
                          "round them after adding (d must be None)")
-    _block.run("bf16", ks * nrb, a, bp, _NO_BITS if b is None else b, c,
-               _NO_BITS if d is None else d, kc2, nrb, ks)
+    _block.run("bf16", ks * nrb, a, _NO_BITS if xt is None else xt, bp,
+               _NO_BITS if b is None else b, c, _NO_BITS if d is None else d, kc2, nrb, ks)
