@@ -25,10 +25,8 @@ from .. import memory
 
 #: Backward data declines fewer result channels than this, weight gradients fewer output
 #: channels or rows (taps x input channels), and stems of at most ``STEM_CHANNELS`` input
-#: channels (ResNet-50 and the zoo, batch 8, 2 threads, against numbaconv's float32
-#: entries on widened operands: conv1's backward data 0.08x and weight gradient 0.22x;
-#: weight gradients into 2-24 channels 0.36-0.46x, over 16 rows 0.92x;
-#: docs/performance.md, "bfloat16").
+#: channels: there the float32 entries on widened operands were measured faster
+#: (docs/performance.md, "bfloat16").
 MIN_DATA_CHANNELS = 32
 STEM_CHANNELS = 4
 
@@ -49,12 +47,10 @@ R_WINOGRAD = ("3x3 at stride 1 over {c} channels ({lo} to {hi}), forward or weig
               "gradient: the float32 Winograd entry's fewer multiplies win")
 
 #: 2-D 3x3 forward passes and weight gradients at stride 1 whose smaller channel count
-#: lies in this range are left to the Winograd entry (on widened operands); ResNet-50,
-#: batch 8, 2 threads, ms, this entry against Winograd: 64 channels (56x56) forward
-#: 6.43 / 5.33, weights 11.0 / 5.8; 128 (28x28) forward 5.12 / 5.24, weights 6.9 / 5.8;
-#: from 256 (14x14) this entry wins. Backward data stays here (64 channels 6.6 / 6.3-7.8,
-#: 128: 5.2 / 5.5-5.7), which also keeps Winograd's rounding out of it. Below 64 channels
-#: Winograd declines anyway.
+#: lies in this range are left to the Winograd entry (on widened operands), measured
+#: faster there on ResNet-50's 56x56 and 28x28 layers; from 256 channels (14x14) this entry
+#: wins. Backward data stays here (as fast or faster, and without Winograd's rounding;
+#: docs/performance.md, "bfloat16"). Below 64 channels Winograd declines anyway.
 WINOGRAD_CHANNELS = (64, 255)
 
 #: Pairs of the reduction per block: a packed panel of B (``kc2 x NR`` words, 32 KiB)
@@ -106,9 +102,9 @@ def _phase_axes(p, q):
 
 def _transposes_x(p, tiles):
     """Whether a weight gradient's GEMM transposes x itself, block by block of the
-    reduction (a 1x1 layer at stride 1 without pads, its channels one block of rows, as
-    ResNet-50's 56x56 and 28x28 ones: 1.1-1.35x; over several blocks of rows, the 14x14
-    and 7x7 layers over 1024-2048 channels, the separate transpose was 4-6% faster)."""
+    reduction: a 1x1 layer at stride 1 without pads whose channels are one block of rows
+    (over several blocks of rows the separate transpose measured faster;
+    docs/performance.md, "bfloat16")."""
     return (p.direction == "bwd_w" and math.prod(p.ksz) == 1
             and all(s == 1 for s in p.stride) and not any(p.pad_begin)
             and not any(p.pad_end) and int(tiles["row_blocks"]) == 1)
