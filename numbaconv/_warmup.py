@@ -22,7 +22,9 @@ def _problems(dt):
     from numbaconv.kernels.cpu._host import VECTOR_BYTES
     vl = VECTOR_BYTES // (8 if dt == "float64" else 4)
     square = (np.ones((1, 9, 9, 5 * vl), dt), np.ones((3, 3, vl, 5 * vl), dt), 5, 1, 1)
-    pointwise = (np.ones((2, 24, 24, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0, 1)  # 1x1
+    # 1x1 (48x48: enough pixels that gemm[bf16-dot]'s weight gradient splits its reduction
+    # and transposes x and pairs dY inside its GEMM)
+    pointwise = (np.ones((2, 48, 48, 64), dt), np.ones((1, 1, 64, 64), dt), 1, 0, 1)
     # a short reduction into a larger dW (the split-dW weight gradient)
     short = (np.ones((1, 6, 6, 256), dt), np.ones((3, 3, 256, 256), dt), 1, 1, 1)
     # few output channels (a head: direct[narrow]'s weight gradient; a growth layer:

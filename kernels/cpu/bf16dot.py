@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from numbaconv._jit import helper, kernel, par_for, separate
+from numbaconv._jit import helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu._ir import bf16_round, transpose
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
@@ -402,9 +402,12 @@ def _im2col_t_block(src, rows, out, geo, tb):
             out[row, M] = 0
 
 
-@separate(bf16="void(uint32[:, ::1], uint16[:, ::1], uint32[:, :, ::1], uint16[:, ::1], "
-               "float32[:, ::1], uint16[:, ::1], int64, int64, int64, int64)")
-def _block(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
+#: Whether a copy of :func:`_block_body` takes x and B as they are (``_block_fused``) or
+#: not (``_block``: its code for them pruned away, a third of its compile time).
+_FUSED = False
+
+
+def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
     """Block ``blk`` of :func:`gemm`: row block ``blk % nrb`` of ``nrb`` over part ``blk //
     nrb`` of ``ks`` of the reduction."""
     at = xt.shape[0] > 0  # A = xt transposed: each block of the reduction transposed here
@@ -451,7 +454,7 @@ def _block(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
     for k0 in range(ka, kb, kc2):
         kk = min(kc2, kb - k0)
         beta = (0 if k0 == ka else 1) | (2 if rnd and k0 + kc2 >= kb else 0)
-        if at:
+        if _FUSED and at:
             _transpose_block(xt, al, rowp, r0, r1, k0, kk)
             roff = r0
         else:
@@ -460,7 +463,7 @@ def _block(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
         for q in range(npan):
             j = q * NR
             w = min(NR, N - j)
-            if pairs:
+            if _FUSED and pairs:
                 _pair_rows(braw, bl, k0, k0 + kk, j, 0)
                 pb = pbl
             else:
@@ -474,15 +477,19 @@ def _block(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
                         for k in range(kk):
                             wa[i, k] = src[i0 - roff + i, scol + k] if i < im else 0
                     pa, lda = pwa, wa.shape[1]
-                if im == MR and w == NR:
-                    _micro(pa, lda, pb, pc0 + ((i0 - c0) * N + j) * 4, N, kk, beta,
-                           pd0 + (i0 * N + j) * 2, N)
+                whole = im == MR and w == NR
+                if whole:
+                    pc, ldc, bt = pc0 + ((i0 - c0) * N + j) * 4, N, beta
+                    pd, ldd = pd0 + (i0 * N + j) * 2, N
                 else:  # through the scratch tile: only im x w of C (or D) is touched
                     if beta & 1:
                         for i in range(im):
                             for jj in range(w):
                                 wc[i, jj] = c[i0 - c0 + i, j + jj]
-                    _micro(pa, lda, pb, pwc, NR, kk, beta & 1, pwc, NR)
+                    pc, ldc, bt, pd, ldd = pwc, NR, beta & 1, pwc, NR
+                # (one call site: the micro-kernel's code is emitted once)
+                _micro(pa, lda, pb, pc, ldc, kk, bt, pd, ldd)
+                if not whole:
                     if beta & 2:
                         for i in range(im):
                             for jj in range(w):
@@ -530,6 +537,10 @@ def _round_bits(u):
     return np.uint16((u + np.uint32(0x7FFF) + (hi & np.uint32(1))) >> np.uint32(16))
 
 
+_BLOCK_SIG = ("void(uint32[:, ::1], uint16[:, ::1], uint32[:, :, ::1], uint16[:, ::1], "
+              "float32[:, ::1], uint16[:, ::1], int64, int64, int64, int64)")
+_block = separate(bf16=_BLOCK_SIG)(specialise(_block_body, "plain", _FUSED=False))
+_block_fused = separate(bf16=_BLOCK_SIG)(specialise(_block_body, "fused", _FUSED=True))
 _NO_BITS = np.zeros((0, 0), np.uint16)
 
 
@@ -554,5 +565,6 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None):
     if d is not None and ks > 1:
         raise ValueError("bf16dot.gemm: a reduction in parts (ks > 1) returns float32 sums; "
                          "round them after adding (d must be None)")
-    _block.run("bf16", ks * nrb, a, _NO_BITS if xt is None else xt, bp,
-               _NO_BITS if b is None else b, c, _NO_BITS if d is None else d, kc2, nrb, ks)
+    (_block if b is None and xt is None else _block_fused).run(
+        "bf16", ks * nrb, a, _NO_BITS if xt is None else xt, bp, _NO_BITS if b is None else b,
+        c, _NO_BITS if d is None else d, kc2, nrb, ks)
