@@ -528,13 +528,13 @@ def _transpose_block(xt, al, rowp, r0, r1, k0, kk):
             row[p] = lo | (hi << np.uint32(16))
 
 
-@helper(inline=True)
-def _round_bits(u):
-    """The bfloat16 bits of the float32 bits ``u`` (``_ir.bf16_round``, one value)."""
-    hi = u >> np.uint32(16)
-    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-        return np.uint16(hi | np.uint32(0x40))
-    return np.uint16((u + np.uint32(0x7FFF) + (hi & np.uint32(1))) >> np.uint32(16))
+@intrinsic
+def _round_bits(typingctx, u):
+    """The bfloat16 bits of the float32 bits ``u`` (one value; :func:`_ir.bf16_round`)."""
+    def codegen(context, builder, signature, args):
+        return bf16_round(builder, args[0])
+
+    return types.uint16(types.uint32), codegen
 
 
 _BLOCK_SIG = ("void(uint32[:, ::1], uint16[:, ::1], uint32[:, :, ::1], uint16[:, ::1], "
