@@ -231,6 +231,20 @@ def onednn_pads(auto_pad, x_spatial, k_spatial, stride, dilation, pads_begin, pa
 
 
 # --------------------------------------------------------------------------- error measure
+def case_operands(case, dtype, seed=0):
+    """Seeded channels-last ``x``, XIO ``w`` and a ``dy`` of the forward's shape for a case
+    ``(mb, ic, oc, isz, k, stride, dilation, pads_begin, pads_end)``, with the reference's
+    keywords (``geom``) and the generic ops' (``attrs``): ``(x, w, dy, geom, attrs)``."""
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
+    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
+    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
+    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    return x, w, dy, geom, attrs
+
+
 def normalized_error(got, ref_fn, *operands, **kwargs):
     """docs/contract.md section 10: max|got - ref| / max(ref computed on |operands|).
 

@@ -15,7 +15,8 @@ from numbaconv import planner
 from numbaconv.kernels.cpu import igemm
 from numbaconv.strategies import _gemm_common
 from numbaconv.strategies import igemm as strategy
-from reference import conv_bwd_data_ref, conv_fwd_ref, normalized_error, tolerance
+from reference import (case_operands, conv_bwd_data_ref, conv_fwd_ref, normalized_error,
+                       tolerance)
 
 # (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
@@ -44,13 +45,8 @@ IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, 
 
 def _run(case, dtype, seed=0, entry="gemm[implicit]"):
     mb, ic, oc, isz, k, st, dl, pb, pe = case
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
-    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    x, w, dy, geom, attrs = case_operands(case, dtype, seed)
     w0, dy0 = w.copy(), dy.copy()
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
     plan = nc.plan("convolution_backprop_data", dy, w, isz, strategy=entry, **attrs)
     assert f"{plan.strategy}[{plan.variant}]" == entry, plan
     got = nc.convolution_backprop_data(dy, w, isz, strategy=entry, **attrs)
@@ -103,12 +99,7 @@ def test_partial_vectors_touch_only_their_channels(case, dtype, entry, by_panels
     monkeypatch.setattr(strategy, "MIN_SKIPPED", 0.0)  # regions wherever any is skipped
     _fresh()
     assert ic % igemm.lanes(np.dtype(dtype).itemsize)
-    rng = np.random.default_rng(ic)
-    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
-    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    x, w, dy, geom, attrs = case_operands(case, dtype, ic)
     plan = nc.plan("convolution_backprop_data", dy, w, isz, strategy=entry, **attrs)
     assert f"{plan.strategy}[{plan.variant}]" == entry and not plan.tiles["stream"], plan
     # the result one element into a NaN buffer: anything written past either end of it
@@ -381,12 +372,7 @@ def test_streamed_tiles_match_plain_stores(case, dtype, monkeypatch):
     bit for bit that of plain stores, and matches the reference."""
     from numbaconv.api import _op
     mb, ic, oc, isz, k, st, dl, pb, pe = case
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
-    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    x, w, dy, geom, attrs = case_operands(case, dtype, 11)
     got = {}
     for stream in (False, True):
         monkeypatch.setattr(strategy, "streams", lambda *a, s=stream: s)
@@ -448,12 +434,7 @@ def test_regions_match_reference_and_the_full_sum(case, dtype, by_panels, monkey
     monkeypatch.setattr(strategy, "_by_panels", lambda *a: by_panels)
     _fresh()
     assert _run(case, dtype, seed=3, entry="gemm[regions]") <= tolerance(dtype)
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
-    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    x, w, dy, geom, attrs = case_operands(case, dtype, 4)
     p = nc.plan("convolution_backprop_data", dy, w, isz, **attrs).problem
     assert max(strategy._regions(p, g, t)[1] for _, g, t in stride_phases(p) if t) \
         >= strategy.MIN_SKIPPED

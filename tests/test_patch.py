@@ -11,7 +11,7 @@ import pytest
 import numbaconv as nc
 from numbaconv import config
 from numbaconv.strategies import patch
-from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
+from reference import case_operands, conv_bwd_filter_ref, normalized_error, tolerance
 
 
 
@@ -60,13 +60,8 @@ IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, 
 
 def _run(case, dtype, seed=0, strategy=None):
     mb, ic, oc, isz, k, st, dl, pb, pe = case
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
-    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
+    x, w, dy, geom, attrs = case_operands(case, dtype, seed)
     x0, dy0 = x.copy(), dy.copy()
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
     plan = nc.plan("convolution_backprop_filters", x, k, dy, strategy=strategy, **attrs)
     assert (plan.strategy, plan.variant) == ("gemm", "patch"), plan
     got = nc.convolution_backprop_filters(x, k, dy, strategy=strategy, **attrs)

@@ -12,7 +12,7 @@ import pytest
 import numbaconv as nc
 from numbaconv.problem import ConvProblem
 from numbaconv.strategies import windows as W
-from reference import conv_bwd_filter_ref, conv_fwd_ref, normalized_error, tolerance
+from reference import case_operands, conv_bwd_filter_ref, normalized_error, tolerance
 
 # (mb, ic, oc, input spatial, kernel, stride, dilation, pads_begin, pads_end)
 CASES = [
@@ -36,12 +36,7 @@ IDS = [f"mb{c[0]}ic{c[1]}oc{c[2]}i{'x'.join(map(str, c[3]))}k{'x'.join(map(str, 
 
 def _operands(case, dtype, seed=0):
     mb, ic, oc, isz, k, st, dl, pb, pe = case
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((mb, *isz, ic)).astype(dtype)
-    w = rng.standard_normal((*k, ic, oc)).astype(dtype)
-    geom = dict(stride=st, dilation=dl, pads_begin=pb, pads_end=pe)
-    dy = rng.standard_normal(conv_fwd_ref(x, w, **geom).shape).astype(dtype)
-    attrs = dict(strides=st, dilations=dl, pads_begin=pb, pads_end=pe)
+    x, w, dy, geom, attrs = case_operands(case, dtype, seed)
     return x, dy, k, geom, attrs
 
 
