@@ -97,3 +97,56 @@ def test_markdown_links_resolve():
             if not (doc.parent / target.split("#", 1)[0]).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not missing, "\n".join(missing)
+
+
+#: A citation of a section: ``performance.md`` or ``design.md`` (with or without
+#: ``docs/``), then within a few characters of spaces, commas, brackets, backticks, line
+#: breaks and comment markers a quoted heading, and more joined to it by "," or "and".
+_CITED_DOC = re.compile(r'(?<![\w-])(?:docs/)?(performance|design)\.md[\s,()`#:]{0,16}?"')
+_QUOTE = re.compile(r'"([^"\n]*(?:\n[^"\n]*){0,2})"')
+_QUOTE_JOIN = re.compile(r'[\s,#:]*(?:and[\s#:]+)?(?=")')
+
+
+def _normalise(text):
+    """A quoted heading as cited: comment markers at line starts dropped, whitespace
+    collapsed (a quote may wrap over a line break inside a comment or docstring)."""
+    return " ".join(re.sub(r"\n\s*#:?", "\n", text).split())
+
+
+def _section_names(doc):
+    """The headings of ``docs/<doc>.md`` (outside code blocks, without a section number);
+    for design.md also its run-in bold labels, which head its subsections."""
+    text = re.sub(r"```.*?```", "", (ROOT / "docs" / f"{doc}.md").read_text(), flags=re.S)
+    names = [re.sub(r"^\d+\.\s+", "", m) for m in re.findall(r"(?m)^#+\s+(.+?)\s*$", text)]
+    if doc == "design":
+        names += re.findall(r"(?m)^\*\*(.+?)\.?\*\*", text)
+    return names
+
+
+def _citations(text):
+    """``(doc, quoted heading, offset)`` for each section ``text`` cites."""
+    for m in _CITED_DOC.finditer(text):
+        pos = m.end() - 1
+        while (q := _QUOTE.match(text, pos)):
+            yield m.group(1), _normalise(q.group(1)), m.start()
+            join = _QUOTE_JOIN.match(text, q.end())
+            if not join or not join.group(0).strip():  # "A", "B" or "A" and "B" only
+                break
+            pos = join.end()
+
+
+def test_cited_sections_exist():
+    """Every section of docs/performance.md or docs/design.md that a tracked file cites by
+    its quoted heading (``docs/performance.md, "CPU, AVX2 host"``) is the start of one of
+    that document's headings."""
+    names = {doc: _section_names(doc) for doc in ("performance", "design")}
+    cited, missing = 0, []
+    for name, text in _tracked_text_files():
+        if not name.endswith((".py", ".md")):
+            continue
+        for doc, quote, at in _citations(text):
+            cited += 1
+            if not any(n.startswith(quote) for n in names[doc]):
+                missing.append(f"{name}:{text.count(chr(10), 0, at) + 1}: {doc}.md {quote!r}")
+    assert cited > 0
+    assert not missing, "\n".join(missing)
