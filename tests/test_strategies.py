@@ -269,8 +269,8 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch, without_patch_t):
     """"auto", as measured per host: on both the Numba engine for 1x1 backward data whose
     packed W^T fits half of L2; with AVX-512 also for 1x1 backward data with a short
     reduction (few output channels) whatever W^T's size and for every weight gradient
-    (1x1 at stride 1: split-K in one parallel region), short reductions too; BLAS
-    elsewhere."""
+    (1x1 at stride 1: split-K in one parallel region), short reductions too; grouped 1x1
+    weight gradients on it at any width; BLAS elsewhere."""
     from numbaconv.kernels.cpu import ukernel
     from numbaconv.strategies import igemm
     monkeypatch.setattr(ukernel, "VECTOR_BYTES", vector_bytes)
@@ -298,12 +298,18 @@ def test_gemm_engine_auto_choice(vector_bytes, monkeypatch, without_patch_t):
     # W^T (1 MiB) does not fit
     short_wide = nc.plan("convolution_backprop_data", dy[:, :7, :7],
                          np.zeros((1, 1, 4096, 64), np.float32), (7, 7), **kw)
-    engines = [p.tiles["engine"] for p in (tall, short, short1, data, wide, huge, short_wide)]
+    # a grouped 1x1 weight gradient (ShuffleNet's gconv): per-group split-K at any width
+    grouped = nc.plan("convolution_backprop_filters", x[:, :14, :14, :48], (1, 1),
+                      np.zeros((8, 14, 14, 96), np.float32), groups=3, **kw)
+    engines = [p.tiles["engine"] for p in (tall, short, short1, data, wide, huge, short_wide,
+                                           grouped)]
     if vector_bytes == 64:
-        assert engines == ["numba", "numba", "numba", "numba", "numba", "blas", "numba"]
+        assert engines == ["numba", "numba", "numba", "numba", "numba", "blas", "numba",
+                           "numba"]
         assert tall.variant == short1.variant == "split-k"
     else:
-        assert engines == ["blas", "blas", "blas", "numba", "numba", "blas", "blas"]
+        assert engines == ["blas", "blas", "blas", "numba", "numba", "blas", "blas", "numba"]
+    assert grouped.variant == "split-k"
     assert wide.variant == "claimed" and huge.variant != "claimed"
     monkeypatch.setattr(config, "GEMM_ENGINE", "blas")
     assert nc.plan("convolution_backprop_data", dy, w, (56, 56), **kw).tiles["engine"] == "blas"

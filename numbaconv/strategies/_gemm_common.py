@@ -192,6 +192,12 @@ def choose_engine(p, machine):
         # or claimed 1x1 backward data above (docs/performance.md, Numbers behind the
         # constants)
         return "numba"
+    if p.direction == "bwd_w" and grouped_identity(p):
+        # grouped 1x1 weight gradients at any vector width: one parallel region of per-group
+        # split-K GEMMs instead of each group's small BLAS GEMMs over im2col copies (AVX2
+        # host: ShuffleNet's gconv layers 1.4-1.7x; dense 1x1 ones stay on BLAS there;
+        # docs/performance.md, "CPU, AVX2 host")
+        return "numba"
     return "blas"
 
 
