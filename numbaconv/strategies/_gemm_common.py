@@ -194,9 +194,9 @@ def choose_engine(p, machine):
         return "numba"
     if p.direction == "bwd_w" and grouped_identity(p):
         # grouped 1x1 weight gradients at any vector width: one parallel region of per-group
-        # split-K GEMMs instead of each group's small BLAS GEMMs over im2col copies (AVX2
-        # host: ShuffleNet's gconv layers 1.4-1.7x; dense 1x1 ones stay on BLAS there;
-        # docs/performance.md, "CPU, AVX2 host")
+        # split-K GEMMs beat each group's small BLAS GEMMs over im2col copies also with
+        # 256-bit vectors, where dense 1x1 ones stay on BLAS (measured: docs/performance.md,
+        # "CPU, AVX2 host")
         return "numba"
     return "blas"
 
