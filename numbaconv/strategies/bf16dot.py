@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes
-from ._gemm_common import stride_phases
+from ._gemm_common import identity, stride_phases
 from .. import memory
 
 #: Backward data declines fewer result channels than this, weight gradients fewer output
@@ -102,12 +102,10 @@ def _phase_axes(p, q):
 
 def _transposes_x(p, tiles):
     """Whether a weight gradient's GEMM transposes x itself, block by block of the
-    reduction: a 1x1 layer at stride 1 without pads whose channels are one block of rows
-    (over several blocks of rows the separate transpose measured faster;
-    docs/performance.md, "bfloat16")."""
-    return (p.direction == "bwd_w" and math.prod(p.ksz) == 1
-            and all(s == 1 for s in p.stride) and not any(p.pad_begin)
-            and not any(p.pad_end) and int(tiles["row_blocks"]) == 1)
+    reduction: a 1x1 layer whose operands are the arrays themselves (``identity``: stride
+    1, no pads) and whose channels are one block of rows (over several blocks of rows the
+    separate transpose measured faster; docs/performance.md, "bfloat16")."""
+    return p.direction == "bwd_w" and identity(p) and int(tiles["row_blocks"]) == 1
 
 
 def _threads():
