@@ -126,7 +126,8 @@ def test_every_entry_has_a_bfloat16_case():
     for direction in ("fwd", "bwd_d", "bwd_w"):
         for s in planner.candidates(direction):
             assert ((label(s), direction) in ENTRIES
-                    or label(s) == "gemm[bf16-dot]" and direction in BF16_DOT_DIRECTIONS), \
+                    or label(s) == "gemm[bf16-dot]" and direction in BF16_DOT_DIRECTIONS
+                    or label(s) == "gemm[bf16-regions]" and direction == "bwd_d"), \
                 (label(s), direction)
 
 
@@ -409,6 +410,10 @@ def test_bf16_dot_entry_declines_with_reasons():
                 strategy="gemm[bf16-dot]")
     p = nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
                 np.zeros((3, 3, 32, 8), BF16), (6, 6), strides=2, pads_begin=1, pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-regions")  # (before bf16-dot)
+    p = nc.plan("convolution_backprop_data", np.zeros((1, 3, 3, 8), BF16),
+                np.zeros((3, 3, 32, 8), BF16), (6, 6), strides=2, pads_begin=1, pads_end=1,
+                strategy="gemm[bf16-dot]")
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")  # strided: phase by phase
     # narrow layers go to the float32 entries: backward data into few channels, a stem's
     # weight gradient, 1x1 weight gradients over few channels
@@ -447,9 +452,70 @@ def test_bf16_dot_entry_declines_with_reasons():
     p = nc.plan("convolution", x, np.zeros((3, 3, 128, 128), BF16), strides=2, pads_begin=1,
                 pads_end=1)
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
-    # backward data of the same layer stays on the dot products
+    # backward data of the same layer stays on the dot products, summed from dY in place
     p = nc.plan("convolution_backprop_data", x, np.zeros((3, 3, 128, 128), BF16), (28, 28),
                 strides=1, pads_begin=1, pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-regions")
+
+
+# -- gemm[bf16-regions]: backward data summed from dY in place, region by region -------------------
+#: (id, mb, input size, C, K, kernel, stride, dilation, pads): partial row tiles and a
+#: partial last panel of channels, stride phases (some that no tap reaches: zeros),
+#: regions that sum no tap at all (a dilated filter wider than the image), 1-D to 3-D
+_REGIONS = [
+    ("3x3-partial-panel", 2, (9, 7), 70, 34, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ("3x3-s2", 2, (11, 10), 40, 16, (3, 3), (2, 2), (1, 1), ((1, 1), (1, 0))),
+    ("1x1-s2", 2, (9, 8), 64, 18, (1, 1), (2, 2), (1, 1), ((0, 0), (0, 0))),
+    ("5x5-s3-dilated", 1, (13, 11), 33, 8, (3, 2), (3, 2), (2, 3), ((2, 0), (1, 2))),
+    ("dilated-wider-than-image", 2, (3, 4), 32, 6, (3, 3), (1, 1), (4, 4), ((4, 4), (4, 4))),
+    ("1d-s4", 3, (23,), 48, 10, (5,), (4,), (1,), ((2,), (1,))),
+    ("3d-s2", 1, (5, 7, 6), 36, 6, (3, 3, 2), (2, 1, 2), (1, 1, 1), ((1, 1, 0), (1, 0, 1))),
+]
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("case", _REGIONS, ids=[c[0] for c in _REGIONS])
+def test_bf16_regions_entry(case):
+    """Forced: within the bound of the float64 reference, the same bits call after call,
+    and the operands untouched."""
+    _, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
+    rng = np.random.default_rng(len(isz) + c + k)
+    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
+                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    w, dy = _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
+    w0, dy0 = w.copy(), dy.copy()
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
+                 strategy="gemm[bf16-regions]")
+    got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+    assert_matches(got, BF16, lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q), dy, w,
+                   stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
+    _same_bits(nc.convolution_backprop_data(dy, w, isz, **attrs), got)
+    _same_bits(dy, dy0)
+    _same_bits(w, w0)
+
+
+@needs_bf16_dot
+def test_bf16_regions_entry_declines_with_reasons():
+    def plan(dy, w, isz, **kw):
+        return nc.plan("convolution_backprop_data", np.zeros(dy, BF16), np.zeros(w, BF16),
+                       isz, strategy="gemm[bf16-regions]", **kw)
+
+    with pytest.raises(ValueError, match=r"bf16-regions\]: 33 dY channels \(odd\)"):
+        plan((1, 8, 8, 33), (3, 3, 64, 33), (8, 8), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"1024 dY channels \(> 512\)"):
+        plan((1, 4, 4, 1024), (1, 1, 64, 1024), (8, 8), strides=2)
+    with pytest.raises(ValueError, match=r"1x1 at stride 1 without pads"):
+        plan((1, 8, 8, 64), (1, 1, 64, 64), (8, 8), strides=1)
+    with pytest.raises(ValueError, match=r"KiB of packed filter per 64-channel panel"):
+        plan((1, 7, 7, 512), (3, 3, 512, 512), (7, 7), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"backward data into 16 channels \(< 32\)"):
+        plan((1, 8, 8, 64), (3, 3, 16, 64), (8, 8), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"2 groups"):
+        plan((1, 8, 8, 64), (3, 3, 32, 64), (8, 8), strides=1, pads_begin=1, pads_end=1,
+             groups=2)
+    # where it declines, gemm[bf16-dot] takes the layer (ResNet-50's res5b_branch2b)
+    p = nc.plan("convolution_backprop_data", np.zeros((1, 7, 7, 512), BF16),
+                np.zeros((3, 3, 512, 512), BF16), (7, 7), strides=1, pads_begin=1, pads_end=1)
     assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
 
 
