@@ -520,6 +520,26 @@ def test_bf16_regions_entry_declines_with_reasons():
 
 
 @needs_bf16_dot
+def test_bf16_dot_splits_a_weight_gradients_reduction_only_where_it_pays(monkeypatch):
+    """The reduction over pixels is split for few rows (taps x C) or a long reduction, not
+    for rows that make enough blocks over a short one (ResNet-50's 28 x 28 layers)."""
+    monkeypatch.setattr(nc.config, "THREADS", 2)
+
+    def ks(mb, hw, c, k, ksz=(1, 1)):
+        p = nc.plan("convolution_backprop_filters", np.zeros((mb, hw, hw, c), BF16), ksz,
+                    np.zeros((mb, hw, hw, k), BF16), strides=1, pads_begin=ksz[0] // 2,
+                    pads_end=ksz[0] // 2,
+                    strategy="gemm[bf16-dot]")
+        return p.tiles["ks"]
+
+    assert ks(8, 28, 512, 128) == 1    # res3b_branch2a: 3136 pairs, 86 row tiles
+    assert ks(8, 28, 128, 512) == 1    # res3a_branch2c
+    assert ks(8, 56, 256, 64) > 1      # res2b_branch2a: 12544 pairs
+    assert ks(8, 56, 64, 256) > 1      # res2a_branch1: 11 row tiles
+    assert ks(8, 28, 8, 64, (3, 3)) > 1  # 72 rows: 12 row tiles
+
+
+@needs_bf16_dot
 def test_bf16_dot_flushes_products_below_float32s_normal_range():
     """The instruction treats subnormal inputs and results as zero (as oneDNN's bfloat16
     kernels do): products below 2^-126 vanish on this entry, while the float32 kernels keep

@@ -66,6 +66,15 @@ SPLIT_BYTES = 8 << 20
 #: Most rows per block of a weight gradient whose reduction is split: up to this many rows
 #: make one block, which pairs B as it goes (A's block of the reduction, 192 KiB, in L2).
 SPLIT_MAX_MC = 384
+#: A weight gradient's reduction is split (:func:`_split_reduction`) where its rows make
+#: fewer than ``BLOCKS_PER_THREAD`` blocks per thread of ``MIN_BLOCK_TILES`` register
+#: tiles, or where it is at least ``MIN_SPLIT_PAIRS`` pairs of pixels long: the parts'
+#: float32 sums (added serially after) pay only over a long reduction, whose x a 1x1
+#: layer's GEMM then transposes as it goes (ResNet-50's 56 x 56 layers, 12544 pairs: 1.2-
+#: 1.75x as fast split); over 3136 pairs (28 x 28) blocks of rows alone ran 1.05-1.2x as
+#: fast (docs/performance.md, "bfloat16").
+MIN_BLOCK_TILES = 2
+MIN_SPLIT_PAIRS = 8192
 
 
 def host_has_bf16():
@@ -137,7 +146,7 @@ def _split_reduction(rows, k2, n):
     want = BLOCKS_PER_THREAD * thr
     tiles = -(-rows // MR)
     nrb = -(-tiles // (SPLIT_MAX_MC // MR))
-    if nrb >= want:
+    if nrb >= want or (tiles >= want * MIN_BLOCK_TILES and k2 < MIN_SPLIT_PAIRS):
         return _row_blocks(rows), 1
     most = min(max(1, k2 // (MIN_PART * KC2)), max(1, SPLIT_BYTES // (4 * rows * n)))
     ks = min(-(-want // nrb), most)
