@@ -137,7 +137,9 @@ def _row_blocks(rows):
 def _split_reduction(rows, k2, n):
     """``(nrb, ks)`` for a weight gradient's ``rows`` (``taps*C``) over ``k2`` pairs of
     pixels into ``n`` columns: where blocks of up to ``SPLIT_MAX_MC`` rows are fewer than
-    ``BLOCKS_PER_THREAD`` per thread, those blocks, each reduction split into ``ks``
+    ``BLOCKS_PER_THREAD`` per thread and either the rows make too few blocks of
+    ``MIN_BLOCK_TILES`` tiles or the reduction is ``MIN_SPLIT_PAIRS`` pairs or longer,
+    those blocks, each reduction split into ``ks``
     parts (each at least ``MIN_PART`` blocks of ``KC2`` pairs, every part's float32 sums
     together at most ``SPLIT_BYTES``; a count of blocks that is a multiple of the threads
     where the limits allow); else ``(_row_blocks(rows), 1)``."""

@@ -116,7 +116,8 @@ class Bf16Regions(Strategy):
         phases = _phases(p)
         panel = max([len(t) for _, _, t, _ in phases] + [0]) * p.oc // 2 * 64 * 4
         if panel > PANEL_L2_FRACTION * machine().l2_bytes:
-            return R_PANEL.format(kb=panel / 1024, most=PANEL_L2_FRACTION * machine().l2_bytes / 1024)
+            return R_PANEL.format(kb=panel / 1024,
+                                  most=PANEL_L2_FRACTION * machine().l2_bytes / 1024)
         return None
 
     def tiles(self, p, machine):
