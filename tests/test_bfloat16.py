@@ -127,7 +127,8 @@ def test_every_entry_has_a_bfloat16_case():
         for s in planner.candidates(direction):
             assert ((label(s), direction) in ENTRIES
                     or label(s) == "gemm[bf16-dot]" and direction in BF16_DOT_DIRECTIONS
-                    or label(s) == "gemm[bf16-regions]" and direction == "bwd_d"), \
+                    or label(s) == "gemm[bf16-regions]" and direction == "bwd_d"
+                    or label(s) == "gemm[bf16-wgrad]" and direction == "bwd_w"), \
                 (label(s), direction)
 
 
@@ -537,6 +538,86 @@ def test_bf16_dot_splits_a_weight_gradients_reduction_only_where_it_pays(monkeyp
     assert ks(8, 56, 256, 64) > 1      # res2b_branch2a: 12544 pairs
     assert ks(8, 56, 64, 256) > 1      # res2a_branch1: 11 row tiles
     assert ks(8, 28, 8, 64, (3, 3)) > 1  # 72 rows: 12 row tiles
+
+
+# -- gemm[bf16-wgrad]: weight gradients with x paired into the GEMM's panels ----------------------
+#: (id, mb, input size, C, K, kernel, stride, dilation, pads): a last panel of fewer than 64
+#: channels, row tiles past K, an odd count of output pixels (a last pair of one), strides
+#: and dilations, taps reading padding, 1-D to 3-D, one panel shared in parts of dY's rows
+_WGRAD = [
+    ("3x3-partial-panel", 2, (9, 7), 96, 40, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ("3x3-s2-odd-pixels", 1, (11, 9), 64, 38, (3, 3), (2, 2), (1, 1), ((1, 1), (1, 0))),
+    ("3x3-dilated", 2, (12, 10), 32, 64, (3, 3), (1, 1), (2, 3), ((2, 3), (2, 3))),
+    ("1d-5", 3, (23,), 40, 34, (5,), (2,), (1,), ((2,), (1,))),
+    ("3d", 1, (4, 5, 6), 70, 32, (3, 3, 2), (1, 2, 1), (1, 1, 1), ((1, 1, 0), (0, 1, 1))),
+    ("2x2-wide", 2, (8, 8), 128, 66, (2, 2), (2, 2), (1, 1), ((0, 0), (0, 0))),
+]
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("case", _WGRAD, ids=[c[0] for c in _WGRAD])
+def test_bf16_wgrad_entry(case, monkeypatch):
+    """Forced (its rules about speed off): within the bound of the float64 reference, the
+    same bits call after call, the operands untouched."""
+    from numbaconv.strategies import bf16wgrad
+    monkeypatch.setattr(bf16wgrad, "MIN_PAIRS", 0)
+    monkeypatch.setattr(bf16wgrad, "WINOGRAD_BELOW", 0)
+    _, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
+    rng = np.random.default_rng(len(isz) + c + k)
+    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
+                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    x, dy = _bf16(rng, mb, *isz, c), _bf16(rng, mb, *osz, k)
+    x0, dy0 = x.copy(), dy.copy()
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
+                 strategy="gemm[bf16-wgrad]")
+    got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
+    assert_matches(got, BF16, lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q), x, dy,
+                   stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
+    _same_bits(nc.convolution_backprop_filters(x, ksz, dy, **attrs), got)
+    _same_bits(x, x0)
+    _same_bits(dy, dy0)
+
+
+@needs_bf16_dot
+def test_bf16_wgrad_shares_a_panel_in_parts_of_dys_rows(monkeypatch):
+    """Three taps of one 64-channel panel over two threads: two parts of dY^T's rows each
+    (six tasks), K not a whole number of row tiles in either part."""
+    monkeypatch.setattr(nc.config, "THREADS", 2)
+    rng = np.random.default_rng(5)
+    x, dy = _bf16(rng, 2, 32, 32, 64), _bf16(rng, 2, 32, 32, 70)
+    attrs = dict(strides=1, pads_begin=(0, 1), pads_end=(0, 1), strategy="gemm[bf16-wgrad]")
+    assert nc.plan("convolution_backprop_filters", x, (1, 3), dy, **attrs).tiles["parts"] == 2
+    got = nc.convolution_backprop_filters(x, (1, 3), dy, **attrs)
+    assert_matches(got, BF16, lambda a, b, **q: conv_bwd_filter_ref(a, b, (1, 3), **q), x, dy,
+                   stride=1, dilation=1, pads_begin=(0, 1), pads_end=(0, 1))
+
+
+@needs_bf16_dot
+def test_bf16_wgrad_entry_declines_with_reasons():
+    def plan(x, ksz, dy, **kw):
+        return nc.plan("convolution_backprop_filters", np.zeros(x, BF16), ksz,
+                       np.zeros(dy, BF16), strategy="gemm[bf16-wgrad]", **kw)
+
+    with pytest.raises(ValueError, match=r"bf16-wgrad\]: a 1x1 layer"):
+        plan((8, 28, 28, 64), (1, 1), (8, 28, 28, 64), strides=1)
+    with pytest.raises(ValueError, match=r"196 pairs of output pixels \(< 512\)"):
+        plan((8, 7, 7, 512), (3, 3), (8, 7, 7, 512), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"3x3 at stride 1 over 64 channels \(< 128\)"):
+        plan((8, 56, 56, 64), (3, 3), (8, 56, 56, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"16 input channels \(< 32\)"):
+        plan((8, 28, 28, 16), (3, 3), (8, 28, 28, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"24 output channels \(< 32\)"):
+        plan((8, 28, 28, 64), (3, 3), (8, 28, 28, 24), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"2 groups"):
+        plan((8, 28, 28, 64), (3, 3), (8, 28, 28, 64), strides=1, pads_begin=1, pads_end=1,
+             groups=2)
+    # ResNet-50's res3b_branch2b and res5b_branch2b: here, and gemm[bf16-dot]
+    p = nc.plan("convolution_backprop_filters", np.zeros((8, 28, 28, 128), BF16), (3, 3),
+                np.zeros((8, 28, 28, 128), BF16), strides=1, pads_begin=1, pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-wgrad")
+    p = nc.plan("convolution_backprop_filters", np.zeros((8, 7, 7, 512), BF16), (3, 3),
+                np.zeros((8, 7, 7, 512), BF16), strides=1, pads_begin=1, pads_end=1)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-dot")
 
 
 @needs_bf16_dot

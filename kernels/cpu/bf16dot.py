@@ -568,3 +568,152 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None):
     (_block if b is None and xt is None else _block_fused).run(
         "bf16", ks * nrb, a, _NO_BITS if xt is None else xt, bp, _NO_BITS if b is None else b,
         c, _NO_BITS if d is None else d, kc2, nrb, ks)
+
+
+# -- weight gradients with x paired as the GEMM goes (gemm[bf16-wgrad]) ------------------------
+
+@intrinsic
+def _pair_pixels(typingctx, s0, s1, dst):
+    """``dst[j] = s0[j] | s1[j] << 16`` for the 64 bfloat16 channels at the addresses
+    ``s0`` and ``s1`` (two pixels of x): one row of 64 words of a packed panel of B."""
+    sig = types.void(types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        s0, s1, dst = args
+        i16, i32 = ir.IntType(16), ir.IntType(32)
+        vh = ir.VectorType(i16, NR)
+        v0 = builder.load(builder.inttoptr(s0, vh.as_pointer()), align=2)
+        v1 = builder.load(builder.inttoptr(s1, vh.as_pointer()), align=2)
+        mix = ir.Constant(ir.VectorType(i32, 2 * NR),
+                          [v for j in range(NR) for v in (j, NR + j)])
+        words = builder.bitcast(builder.shuffle_vector(v0, v1, mix), ir.VectorType(i32, NR))
+        builder.store(words, builder.inttoptr(dst, ir.VectorType(i32, NR).as_pointer()),
+                      align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def wgrad(at, x, geo, c, dw, kc2, parts):
+    """A weight gradient's ``C [K, taps*Cin] (float32) = dY^T @ im2col(x)`` with ``at``
+    dY transposed into pairs of pixels (``uint32 [K, K2]``, :func:`im2col_t` of dY) and
+    im2col(x)'s pairs of pixels built block by block of the reduction into a panel of 64
+    words per pair that stays in L1 (:func:`_pair_pixels`), never as a whole matrix.
+    ``x`` ``uint16 [mb, D, H, W, Cin]``; ``geo`` int64: the output's ``od, oh, ow``, then
+    strides, dilations, the negated leading pads and the kernel, as :func:`im2col_t`
+    takes them. In parallel over (tap, panel of 64 input channels, part of ``parts`` of
+    dY's rows): each sums its own block of ``c`` (float32 scratch, in L2 across the blocks
+    of the reduction), so no partial sums, then writes it rounded and transposed into ``dw``
+    (``uint16 [taps*Cin, K]``, the weight gradient's bits) by 16 x 16 register
+    transposes."""
+    npan = (x.shape[4] + NR - 1) // NR
+    taps = geo[12] * geo[13] * geo[14]
+    _wgrad_task.run("bf16", taps * npan * parts, at, x, geo, c, dw, kc2, parts)
+
+
+@separate(bf16="void(uint32[:, ::1], uint16[:, :, :, :, ::1], int64[::1], float32[:, ::1], "
+               "uint16[:, ::1], int64, int64, int64)")
+def _wgrad_task(at, x, geo, c, dw, kc2, parts, task):
+    """Task ``task`` of :func:`wgrad`."""
+    K, K2 = at.shape
+    mb, D, H, W, Cin = x.shape
+    od, oh, ow = geo[0], geo[1], geo[2]
+    sd, sh, sw, ld, lh, lw = geo[3], geo[4], geo[5], geo[6], geo[7], geo[8]
+    fd, fh, fw, kh, kw = geo[9], geo[10], geo[11], geo[13], geo[14]
+    npan = (Cin + NR - 1) // NR
+    part = task % parts
+    q = (task // parts) % npan
+    t = task // (parts * npan)
+    a = t // (kh * kw)
+    b = (t - a * kh * kw) // kw
+    e = t - a * kh * kw - b * kw
+    c0 = q * NR
+    w = min(NR, Cin - c0)
+    tiles = (K + MR - 1) // MR
+    r0 = MR * (part * tiles // parts)
+    r1 = min(K, MR * ((part + 1) * tiles // parts))
+    M = mb * od * oh * ow
+    ldc = c.shape[1]
+    col = t * Cin + c0
+    bl = np.empty((kc2, NR), np.uint32)
+    wa = np.zeros((MR, kc2), np.uint32)
+    wc = np.zeros((MR, NR), np.float32)
+    zeros = np.zeros(NR, np.uint16)
+    flat = x.reshape(-1)
+    px, pz = np.int64(flat.ctypes.data), np.int64(zeros.ctypes.data)
+    pbl, pat, pcc = np.int64(bl.ctypes.data), np.int64(at.ctypes.data), np.int64(c.ctypes.data)
+    pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
+    src = np.empty(2, np.int64)
+    for k0 in range(0, K2, kc2):
+        kk = min(kc2, K2 - k0)
+        # this block's pairs of pixels of x at tap t, channels c0.., as words
+        m = 2 * k0
+        n = m // (od * oh * ow)
+        rr = m - n * (od * oh * ow)
+        z = rr // (oh * ow)
+        rr -= z * (oh * ow)
+        y = rr // ow
+        u = rr - y * ow
+        for p in range(kk):
+            for h in range(2):
+                src[h] = -1
+                if 2 * (k0 + p) + h < M:
+                    iz = z * sd + a * ld + fd
+                    iy = y * sh + b * lh + fh
+                    ix = u * sw + e * lw + fw
+                    if 0 <= iz < D and 0 <= iy < H and 0 <= ix < W:
+                        src[h] = (((n * D + iz) * H + iy) * W + ix) * Cin + c0
+                    u += 1  # the next output pixel
+                    if u == ow:
+                        u = 0
+                        y += 1
+                        if y == oh:
+                            y = 0
+                            z += 1
+                            if z == od:
+                                z = 0
+                                n += 1
+            if w == NR:
+                _pair_pixels(px + src[0] * 2 if src[0] >= 0 else pz,
+                             px + src[1] * 2 if src[1] >= 0 else pz, pbl + p * NR * 4)
+            else:  # a last panel of fewer channels: word by word, zeros past them
+                for j in range(NR):
+                    lo = np.uint32(flat[src[0] + j]) if src[0] >= 0 and j < w else np.uint32(0)
+                    hi = np.uint32(flat[src[1] + j]) if src[1] >= 0 and j < w else np.uint32(0)
+                    bl[p, j] = lo | (hi << np.uint32(16))
+        beta = 0 if k0 == 0 else 1
+        for i0 in range(r0, r1, MR):
+            im = min(MR, r1 - i0)
+            if im == MR:
+                pa, lda = pat + (i0 * K2 + k0) * 4, K2
+            else:  # a zero-padded copy of the last rows
+                for i in range(MR):
+                    for k in range(kk):
+                        wa[i, k] = at[i0 + i, k0 + k] if i < im else 0
+                pa, lda = pwa, kc2
+            if im == MR and w == NR:
+                _micro(pa, lda, pbl, pcc + (i0 * ldc + col) * 4, ldc, kk, beta, pcc, 0)
+            else:  # through the scratch tile: only im x w of C is touched
+                if beta:
+                    for i in range(im):
+                        for j in range(w):
+                            wc[i, j] = c[i0 + i, col + j]
+                _micro(pa, lda, pbl, pwc, NR, kk, beta, pwc, 0)
+                for i in range(im):
+                    for j in range(w):
+                        c[i0 + i, col + j] = wc[i, j]
+    # the block rounded into dW, transposed: whole TB x TB blocks in registers
+    cu = c.view(np.uint32)
+    tmp = np.empty((TB, TB), np.uint32)
+    ptmp = np.int64(tmp.ctypes.data)
+    for i0 in range(r0, r1, TB):
+        for j0 in range(0, w, TB):
+            if i0 + TB <= r1 and j0 + TB <= w:
+                _transpose_words(pcc + (i0 * ldc + col + j0) * 4, ldc * 4, ptmp, TB * 4)
+                for jj in range(TB):
+                    for ii in range(TB):
+                        dw[col + j0 + jj, i0 + ii] = _round_bits(tmp[jj, ii])
+            else:
+                for jj in range(min(TB, w - j0)):
+                    for ii in range(min(TB, r1 - i0)):
+                        dw[col + j0 + jj, i0 + ii] = _round_bits(cu[i0 + ii, col + j0 + jj])
