@@ -38,8 +38,11 @@ def _problems(dt):
     # a long depthwise kernel row (the padded rows' drivers: QuartzNet's 1-D layers, 5x5
     # and 7x7 filters)
     long_row = (np.ones((1, 40, 16), dt), np.ones((17, 1, 16), dt), 16, 8, 1)
-    return (dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short, head,
-            dilated, dilated_wide, long_row, growth, square)
+    problems = (dense4, dense2, narrow, depthwise, depthwise2, grouped, pointwise, short,
+                head, dilated, dilated_wide, long_row, growth, square)
+    if dt == "bfloat16":  # 512 pairs of output pixels at stride 2: gemm[bf16-wgrad]
+        problems += ((np.ones((1, 64, 64, 32), dt), np.ones((3, 3, 32, 32), dt), 1, 1, 2),)
+    return problems
 
 
 def _calls(dt):
