@@ -24,6 +24,10 @@ from .. import memory
 KC2 = 128
 #: Most parts of dY's rows per (tap, channel panel) task: enough tasks to share evenly.
 MAX_PARTS = 4
+#: Fewest taps: 1x1 layers stay on gemm[bf16-dot] (x transposed inside its GEMM, or dY's
+#: pairs over blocks of rows), measured 1.03-1.46x as fast on 10 of ResNet-50's 11 1x1
+#: weight gradients (res3b_branch2a 0.89x; docs/performance.md, "bfloat16").
+MIN_TAPS = 2
 #: Tasks per thread from which the tasks are left whole.
 TASKS_PER_THREAD = 4
 #: Fewest pairs of output pixels (the reduction): each task writes its float32 block once
@@ -37,7 +41,7 @@ MIN_PAIRS = 512
 WINOGRAD_BELOW = 128
 
 R_DIRECTION = "the wgrad variant is weight gradients only"
-R_ONE_TAP = "a 1x1 layer: gemm[bf16-dot] transposes x inside its GEMM, with no im2col either"
+R_ONE_TAP = "a 1x1 layer: gemm[bf16-dot] needs no im2col either, and was measured faster"
 R_NARROW_C = ("{c} input channels (< %d): most of every 64-channel panel of x would be "
               "zeros" % MIN_DATA_CHANNELS)
 R_SHORT = ("{pairs} pairs of output pixels (< %d): too short a reduction for each task's "
@@ -75,7 +79,7 @@ class Bf16Wgrad(Strategy):
             return R_HOST
         if p.g != 1:
             return R_GROUPS.format(g=p.g)
-        if math.prod(p.ksz) == 1:
+        if math.prod(p.ksz) < MIN_TAPS:
             return R_ONE_TAP
         if p.ic < MIN_DATA_CHANNELS:
             return R_NARROW_C.format(c=p.ic)
