@@ -136,15 +136,21 @@ def bwd_d_regions(dy32, bp, dx, offs, items, rtab, pairs, C):
     ``rtab [R, 4]`` (a region's tiles and its entries in ``pairs``), ``pairs [E, 2]`` (a
     tap's A word offset and its first B word in a panel), ``items [I, 3]`` (``(region, t0,
     t1)``, the parallel loop's iterations). ``C``: dX's channels (the last panel may be
-    partial)."""
-    _item.run("bf16", items.shape[0], dy32.reshape(dy32.size), bp, dx.reshape(dx.size), offs,
-              items, rtab, pairs, C)
+    partial). The parallel loop runs over (channel panel, item), panel by panel: a
+    thread's run of iterations reads one panel of the filter from L2, where items that each
+    took every panel read the whole filter in turn (ResNet-50's res5b_branch2b, 4.5 MiB of
+    packed filter: 4.86 -> 3.93 ms)."""
+    _item.run("bf16", items.shape[0] * bp.shape[0], dy32.reshape(dy32.size), bp,
+              dx.reshape(dx.size), offs, items, rtab, pairs, C)
 
 
 @separate(bf16="void(uint32[::1], uint32[:, :, :, ::1], uint16[::1], int64[:, :, ::1], "
                "int64[:, ::1], int64[:, ::1], int64[:, ::1], int64, int64)")
-def _item(dy, bp, dx, offs, items, rtab, pairs, C, it):
-    """Item ``it`` of :func:`bwd_d_regions`: its tiles, panel by panel."""
+def _item(dy, bp, dx, offs, items, rtab, pairs, C, j):
+    """Iteration ``j`` of :func:`bwd_d_regions`: one panel of an item's tiles."""
+    ni = items.shape[0]
+    it = j % ni
+    q = j // ni
     r, t0, t1 = items[it, 0], items[it, 1], items[it, 2]
     e0, ne = rtab[r, 2], rtab[r, 3]
     k2 = bp.shape[2]
@@ -153,9 +159,8 @@ def _item(dy, bp, dx, offs, items, rtab, pairs, C, it):
     pp = np.int64(pairs.ctypes.data) + e0 * 16
     pb0 = np.int64(bp.ctypes.data)
     panel_words = bp.shape[1] * bp.shape[2] * bp.shape[3]
-    for q in range(bp.shape[0]):
-        w = min(NR, C - q * NR)
-        pb = pb0 + q * panel_words * 4
-        for ti in range(t0, t1):
-            _micro(pa, po + ti * 2 * MR * 8, pp, ne, k2, pb, pd + q * NR * 2,
-                   po + (ti * 2 + 1) * MR * 8, w)
+    w = min(NR, C - q * NR)
+    pb = pb0 + q * panel_words * 4
+    for ti in range(t0, t1):
+        _micro(pa, po + ti * 2 * MR * 8, pp, ne, k2, pb, pd + q * NR * 2,
+               po + (ti * 2 + 1) * MR * 8, w)

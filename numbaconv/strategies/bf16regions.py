@@ -27,23 +27,17 @@ from ..machine import machine
 #: item's dY rows stay in L2 across the channel panels.
 BLOCK_TILES = 16
 #: Most bytes of one channel panel of a phase's packed filter (``taps * K/2 * 64`` words),
-#: as a fraction of L2: every tile reads all of it from L2; larger filters run as
-#: ``gemm[bf16-dot]``, whose GEMM blocks the reduction (ResNet-50's 3x3 layers over 512
-#: channels, 576 KiB per panel, ran 2-3% slower here; docs/performance.md, "bfloat16").
-PANEL_L2_FRACTION = 0.5
-#: Most dY channels (the reduction per tap): past them the tiles' reads of the filter from
-#: L2 cost more than the im2col matrix that gemm[bf16-dot] packs, whose blocks of the
-#: reduction stay in L1 (ResNet-50's 1x1 stride-2 layers: 512 channels 1.11x as fast as
-#: there, 1024 0.95x, 2048 0.86x; docs/performance.md, "bfloat16").
-MAX_DY_CHANNELS = 512
+#: as a fraction of L2: every tile reads all of it, from L2 while the thread's run of
+#: iterations stays on that panel; larger filters run as ``gemm[bf16-dot]``, whose GEMM
+#: blocks the reduction. ResNet-50's largest (res5b_branch2b, 576 KiB) ran 4.17 ms here
+#: against 5.60 there (docs/performance.md, "bfloat16").
+PANEL_L2_FRACTION = 1.0
 
 R_DIRECTION = "the regions variant is backward data only"
 R_ODD = "{k} dY channels (odd): the kernel reads pairs of channels as 32-bit words"
-R_WIDE = ("{k} dY channels (> %d): reading the filter from L2 tile by tile costs more than "
-          "gemm[bf16-dot]'s im2col" % MAX_DY_CHANNELS)
 R_IDENTITY = ("1x1 at stride 1 without pads: gemm[bf16-dot] multiplies dY itself into dX "
               "itself, with no im2col either")
-R_PANEL = ("{kb:.0f} KiB of packed filter per 64-channel panel (> {most:.0f} KiB, half of L2): "
+R_PANEL = ("{kb:.0f} KiB of packed filter per 64-channel panel (> {most:.0f} KiB of L2): "
            "every tile would read it from beyond L2; gemm[bf16-dot] blocks the reduction")
 
 
@@ -109,8 +103,6 @@ class Bf16Regions(Strategy):
             return R_NARROW_D.format(c=p.ic)
         if p.oc % 2:
             return R_ODD.format(k=p.oc)
-        if p.oc > MAX_DY_CHANNELS:
-            return R_WIDE.format(k=p.oc)
         if identity(p) and all(v == 1 for v in p.stride):
             return R_IDENTITY
         phases = _phases(p)
