@@ -748,6 +748,62 @@ def test_bf16_dot_gemm_pairs_b_as_it_goes(m, n, k, nrb, ks, rnd):
 
 
 @needs_bf16_dot
+@pytest.mark.parametrize("m, n, k, nrb, ks, npb, mode", [
+    (50, 260, 300, 1, 1, 5, "rounded"),  # one panel per block, a last panel of 4 columns
+    (50, 260, 300, 3, 1, 2, "float32"),  # groups of 2 and 3 panels over 3 row blocks
+    (20, 200, 900, 1, 2, 4, "parts"),    # with the reduction in parts
+    (13, 130, 301, 1, 1, 3, "raw"),      # B paired panel by panel as it goes
+])
+def test_bf16_dot_gemm_in_blocks_of_panels(m, n, k, nrb, ks, npb, mode):
+    """The panels of columns shared out in ``npb`` groups give, bit for bit, the product
+    of one group."""
+    from numbaconv.kernels.cpu import bf16dot as kern
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k + k % 2)).astype(BF16)
+    a[:, k:] = 0
+    b = rng.standard_normal((k, n)).astype(BF16).view(np.uint16)
+    a32 = a.view(np.uint16).view(np.uint32)
+    bp = np.zeros((-(-n // kern.NR), a32.shape[1], kern.NR), np.uint32)
+    kern.pack_pairs(b, bp)
+    none = np.zeros((0, 0, kern.NR), np.uint32)
+    out = []
+    for groups in (1, npb):
+        if mode == "rounded" or mode == "raw":
+            d = np.full((m, n), 0xABCD, np.uint16)
+            kern.gemm(a32, none if mode == "raw" else bp, np.zeros((0, n), np.float32), 128,
+                      nrb, d, 1, b if mode == "raw" else None, None, groups)
+            out.append(d)
+        else:
+            c = np.full((ks * m, n), np.nan, np.float32)
+            kern.gemm(a32, bp, c, 128, nrb, None, ks, None, None, groups)
+            out.append(c)
+    np.testing.assert_array_equal(out[1], out[0])
+    got = out[0].view(BF16).astype(np.float64) if out[0].dtype == np.uint16 else \
+        out[0].reshape(ks, m, n).sum(axis=0)
+    ref = a.astype(np.float64)[:, :k] @ b.view(BF16).astype(np.float64)
+    assert np.abs(got - ref).max() < 2e-2 * k ** 0.5
+
+
+@needs_bf16_dot
+def test_bf16_dot_weight_gradient_blocks_of_panels_for_few_rows(monkeypatch):
+    """A 1x1 weight gradient of few rows (C) into many columns (K) shares out panels of
+    columns, not blocks of rows (each of which would read all of dY): ResNet-50's
+    res3a_branch2c; and matches the reference."""
+    monkeypatch.setattr(nc.config, "THREADS", 2)
+    rng = np.random.default_rng(11)
+    x, dy = _bf16(rng, 8, 28, 28, 128), _bf16(rng, 8, 28, 28, 512)
+    p = nc.plan("convolution_backprop_filters", x, (1, 1), dy, strides=1)
+    assert (p.variant, p.tiles.get("panel_blocks")) == ("bf16-dot", 8)
+    p = nc.plan("convolution_backprop_filters", _bf16(rng, 8, 28, 28, 512), (1, 1),
+                _bf16(rng, 8, 28, 28, 128), strides=1)
+    assert "panel_blocks" not in p.tiles  # res3b_branch2a: many rows, few columns
+    got = nc.convolution_backprop_filters(x[:2], (1, 1), dy[:2], strides=1,
+                                          strategy="gemm[bf16-dot]")
+    assert_matches(got, BF16, lambda a, b, **q: conv_bwd_filter_ref(a, b, (1, 1), **q),
+                   x[:2], dy[:2], stride=1, dilation=1, pads_begin=(0, 0), pads_end=(0, 0))
+
+
+@needs_bf16_dot
 @pytest.mark.parametrize("p, c, n, ks, rnd", [
     (1000, 64, 70, 2, False),   # whole register transposes, two panels, parts
     (1001, 40, 64, 1, True),    # a tail of 8 channels and an odd pixel, rounded in tiles

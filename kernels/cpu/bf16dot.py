@@ -407,16 +407,18 @@ def _im2col_t_block(src, rows, out, geo, tb):
 _FUSED = False
 
 
-def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
-    """Block ``blk`` of :func:`gemm`: row block ``blk % nrb`` of ``nrb`` over part ``blk //
-    nrb`` of ``ks`` of the reduction."""
+def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, npb, blk):
+    """Block ``blk`` of :func:`gemm`: row block ``blk % nrb`` of ``nrb``, over part ``blk //
+    nrb % ks`` of ``ks`` of the reduction, for block ``blk // (nrb * ks)`` of ``npb`` of
+    the panels of columns."""
     at = xt.shape[0] > 0  # A = xt transposed: each block of the reduction transposed here
     M = xt.shape[1] if at else a.shape[0]
     K2 = (xt.shape[0] + 1) // 2 if at else a.shape[1]
     pairs = braw.shape[0] > 0  # B as it is: each panel of a block of the reduction paired here
     bl = np.empty((kc2 if pairs else 0, NR), np.uint32)
-    kz = blk // nrb
-    rb = blk - kz * nrb
+    pz = blk // (nrb * ks)
+    kz = (blk - pz * nrb * ks) // nrb
+    rb = blk - (pz * ks + kz) * nrb
     tiles = (M + MR - 1) // MR
     r0 = MR * (rb * tiles // nrb)
     r1 = min(M, MR * ((rb + 1) * tiles // nrb))
@@ -425,6 +427,7 @@ def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
     rnd = d.shape[0] > 0
     N = d.shape[1] if rnd else c.shape[1]
     npan = (N + NR - 1) // NR
+    qa, qb = pz * npan // npb, (pz + 1) * npan // npb  # this block's panels
     wa = np.zeros((MR, kc2), np.uint32)
     wc = np.zeros((MR, NR), np.float32)
     if rnd:  # the partial sums of a longer reduction in this block's rows of C of its own
@@ -434,7 +437,7 @@ def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
         c0 = -kz * M
         if ka == kb:  # nothing of the reduction left for this part
             for i in range(r0, r1):
-                for j in range(N):
+                for j in range(qa * NR, min(N, qb * NR)):
                     c[i - c0, j] = 0
     # addresses as int64 alike: one inlining of the micro-kernel's typing, not two
     pa0, pb0, pc0 = np.int64(a.ctypes.data), np.int64(bp.ctypes.data), np.int64(c.ctypes.data)
@@ -460,7 +463,7 @@ def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, blk):
         else:
             scol = k0
             roff = 0
-        for q in range(npan):
+        for q in range(qa, qb):
             j = q * NR
             w = min(NR, N - j)
             if _FUSED and pairs:
@@ -538,13 +541,13 @@ def _round_bits(typingctx, u):
 
 
 _BLOCK_SIG = ("void(uint32[:, ::1], uint16[:, ::1], uint32[:, :, ::1], uint16[:, ::1], "
-              "float32[:, ::1], uint16[:, ::1], int64, int64, int64, int64)")
+              "float32[:, ::1], uint16[:, ::1], int64, int64, int64, int64, int64)")
 _block = separate(bf16=_BLOCK_SIG)(specialise(_block_body, "plain", _FUSED=False))
 _block_fused = separate(bf16=_BLOCK_SIG)(specialise(_block_body, "fused", _FUSED=True))
 _NO_BITS = np.zeros((0, 0), np.uint16)
 
 
-def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None):
+def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None, npb=1):
     """``C = A @ B``: ``a`` ``uint32`` ``[M, K2]`` (pairs of bfloat16 along each row), ``bp``
     :func:`pack_pairs`' panels of B ``[ceil(N/NR), K2, NR]``, ``c`` float32 ``[M, N]``
     C-contiguous. The rows, in whole register tiles, are cut into ``nrb`` blocks as even as
@@ -561,13 +564,16 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None):
     rows reads (``nrb`` 1), where packing it whole first would write and read it again.
     With ``xt`` (``uint16 [P, M]``, C-contiguous; ``a`` then unused) A is ``xt``
     transposed, pixel pairs along its rows (a 1x1 weight gradient's ``x``), each block of
-    the reduction transposed in registers as the GEMM reaches it."""
+    the reduction transposed in registers as the GEMM reaches it. ``npb`` > 1: the panels
+    of columns in that many groups, each group's blocks after the previous group's (the
+    parallel loop's runs of blocks then share one group's panels of B, where every row
+    block would otherwise read all of B: few rows against many columns)."""
     if d is not None and ks > 1:
         raise ValueError("bf16dot.gemm: a reduction in parts (ks > 1) returns float32 sums; "
                          "round them after adding (d must be None)")
     (_block if b is None and xt is None else _block_fused).run(
-        "bf16", ks * nrb, a, _NO_BITS if xt is None else xt, bp, _NO_BITS if b is None else b,
-        c, _NO_BITS if d is None else d, kc2, nrb, ks)
+        "bf16", ks * nrb * npb, a, _NO_BITS if xt is None else xt, bp,
+        _NO_BITS if b is None else b, c, _NO_BITS if d is None else d, kc2, nrb, ks, npb)
 
 
 # -- weight gradients with x paired as the GEMM goes (gemm[bf16-wgrad]) ------------------------

@@ -114,7 +114,8 @@ def _transposes_x(p, tiles):
     reduction: a 1x1 layer whose operands are the arrays themselves (``identity``: stride
     1, no pads) and whose channels are one block of rows (over several blocks of rows the
     separate transpose measured faster; docs/performance.md, "bfloat16")."""
-    return p.direction == "bwd_w" and identity(p) and int(tiles["row_blocks"]) == 1
+    return (p.direction == "bwd_w" and identity(p) and int(tiles["row_blocks"]) == 1
+            and int(tiles.get("panel_blocks", 1)) == 1)
 
 
 def _threads():
@@ -185,7 +186,7 @@ def _packed_filter_t(w3, taps):
     return bp
 
 
-def _product(a, b, kp, kc2, nrb, bits=False, ks=1, xt=None):
+def _product(a, b, kp, kc2, nrb, bits=False, ks=1, xt=None, npb=1):
     """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits): B packed into
     pairs first, or, where one block of rows reads all of it (``nrb`` 1: a weight gradient
     over few rows), paired by the GEMM panel by panel as it goes; ``bits``: as
@@ -202,10 +203,10 @@ def _product(a, b, kp, kc2, nrb, bits=False, ks=1, xt=None):
         bp, raw = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32), None
         k.pack_pairs(b, bp)
     if ks == 1:
-        return _gemm(a, bp, n, kc2, nrb, bits, raw, xt)
+        return _gemm(a, bp, n, kc2, nrb, bits, raw, xt, npb)
     m = a.shape[0] if xt is None else xt.shape[1]
     parts = memory.empty((ks * m, n), np.float32)
-    k.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks, raw, xt)
+    k.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks, raw, xt, npb)
     c = parts.reshape(ks, m, n).sum(axis=0)
     return _bits(c) if bits else c
 
@@ -214,7 +215,7 @@ _NO_PANELS = np.zeros((0, 0, 64), np.uint32)
 _NO_A = np.zeros((0, 0), np.uint32)
 
 
-def _gemm(a, bp, n, kc2, nrb, bits=False, b=None, xt=None):
+def _gemm(a, bp, n, kc2, nrb, bits=False, b=None, xt=None, npb=1):
     """``A @ B`` for ``a [M, kp]`` (or ``xt`` transposed) and B packed (``bp``; or ``b``,
     B itself, paired by the GEMM), ``n`` columns: float32, or with ``bits`` rounded to
     bfloat16 bits (``uint16``) by the kernel as each tile's reduction ends (no float32
@@ -223,10 +224,10 @@ def _gemm(a, bp, n, kc2, nrb, bits=False, b=None, xt=None):
     m = a.shape[0] if xt is None else xt.shape[1]
     if bits:
         d = memory.empty((m, n), np.uint16)
-        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, nrb, d, 1, b, xt)
+        k.gemm(_pairs(a), bp, np.empty((0, n), np.float32), kc2, nrb, d, 1, b, xt, npb)
         return d
     c = memory.empty((m, n), np.float32)
-    k.gemm(_pairs(a), bp, c, kc2, nrb, None, 1, b, xt)
+    k.gemm(_pairs(a), bp, c, kc2, nrb, None, 1, b, xt, npb)
     return c
 
 
@@ -277,7 +278,13 @@ class Bf16Dot(Strategy):
     def tiles(self, p, machine):
         if p.direction == "bwd_w":
             k2 = -(-p.mb * math.prod(p.osz) // 2)
-            nrb, ks = _split_reduction(_taps(p) * p.ic, k2, p.oc)
+            rows = _taps(p) * p.ic
+            nrb, ks = _split_reduction(rows, k2, p.oc)
+            npan = -(-p.oc // 64)
+            if ks == 1 and npan >= _threads() and rows * npan < p.oc * nrb:
+                # blocks of panels re-read A fewer bytes than blocks of rows would re-read
+                # B: few rows against many columns (docs/performance.md, "bfloat16")
+                return {"kc2": KC2, "row_blocks": 1, "ks": 1, "panel_blocks": npan}
             return {"kc2": KC2, "row_blocks": nrb, "ks": ks}
         rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
         return {"kc2": KC2, "row_blocks": _row_blocks(rows)}
@@ -318,13 +325,15 @@ class Bf16Dot(Strategy):
             m = p.mb * math.prod(p.osz)
             k2 = -(-m // 2)
             ks = int(tiles.get("ks", 1))
+            npb = int(tiles.get("panel_blocks", 1))
             if _transposes_x(p, tiles):  # A is x transposed: by the GEMM as it goes
                 return _product(None, dy.reshape(m, p.oc), 2 * k2, kc2, nrb, bits, ks,
                                 np.ascontiguousarray(x).reshape(m, p.ic)).reshape(ws)
             a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
             g, _ = _im2col_geo(p, False)
             k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
-            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, nrb, bits, ks).reshape(ws)
+            return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, nrb, bits, ks,
+                            npb=npb).reshape(ws)
         bwd = p.direction == "bwd_d"
         if bwd and any(s != 1 for s in p.stride):
             return self._bwd_d_phases(p, ops, kc2)
