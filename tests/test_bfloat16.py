@@ -38,6 +38,12 @@ def _bf16(rng, *shape):
     return rng.standard_normal(shape).astype(BF16)
 
 
+def _out_size(isz, ksz, stride, dilation, pads_begin, pads_end):
+    """The forward output's spatial size."""
+    return tuple((i + b + e - (kk - 1) * d - 1) // s + 1
+                 for i, kk, s, d, b, e in zip(isz, ksz, stride, dilation, pads_begin, pads_end))
+
+
 def _rounded(a):
     """float32 results rounded to bfloat16 by ml_dtypes (round to nearest even)."""
     with np.errstate(invalid="ignore"):
@@ -385,8 +391,7 @@ def test_bf16_dot_entry(case, monkeypatch):
         monkeypatch.setattr(bf16dot_strategy, name, 0)
     _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
     rng = np.random.default_rng(len(isz) + c + k)
-    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
-                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    osz = _out_size(isz, ksz, st, dil, pb, pe)
     x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
     attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
                  strategy="gemm[bf16-dot]")
@@ -481,8 +486,7 @@ def test_bf16_regions_entry(case):
     and the operands untouched."""
     _, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
     rng = np.random.default_rng(len(isz) + c + k)
-    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
-                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    osz = _out_size(isz, ksz, st, dil, pb, pe)
     w, dy = _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
     w0, dy0 = w.copy(), dy.copy()
     attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
@@ -565,8 +569,7 @@ def test_bf16_wgrad_entry(case, monkeypatch):
     monkeypatch.setattr(bf16wgrad, "WINOGRAD_BELOW", 0)
     _, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
     rng = np.random.default_rng(len(isz) + c + k)
-    osz = tuple((i + b + e - (kk - 1) * d - 1) // s + 1
-                for i, kk, s, d, b, e in zip(isz, ksz, st, dil, pb, pe))
+    osz = _out_size(isz, ksz, st, dil, pb, pe)
     x, dy = _bf16(rng, mb, *isz, c), _bf16(rng, mb, *osz, k)
     x0, dy0 = x.copy(), dy.copy()
     attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,

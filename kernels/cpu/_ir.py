@@ -61,6 +61,31 @@ def beta_store(builder, beta):
     return store, add
 
 
+class _BFloat(ir.Type):
+    """LLVM's ``bfloat`` (llvmlite has no such type): ``vdpbf16ps``'s operand type."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+def dpbf16(builder):
+    """``(dot, vb)``: AVX512_BF16's ``vdpbf16ps`` on 512-bit vectors
+    (``llvm.x86.avx512bf16.dpbf16ps.512``: 16 float32 accumulators, two vectors of 32
+    bfloat16 read as 16 pairs each) and its operand type ``vb`` (``<32 x bfloat>``, what a
+    vector of 16 ``i32`` pairs is bitcast to)."""
+    vf = ir.VectorType(ir.FloatType(), 16)
+    vb = ir.VectorType(_BFloat(), 32)
+    dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vb, vb]),
+                                         "llvm.x86.avx512bf16.dpbf16ps.512")
+    return dot, vb
+
+
 def bf16_round(builder, u):
     """bfloat16 bits (``i16``, or a vector of them) of the float32 bits ``u`` (``i32`` or a
     vector): round to nearest, ties to even, by adding ``0x7fff`` plus the lowest kept bit

@@ -27,7 +27,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import separate
-from numbaconv.kernels.cpu._ir import bf16_round, lane_mask, masked_io
+from numbaconv.kernels.cpu._ir import bf16_round, dpbf16, lane_mask, masked_io
 
 #: Rows of a register tile and vectors across it (as :mod:`numbaconv.kernels.cpu.bf16dot`:
 #: 24 accumulators, 4 loaded vectors and a broadcast within AVX-512's 32 registers).
@@ -35,19 +35,6 @@ MR = 6
 NV = 4
 #: Channels of a tile (16 float32 lanes per vector).
 NR = NV * 16
-
-
-class _BFloat(ir.Type):
-    """LLVM's ``bfloat`` (llvmlite has no such type): the intrinsic's operand type."""
-
-    def _to_string(self):
-        return "bfloat"
-
-    def __eq__(self, other):
-        return isinstance(other, _BFloat)
-
-    def __hash__(self):
-        return hash("bfloat")
 
 
 @intrinsic
@@ -63,13 +50,10 @@ def _micro(typingctx, a, arows, pairs, nseg, k2, b, d, drows, width):
     def codegen(context, builder, signature, args):
         a, arows, pairs, nseg, k2, b, d, drows, width = args
         f32, i16, i32, i64 = ir.FloatType(), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        vf, vi, vb = (ir.VectorType(f32, 16), ir.VectorType(i32, 16),
-                      ir.VectorType(_BFloat(), 32))
+        vf, vi = ir.VectorType(f32, 16), ir.VectorType(i32, 16)
+        dot, vb = dpbf16(builder)
         vh = ir.VectorType(i16, 16)
         i64p = i64.as_pointer()
-        dot = cgutils.get_or_insert_function(builder.module,
-                                             ir.FunctionType(vf, [vf, vb, vb]),
-                                             "llvm.x86.avx512bf16.dpbf16ps.512")
         pa = builder.inttoptr(a, i32.as_pointer())
         pb = builder.inttoptr(b, vi.as_pointer())
         pd = builder.inttoptr(d, i16.as_pointer())

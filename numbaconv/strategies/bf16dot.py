@@ -82,6 +82,19 @@ def host_has_bf16():
     return "avx512bf16" in FEATURES
 
 
+def dot_guards(p):
+    """The reason the AVX512_BF16 dot-product entries (``gemm[bf16-dot]``,
+    ``gemm[bf16-regions]``, ``gemm[bf16-wgrad]``) share to decline ``p``, or None:
+    another dtype, a host without the instruction, groups."""
+    if p.dtype != "bfloat16":
+        return R_DTYPE.format(dtype=p.dtype)
+    if not host_has_bf16():
+        return R_HOST
+    if p.g != 1:
+        return R_GROUPS.format(g=p.g)
+    return None
+
+
 def _taps(p):
     return math.prod(p.ksz)
 
@@ -253,12 +266,9 @@ class Bf16Dot(Strategy):
     compile_heavy = True
 
     def accepts(self, p):
-        if p.dtype != "bfloat16":
-            return R_DTYPE.format(dtype=p.dtype)
-        if not host_has_bf16():
-            return R_HOST
-        if p.g != 1:
-            return R_GROUPS.format(g=p.g)
+        why = dot_guards(p)
+        if why is not None:
+            return why
         if p.direction == "bwd_d" and p.ic < MIN_DATA_CHANNELS:
             return R_NARROW_D.format(c=p.ic)
         if p.direction == "bwd_w":

@@ -18,8 +18,7 @@ import numpy as np
 
 from . import Strategy, canonical_shapes
 from ._gemm_common import identity, region_boxes, region_tables, stride_phases, unpadded
-from .bf16dot import (MIN_DATA_CHANNELS, R_DTYPE, R_GROUPS, R_HOST, R_NARROW_D, _bits,
-                      _packed_filter_t, host_has_bf16)
+from .bf16dot import MIN_DATA_CHANNELS, R_NARROW_D, _bits, _packed_filter_t, dot_guards
 from .. import memory
 from ..machine import machine
 
@@ -93,12 +92,9 @@ class Bf16Regions(Strategy):
     def accepts(self, p):
         if p.direction != "bwd_d":
             return R_DIRECTION
-        if p.dtype != "bfloat16":
-            return R_DTYPE.format(dtype=p.dtype)
-        if not host_has_bf16():
-            return R_HOST
-        if p.g != 1:
-            return R_GROUPS.format(g=p.g)
+        why = dot_guards(p)
+        if why is not None:
+            return why
         if p.ic < MIN_DATA_CHANNELS:
             return R_NARROW_D.format(c=p.ic)
         if p.oc % 2:

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from . import Strategy, canonical_shapes
-from .bf16dot import MIN_DATA_CHANNELS, R_DTYPE, R_GROUPS, R_HOST, _bits, host_has_bf16
+from .bf16dot import MIN_DATA_CHANNELS, _bits, dot_guards
 from .. import memory
 
 #: Pairs of pixels per block of the reduction: a packed panel of x (``KC2 x 64`` words,
@@ -73,12 +73,9 @@ class Bf16Wgrad(Strategy):
     def accepts(self, p):
         if p.direction != "bwd_w":
             return R_DIRECTION
-        if p.dtype != "bfloat16":
-            return R_DTYPE.format(dtype=p.dtype)
-        if not host_has_bf16():
-            return R_HOST
-        if p.g != 1:
-            return R_GROUPS.format(g=p.g)
+        why = dot_guards(p)
+        if why is not None:
+            return why
         if math.prod(p.ksz) < MIN_TAPS:
             return R_ONE_TAP
         if p.ic < MIN_DATA_CHANNELS:
