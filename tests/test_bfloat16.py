@@ -30,6 +30,9 @@ from strategy_cases import CASES, call, operands, patch  # noqa: E402
 from strategy_cases import plan as plan_of  # noqa: E402
 from numbaconv.strategies import bf16dot as bf16dot_strategy  # noqa: E402
 from numbaconv.strategies.bf16dot import STRATEGY as BF16_DOT, host_has_bf16  # noqa: E402
+from numbaconv.strategies.bf16amx import STRATEGY as BF16_AMX  # noqa: E402
+from numbaconv.kernels.cpu import bf16amx as bf16amx_kernels  # noqa: E402
+from numbaconv.kernels.cpu import bf16dot as bf16dot_kernels  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -132,7 +135,8 @@ def test_every_entry_has_a_bfloat16_case():
     for direction in ("fwd", "bwd_d", "bwd_w"):
         for s in planner.candidates(direction):
             assert ((label(s), direction) in ENTRIES
-                    or label(s) == "gemm[bf16-dot]" and direction in BF16_DOT_DIRECTIONS
+                    or label(s) in ("gemm[bf16-dot]", "gemm[bf16-amx]")
+                    and direction in BF16_DOT_DIRECTIONS
                     or label(s) == "gemm[bf16-regions]" and direction == "bwd_d"
                     or label(s) == "gemm[bf16-wgrad]" and direction == "bwd_w"), \
                 (label(s), direction)
@@ -340,6 +344,30 @@ def test_op_in_bfloat16(fn, mode, monkeypatch):
 # -- gemm[bf16-dot]: AVX512_BF16's dot products -------------------------------------------------
 BF16_DOT_DIRECTIONS = ("fwd", "bwd_d", "bwd_w")
 needs_bf16_dot = pytest.mark.skipif(not host_has_bf16(), reason="no AVX512_BF16 on this host")
+needs_amx = pytest.mark.skipif(not (host_has_bf16() and bf16amx_kernels.request_amx()),
+                               reason="no AMX tiles with bfloat16 products on this host")
+#: The GEMM kernels that share :func:`bf16dot._block_body`: AVX512_BF16's 6 x 64 tile and
+#: AMX's 32 x 64 tile (``gemm[bf16-amx]``).
+GEMM_KERNELS = ["bf16dot", pytest.param("bf16amx", marks=needs_amx)]
+
+
+def _gemm_kernel(name):
+    import importlib
+    return importlib.import_module(f"numbaconv.kernels.cpu.{name}")
+
+
+@pytest.fixture(autouse=True)
+def _avx512_bf16_entries_first(request, monkeypatch):
+    """The planner's choices among the AVX512_BF16 entries, tested in their own tests, do
+    not depend on whether the host has AMX: there ``gemm[bf16-amx]`` (first where it
+    accepts) is switched off."""
+    name = request.node.name
+    if any(e in name for e in ("bf16_dot", "bf16_regions", "bf16_wgrad")):
+        monkeypatch.setattr(BF16_AMX, "accepts",
+                            lambda p: "switched off by the test's fixture")
+        planner.clear_plan_cache()
+    yield
+    planner.clear_plan_cache()
 
 #: (id, direction, mb, input size, C, K, kernel, stride, dilation, pads): odd channel
 #: counts (an odd reduction, a last row tile and a last panel of partial width), 1-D to 3-D
@@ -500,7 +528,13 @@ def test_bf16_regions_entry(case):
 
 
 @needs_bf16_dot
-def test_bf16_regions_entry_declines_with_reasons():
+def test_bf16_regions_entry_declines_with_reasons(monkeypatch):
+    # the filter's limit as on a host with 1 MiB of L2 (between the two 7 x 7 layers' 576
+    # and 1152 KiB per panel, below), whatever this host's L2
+    from numbaconv.machine import machine
+    from numbaconv.strategies import bf16regions
+    monkeypatch.setattr(bf16regions, "PANEL_L2_FRACTION", (1 << 20) / machine().l2_bytes)
+
     def plan(dy, w, isz, **kw):
         return nc.plan("convolution_backprop_data", np.zeros(dy, BF16), np.zeros(w, BF16),
                        isz, strategy="gemm[bf16-regions]", **kw)
@@ -650,11 +684,12 @@ def test_bf16_dot_flushes_products_below_float32s_normal_range():
     (50, 70, 40, 8, 12),       # more row blocks than register tiles: some empty
     (7, 5, 4, 2, 1),           # every tile partial
 ])
-def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, nrb):
+@pytest.mark.parametrize("kern_name", GEMM_KERNELS)
+def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(kern_name, m, n, k, kc2, nrb):
     """The GEMM rounding each tile to bfloat16 as its reduction ends (the partial sums of
     a longer one in its block's own float32 rows) gives, bit for bit, the float32 product
     rounded by the backend's converter: ties to even, NaN and Inf kept, overflow to Inf."""
-    from numbaconv.kernels.cpu import bf16dot as kern
+    kern = _gemm_kernel(kern_name)
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k)).astype(BF16)
     b = rng.standard_normal((k, n)).astype(BF16)
@@ -692,11 +727,12 @@ def test_bf16_dot_gemm_rounds_in_its_tiles_as_the_backend_does(m, n, k, kc2, nrb
 
 @needs_bf16_dot
 @pytest.mark.parametrize("ks", [2, 3, 8])
-def test_bf16_dot_gemm_splits_its_reduction(ks):
+@pytest.mark.parametrize("kern_name", GEMM_KERNELS)
+def test_bf16_dot_gemm_splits_its_reduction(kern_name, ks):
     """The reduction in ``ks`` parts of whole blocks (the last one empty at 8 parts of
     4100 pairs: its sums must be zeros), part ``z``'s sums in rows ``z*M ..``: their sum
     is the product, within float32's rounding of the float64 one."""
-    from numbaconv.kernels.cpu import bf16dot as kern
+    kern = _gemm_kernel(kern_name)
     rng = np.random.default_rng(ks)
     m, n, k = 9, 70, 8200
     a = rng.standard_normal((m, k)).astype(BF16)
@@ -724,10 +760,11 @@ def test_bf16_dot_gemm_splits_its_reduction(ks):
     (13, 130, 1001, 1, 1, True),   # rounded in the tiles, a panel of 2 columns
     (20, 64, 600, 2, 2, False),    # two blocks of rows: each pairs B on its own
 ])
-def test_bf16_dot_gemm_pairs_b_as_it_goes(m, n, k, nrb, ks, rnd):
+@pytest.mark.parametrize("kern_name", GEMM_KERNELS)
+def test_bf16_dot_gemm_pairs_b_as_it_goes(kern_name, m, n, k, nrb, ks, rnd):
     """B handed over as it is and paired panel by panel inside the GEMM gives, bit for
     bit, the product over B packed whole first."""
-    from numbaconv.kernels.cpu import bf16dot as kern
+    kern = _gemm_kernel(kern_name)
     rng = np.random.default_rng(m + k)
     a = rng.standard_normal((m, k + k % 2)).astype(BF16)
     a[:, k:] = 0
@@ -757,10 +794,11 @@ def test_bf16_dot_gemm_pairs_b_as_it_goes(m, n, k, nrb, ks, rnd):
     (20, 200, 900, 1, 2, 4, "parts"),    # with the reduction in parts
     (13, 130, 301, 1, 1, 3, "raw"),      # B paired panel by panel as it goes
 ])
-def test_bf16_dot_gemm_in_blocks_of_panels(m, n, k, nrb, ks, npb, mode):
+@pytest.mark.parametrize("kern_name", GEMM_KERNELS)
+def test_bf16_dot_gemm_in_blocks_of_panels(kern_name, m, n, k, nrb, ks, npb, mode):
     """The panels of columns shared out in ``npb`` groups give, bit for bit, the product
     of one group."""
-    from numbaconv.kernels.cpu import bf16dot as kern
+    kern = _gemm_kernel(kern_name)
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k + k % 2)).astype(BF16)
     a[:, k:] = 0
@@ -812,10 +850,11 @@ def test_bf16_dot_weight_gradient_blocks_of_panels_for_few_rows(monkeypatch):
     (1001, 40, 64, 1, True),    # a tail of 8 channels and an odd pixel, rounded in tiles
     (77, 35, 9, 1, False),      # no whole transpose at all
 ])
-def test_bf16_dot_gemm_transposes_a_as_it_goes(p, c, n, ks, rnd):
+@pytest.mark.parametrize("kern_name", GEMM_KERNELS)
+def test_bf16_dot_gemm_transposes_a_as_it_goes(kern_name, p, c, n, ks, rnd):
     """A handed over as x (``[P, C]``) and transposed block by block inside the GEMM gives,
     bit for bit, the product over x transposed into pixel pairs first."""
-    from numbaconv.kernels.cpu import bf16dot as kern
+    kern = _gemm_kernel(kern_name)
     rng = np.random.default_rng(p + c)
     x = rng.standard_normal((p, c)).astype(BF16).view(np.uint16)
     dy = rng.standard_normal((p, n)).astype(BF16).view(np.uint16)
@@ -834,6 +873,93 @@ def test_bf16_dot_gemm_transposes_a_as_it_goes(p, c, n, ks, rnd):
         ref = x.view(BF16).astype(np.float64).T @ dy.view(BF16).astype(np.float64)
         assert np.abs(got.reshape(ks, c, n).sum(axis=0) - ref).max() < 1e-3 * p ** 0.5
     np.testing.assert_array_equal(got, want)
+
+
+# -- gemm[bf16-amx]: bf16-dot's GEMMs on AMX tiles ---------------------------------------------
+@needs_amx
+@pytest.mark.parametrize("case", _DOT, ids=[c[0] for c in _DOT])
+def test_bf16_amx_entry(case, monkeypatch):
+    """Forced, on the edges of every tile (as ``gemm[bf16-dot]``'s cases): within the
+    bound of the float64 reference."""
+    for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS"):
+        monkeypatch.setattr(bf16dot_strategy, name, 0)
+    _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
+    rng = np.random.default_rng(len(isz) + c + k)
+    osz = _out_size(isz, ksz, st, dil, pb, pe)
+    x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
+                 strategy="gemm[bf16-amx]")
+    kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
+    if direction == "fwd":
+        got = nc.convolution(x, w, **attrs)
+        ref_fn, args = conv_fwd_ref, (x, w)
+    elif direction == "bwd_d":
+        got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
+    else:
+        got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
+    assert_matches(got, BF16, ref_fn, *args, **kw)
+    again = {"fwd": lambda: nc.convolution(x, w, **attrs),
+             "bwd_d": lambda: nc.convolution_backprop_data(dy, w, isz, **attrs),
+             "bwd_w": lambda: nc.convolution_backprop_filters(x, ksz, dy, **attrs)}
+    _same_bits(again[direction](), got)
+
+
+@needs_amx
+@pytest.mark.parametrize("m, k, kc2", [(40, 40, 128), (70, 100, 16), (33, 6, 128)])
+def test_bf16_amx_gemm_reads_nothing_past_its_block(m, k, kc2):
+    """A tile reads 16 pairs of A's row and 16 rows of B's panel; the last ``k2 % 16``
+    pairs go through zero-padded copies. An Inf in A's first row and in the first rows of
+    B's second panel reach only their own row and columns: every other entry is finite and
+    right (a tile reading past its block would meet them times zero: NaN)."""
+    kern = bf16amx_kernels
+    rng = np.random.default_rng(m + k)
+    n = 100
+    a = rng.standard_normal((m, k)).astype(BF16)
+    b = rng.standard_normal((k, n)).astype(BF16)
+    a[0, :] = np.inf
+    b[:2, 64:] = np.inf
+    bp = np.zeros((2, k // 2, kern.NR), np.uint32)
+    bf16dot_kernels.pack_pairs(b.view(np.uint16), bp)
+    c = np.full((m, n), np.nan, np.float32)
+    kern.gemm(a.view(np.uint16).view(np.uint32), bp, c, kc2, 2)
+    ref = a[1:].astype(np.float64) @ b[:, :64].astype(np.float64)
+    assert np.isfinite(c[1:, :64]).all()
+    assert np.abs(c[1:, :64] - ref).max() < 1e-5 * np.abs(ref).max() * k ** 0.5
+
+
+@needs_amx
+def test_bf16_amx_entry_is_first_where_it_accepts():
+    """On an AMX host the planner takes ``gemm[bf16-amx]`` for bfloat16 layers of every
+    kind the bfloat16 GEMM takes, the 3x3 layers Winograd would otherwise take included;
+    narrow layers still go to the float32 entries."""
+    rng = np.random.default_rng(3)
+    x = _bf16(rng, 2, 28, 28, 128)
+    for op, args, kw in [
+            ("convolution", (x, _bf16(rng, 3, 3, 128, 128)), dict(pads_begin=1, pads_end=1)),
+            ("convolution_backprop_data", (x, _bf16(rng, 3, 3, 64, 128), (28, 28)),
+             dict(pads_begin=1, pads_end=1)),
+            ("convolution_backprop_filters", (x, (1, 1), _bf16(rng, 2, 28, 28, 64)), {})]:
+        p = nc.plan(op, *args, strides=1, **kw)
+        assert (p.strategy, p.variant) == ("gemm", "bf16-amx"), (op, p)
+    with pytest.raises(ValueError, match=r"gemm\[bf16-amx\]: backward data into 3 channels"):
+        nc.plan("convolution_backprop_data", np.zeros((1, 4, 4, 64), BF16),
+                np.zeros((7, 7, 3, 64), BF16), (8, 8), strides=2, pads_begin=3, pads_end=2,
+                strategy="gemm[bf16-amx]")
+    with pytest.raises(ValueError, match=r"gemm\[bf16-amx\]: 2 groups"):
+        nc.plan("convolution", np.zeros((1, 8, 8, 8), BF16), np.zeros((3, 3, 4, 8), BF16),
+                strides=1, groups=2, strategy="gemm[bf16-amx]")
+
+
+def test_bf16_amx_entry_declines_without_amx(monkeypatch):
+    from numbaconv.kernels.cpu import _host
+    monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES
+                                                  if f != "amx-tile") + ("avx512bf16",))
+    problem = nc.plan("convolution", np.zeros((1, 8, 8, 8), BF16),
+                      np.zeros((3, 3, 8, 8), BF16), strides=1, strategy="numpy").problem
+    assert BF16_AMX.accepts(problem) == \
+        "this host has no AMX tiles with bfloat16 products (amx-tile, amx-bf16)"
 
 
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):

@@ -389,6 +389,10 @@ def _im2col_t_block(src, rows, out, geo, tb):
 #: Whether a copy of :func:`_block_body` takes x and B as they are (``_block_fused``) or
 #: not (``_block``: its code for them pruned away, a third of its compile time).
 _FUSED = False
+#: Whether a copy runs AMX's micro-kernel (:mod:`bf16amx` binds ``_AMX``, ``MR``,
+#: ``_micro`` and the tile set-up ``_tiles_on`` / ``_tiles_off`` in its copies).
+_AMX = False
+_tiles_on = _tiles_off = None
 
 
 def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, npb, blk):
@@ -429,6 +433,8 @@ def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, npb, blk):
     pwa, pwc = np.int64(wa.ctypes.data), np.int64(wc.ctypes.data)
     pbl = np.int64(bl.ctypes.data)
     wu = wc.view(np.uint32)
+    if _AMX:
+        _tiles_on()
     # A's block of the reduction, transposed from xt (rows r0..r1), and the pixel rows of
     # one register transpose
     al = np.empty((r1 - r0 if at else 0, kc2), np.uint32)
@@ -485,6 +491,8 @@ def _block_body(a, xt, bp, braw, c, d, kc2, nrb, ks, npb, blk):
                         for i in range(im):
                             for jj in range(w):
                                 c[i0 - c0 + i, j + jj] = wc[i, jj]
+    if _AMX:
+        _tiles_off()
 
 
 @helper(inline=True)
@@ -552,10 +560,16 @@ def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None, npb=1):
     of columns in that many groups, each group's blocks after the previous group's (the
     parallel loop's runs of blocks then share one group's panels of B, where every row
     block would otherwise read all of B: few rows against many columns)."""
+    run_blocks(_block, _block_fused, a, bp, c, kc2, nrb, d, ks, b, xt, npb)
+
+
+def run_blocks(block, block_fused, a, bp, c, kc2, nrb, d, ks, b, xt, npb):
+    """:func:`gemm` with its two copies of :func:`_block_body` (the AMX entry passes
+    its own)."""
     if d is not None and ks > 1:
         raise ValueError("bf16dot.gemm: a reduction in parts (ks > 1) returns float32 sums; "
                          "round them after adding (d must be None)")
-    (_block if b is None and xt is None else _block_fused).run(
+    (block if b is None and xt is None else block_fused).run(
         "bf16", ks * nrb * npb, a, _NO_BITS if xt is None else xt, bp,
         _NO_BITS if b is None else b, c, _NO_BITS if d is None else d, kc2, nrb, ks, npb)
 

@@ -95,6 +95,22 @@ def dot_guards(p):
     return None
 
 
+def shape_guards(p):
+    """The reason the bfloat16 GEMM entries (``gemm[bf16-dot]``, ``gemm[bf16-amx]``)
+    decline ``p`` for its shape, or None: few result channels (most of every 64-column
+    tile idle), a stem's weight gradient, few rows of a weight gradient."""
+    if p.direction == "bwd_d" and p.ic < MIN_DATA_CHANNELS:
+        return R_NARROW_D.format(c=p.ic)
+    if p.direction == "bwd_w":
+        if p.ic <= STEM_CHANNELS:
+            return R_STEM_W.format(c=p.ic)
+        if p.oc < MIN_DATA_CHANNELS:
+            return R_NARROW_W.format(k=p.oc)
+        if _taps(p) * p.ic < MIN_DATA_CHANNELS:
+            return R_FEW_ROWS_W.format(r=_taps(p) * p.ic)
+    return None
+
+
 def _taps(p):
     return math.prod(p.ksz)
 
@@ -136,19 +152,21 @@ def _threads():
     return max(1, threads())
 
 
-def _row_blocks(rows):
+def _row_blocks(rows, mr=None, max_mc=MAX_MC):
     """Blocks of rows of A shared out to the threads (``nrb``): at least
-    ``BLOCKS_PER_THREAD`` per thread and at most ``MAX_MC`` rows each, a multiple of the
+    ``BLOCKS_PER_THREAD`` per thread and at most ``max_mc`` rows each, a multiple of the
     threads (the parallel loop hands each thread an equal count), at most one per register
-    tile; :func:`bf16dot.gemm` cuts the tiles among them as evenly as they go."""
+    tile of ``mr`` rows (``bf16dot.MR`` unless given); :func:`bf16dot.gemm` cuts the tiles
+    among them as evenly as they go."""
     from ..kernels.cpu.bf16dot import MR
+    mr = mr or MR
     thr = _threads()
-    tiles = -(-rows // MR)
-    nrb = max(BLOCKS_PER_THREAD * thr, -(-tiles // (MAX_MC // MR)))
+    tiles = -(-rows // mr)
+    nrb = max(BLOCKS_PER_THREAD * thr, -(-tiles // max(1, max_mc // mr)))
     return int(max(1, min(tiles, -(-nrb // thr) * thr)))
 
 
-def _split_reduction(rows, k2, n):
+def _split_reduction(rows, k2, n, mr=None, kc2=KC2, max_mc=MAX_MC):
     """``(nrb, ks)`` for a weight gradient's ``rows`` (``taps*C``) over ``k2`` pairs of
     pixels into ``n`` columns: where blocks of up to ``SPLIT_MAX_MC`` rows are fewer than
     ``BLOCKS_PER_THREAD`` per thread and either the rows make too few blocks of
@@ -156,19 +174,21 @@ def _split_reduction(rows, k2, n):
     those blocks, each reduction split into ``ks``
     parts (each at least ``MIN_PART`` blocks of ``KC2`` pairs, every part's float32 sums
     together at most ``SPLIT_BYTES``; a count of blocks that is a multiple of the threads
-    where the limits allow); else ``(_row_blocks(rows), 1)``."""
+    where the limits allow); else ``(_row_blocks(rows), 1)``. ``mr``, ``kc2``, ``max_mc``:
+    the kernel's register tile rows, block of the reduction and rows per block."""
     from ..kernels.cpu.bf16dot import MR
+    mr = mr or MR
     thr = _threads()
     want = BLOCKS_PER_THREAD * thr
-    tiles = -(-rows // MR)
-    nrb = -(-tiles // (SPLIT_MAX_MC // MR))
+    tiles = -(-rows // mr)
+    nrb = -(-tiles // max(1, SPLIT_MAX_MC // mr))
     if nrb >= want or (tiles >= want * MIN_BLOCK_TILES and k2 < MIN_SPLIT_PAIRS):
-        return _row_blocks(rows), 1
-    most = min(max(1, k2 // (MIN_PART * KC2)), max(1, SPLIT_BYTES // (4 * rows * n)))
+        return _row_blocks(rows, mr, max_mc), 1
+    most = min(max(1, k2 // (MIN_PART * kc2)), max(1, SPLIT_BYTES // (4 * rows * n)))
     ks = min(-(-want // nrb), most)
     while ks < most and (nrb * ks) % thr:
         ks += 1
-    return (int(nrb), int(ks)) if ks > 1 else (_row_blocks(rows), 1)
+    return (int(nrb), int(ks)) if ks > 1 else (_row_blocks(rows, mr, max_mc), 1)
 
 
 def _filter_t(w3):
@@ -199,14 +219,15 @@ def _packed_filter_t(w3, taps):
     return bp
 
 
-def _product(a, b, kp, kc2, nrb, bits=False, ks=1, xt=None, npb=1):
+def _product(a, b, kp, kc2, nrb, bits=False, ks=1, xt=None, npb=1, kern=None):
     """``A @ B`` (``a [M, kp]``, ``kp`` even, and ``b [<= kp, N]``: bits): B packed into
     pairs first, or, where one block of rows reads all of it (``nrb`` 1: a weight gradient
     over few rows), paired by the GEMM panel by panel as it goes; ``bits``: as
     :func:`_gemm`; ``ks`` > 1: the reduction in that many parts (``bf16dot.gemm``), their
     sums added in order here; ``xt`` (``[P, M]``, ``a`` None): A is ``xt`` transposed, by
-    the GEMM as it goes."""
+    the GEMM as it goes. ``kern``: the GEMM's kernel module (``bf16dot`` unless given)."""
     from ..kernels.cpu import bf16dot as k
+    gk = kern or k
     if xt is not None:
         a = _NO_A
     n = b.shape[1]
@@ -216,10 +237,10 @@ def _product(a, b, kp, kc2, nrb, bits=False, ks=1, xt=None, npb=1):
         bp, raw = memory.empty((-(-n // k.NR), kp // 2, k.NR), np.uint32), None
         k.pack_pairs(b, bp)
     if ks == 1:
-        return _gemm(a, bp, n, kc2, nrb, bits, raw, xt, npb)
+        return _gemm(a, bp, n, kc2, nrb, bits, raw, xt, npb, kern)
     m = a.shape[0] if xt is None else xt.shape[1]
     parts = memory.empty((ks * m, n), np.float32)
-    k.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks, raw, xt, npb)
+    gk.gemm(_pairs(a), bp, parts, kc2, nrb, None, ks, raw, xt, npb)
     c = parts.reshape(ks, m, n).sum(axis=0)
     return _bits(c) if bits else c
 
@@ -228,12 +249,14 @@ _NO_PANELS = np.zeros((0, 0, 64), np.uint32)
 _NO_A = np.zeros((0, 0), np.uint32)
 
 
-def _gemm(a, bp, n, kc2, nrb, bits=False, b=None, xt=None, npb=1):
+def _gemm(a, bp, n, kc2, nrb, bits=False, b=None, xt=None, npb=1, kern=None):
     """``A @ B`` for ``a [M, kp]`` (or ``xt`` transposed) and B packed (``bp``; or ``b``,
     B itself, paired by the GEMM), ``n`` columns: float32, or with ``bits`` rounded to
     bfloat16 bits (``uint16``) by the kernel as each tile's reduction ends (no float32
-    result written and read again)."""
-    from ..kernels.cpu import bf16dot as k
+    result written and read again). ``kern``: the GEMM's kernel module (``bf16dot``
+    unless given)."""
+    from ..kernels.cpu import bf16dot
+    k = kern or bf16dot
     m = a.shape[0] if xt is None else xt.shape[1]
     if bits:
         d = memory.empty((m, n), np.uint16)
@@ -264,20 +287,22 @@ class Bf16Dot(Strategy):
     name = "gemm"
     variant = "bf16-dot"
     compile_heavy = True
+    #: The reduction's block (pairs) and most rows per block of this entry's GEMM.
+    kc2 = KC2
+    max_mc = MAX_MC
+
+    def kernels(self):
+        """The GEMM's kernel module (``gemm``, ``MR``)."""
+        from ..kernels.cpu import bf16dot
+        return bf16dot
 
     def accepts(self, p):
         why = dot_guards(p)
         if why is not None:
             return why
-        if p.direction == "bwd_d" and p.ic < MIN_DATA_CHANNELS:
-            return R_NARROW_D.format(c=p.ic)
-        if p.direction == "bwd_w":
-            if p.ic <= STEM_CHANNELS:
-                return R_STEM_W.format(c=p.ic)
-            if p.oc < MIN_DATA_CHANNELS:
-                return R_NARROW_W.format(k=p.oc)
-            if _taps(p) * p.ic < MIN_DATA_CHANNELS:
-                return R_FEW_ROWS_W.format(r=_taps(p) * p.ic)
+        why = shape_guards(p)
+        if why is not None:
+            return why
         lo, hi = WINOGRAD_CHANNELS
         if (p.direction != "bwd_d" and p.ndim == 2 and p.ksz == (1, 3, 3)
                 and p.stride == (1, 1, 1) and p.dilation == (1, 1, 1)
@@ -289,15 +314,17 @@ class Bf16Dot(Strategy):
         if p.direction == "bwd_w":
             k2 = -(-p.mb * math.prod(p.osz) // 2)
             rows = _taps(p) * p.ic
-            nrb, ks = _split_reduction(rows, k2, p.oc)
+            mr = self.kernels().MR
+            nrb, ks = _split_reduction(rows, k2, p.oc, mr, self.kc2, self.max_mc)
             npan = -(-p.oc // 64)
             if ks == 1 and npan >= _threads() and rows * npan < p.oc * nrb:
                 # blocks of panels re-read A fewer bytes than blocks of rows would re-read
                 # B: few rows against many columns (docs/performance.md, "bfloat16")
-                return {"kc2": KC2, "row_blocks": 1, "ks": 1, "panel_blocks": npan}
-            return {"kc2": KC2, "row_blocks": nrb, "ks": ks}
+                return {"kc2": self.kc2, "row_blocks": 1, "ks": 1, "panel_blocks": npan}
+            return {"kc2": self.kc2, "row_blocks": nrb, "ks": ks}
         rows = p.mb * math.prod(p.isz if p.direction == "bwd_d" else p.osz)
-        return {"kc2": KC2, "row_blocks": _row_blocks(rows)}
+        return {"kc2": self.kc2,
+                "row_blocks": _row_blocks(rows, self.kernels().MR, self.max_mc)}
 
     def bf16_operands(self, p, tiles):
         return frozenset({"x", "dy", "w"})
@@ -338,12 +365,13 @@ class Bf16Dot(Strategy):
             npb = int(tiles.get("panel_blocks", 1))
             if _transposes_x(p, tiles):  # A is x transposed: by the GEMM as it goes
                 return _product(None, dy.reshape(m, p.oc), 2 * k2, kc2, nrb, bits, ks,
-                                np.ascontiguousarray(x).reshape(m, p.ic)).reshape(ws)
+                                np.ascontiguousarray(x).reshape(m, p.ic),
+                                kern=self.kernels()).reshape(ws)
             a = memory.empty((taps * p.ic, 2 * k2), np.uint16)
             g, _ = _im2col_geo(p, False)
             k.im2col_t(x, np.array([p.mb, *p.osz], np.int64), a, g)
             return _product(a, dy.reshape(m, p.oc), 2 * k2, kc2, nrb, bits, ks,
-                            npb=npb).reshape(ws)
+                            npb=npb, kern=self.kernels()).reshape(ws)
         bwd = p.direction == "bwd_d"
         if bwd and any(s != 1 for s in p.stride):
             return self._bwd_d_phases(p, ops, kc2)
@@ -363,9 +391,11 @@ class Bf16Dot(Strategy):
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
         if bwd:
-            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, nrb, bits)
+            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, nrb, bits,
+                      kern=self.kernels())
         else:
-            c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, nrb, bits)
+            c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, nrb, bits,
+                         kern=self.kernels())
         return c.reshape(xs if bwd else ys)
 
     def _bwd_d_phases(self, p, ops, kc2):
@@ -403,7 +433,8 @@ class Bf16Dot(Strategy):
             kh, kw = p.ksz[1], p.ksz[2]
             idx = [(td * kh + th) * kw + tw for td in range(d0, d0 + dn * ds, ds)
                    for th in range(h0, h0 + hn * hs, hs) for tw in range(w0, w0 + wn * ws_, ws_)]
-            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2, _row_blocks(m), bits)
+            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2,
+                      _row_blocks(m, self.kernels().MR, self.max_mc), bits, kern=self.kernels())
             view[...] = c.reshape(p.mb, *grid, p.ic)
         return dx.reshape(xs)
 
