@@ -92,7 +92,7 @@ from .strategies.direct import DIRECT
 FAMILIES = ("numpy", "direct", "gemm", "winograd")
 #: Every entry, best first (``_strategies()``; a test keeps the two equal); ``strategy=``
 #: with one of these runs exactly that entry (``direct`` and ``winograd`` are family names).
-LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-amx]", "gemm[bf16-regions]", "gemm[bf16-wgrad]",
+LABELS = ("numpy[depthwise]", "numpy", "gemm[bf16-amx-taps]", "gemm[bf16-amx]", "gemm[bf16-regions]", "gemm[bf16-wgrad]",
           "gemm[bf16-dot]", "winograd", "gemm[patch-t]", "gemm[grouped]", "direct[grouped]",
           "gemm[windows]", "gemm[patch]", "gemm[rows]", "gemm[regions]", "gemm[implicit]",
           "gemm[split-k]", "gemm[claimed]", "gemm[identity]",
@@ -137,13 +137,13 @@ def _strategies():
         from .strategies.winograd import STRATEGY as WINOGRAD
         from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
         from .strategies.bf16dot import STRATEGY as BF16DOT
-        from .strategies.bf16amx import STRATEGY as BF16AMX
+        from .strategies.bf16amx import STRATEGY as BF16AMX, TAPS as BF16AMX_TAPS
         from .strategies.bf16regions import STRATEGY as BF16REGIONS
         from .strategies.bf16wgrad import STRATEGY as BF16WGRAD
         from .strategies.narrow import STRATEGY as NARROW
         from .strategies.windows import STRATEGY as WINDOWS
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16AMX, BF16REGIONS, BF16WGRAD, BF16DOT, WINOGRAD,
-                          PATCH_T, GGEMM, GROUPED, WINDOWS, PATCH, ROWGEMM, IGEMM_REGIONS, IGEMM,
+        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16AMX_TAPS, BF16AMX, BF16REGIONS, BF16WGRAD,
+                          BF16DOT, WINOGRAD, PATCH_T, GGEMM, GROUPED, WINDOWS, PATCH, ROWGEMM, IGEMM_REGIONS, IGEMM,
                           *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
     return list(_STRATEGIES)
 

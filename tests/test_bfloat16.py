@@ -31,7 +31,7 @@ from strategy_cases import plan as plan_of  # noqa: E402
 from numbaconv.strategies import bf16dot as bf16dot_strategy  # noqa: E402
 from numbaconv.strategies.bf16dot import STRATEGY as BF16_DOT, host_has_bf16  # noqa: E402
 from numbaconv.strategies.bf16amx import STRATEGY as BF16_AMX  # noqa: E402
-from numbaconv.kernels.cpu import bf16amx as bf16amx_kernels  # noqa: E402
+from numbaconv.kernels.cpu import _amx  # noqa: E402
 from numbaconv.kernels.cpu import bf16dot as bf16dot_kernels  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -135,7 +135,8 @@ def test_every_entry_has_a_bfloat16_case():
     for direction in ("fwd", "bwd_d", "bwd_w"):
         for s in planner.candidates(direction):
             assert ((label(s), direction) in ENTRIES
-                    or label(s) in ("gemm[bf16-dot]", "gemm[bf16-amx]")
+                    or label(s) in ("gemm[bf16-dot]", "gemm[bf16-amx]",
+                                    "gemm[bf16-amx-taps]")
                     and direction in BF16_DOT_DIRECTIONS
                     or label(s) == "gemm[bf16-regions]" and direction == "bwd_d"
                     or label(s) == "gemm[bf16-wgrad]" and direction == "bwd_w"), \
@@ -344,7 +345,7 @@ def test_op_in_bfloat16(fn, mode, monkeypatch):
 # -- gemm[bf16-dot]: AVX512_BF16's dot products -------------------------------------------------
 BF16_DOT_DIRECTIONS = ("fwd", "bwd_d", "bwd_w")
 needs_bf16_dot = pytest.mark.skipif(not host_has_bf16(), reason="no AVX512_BF16 on this host")
-needs_amx = pytest.mark.skipif(not (host_has_bf16() and bf16amx_kernels.request_amx()),
+needs_amx = pytest.mark.skipif(not (host_has_bf16() and _amx.request_amx()),
                                reason="no AMX tiles with bfloat16 products on this host")
 #: The GEMM kernels that share :func:`bf16dot._block_body`: AVX512_BF16's 6 x 64 tile and
 #: AMX's 32 x 64 tile (``gemm[bf16-amx]``).
@@ -352,17 +353,17 @@ GEMM_KERNELS = ["bf16dot", pytest.param("bf16amx", marks=needs_amx)]
 
 
 def _gemm_kernel(name):
-    import importlib
-    return importlib.import_module(f"numbaconv.kernels.cpu.{name}")
+    return bf16dot_kernels if name == "bf16dot" else bf16dot_kernels.AMX
 
 
 @pytest.fixture(autouse=True)
 def _avx512_bf16_entries_first(request, monkeypatch):
     """The planner's choices among the AVX512_BF16 entries, tested in their own tests, do
     not depend on whether the host has AMX: there ``gemm[bf16-amx]`` (first where it
-    accepts) is switched off."""
+    accepts) is switched off (not in their cases that name it)."""
     name = request.node.name
-    if any(e in name for e in ("bf16_dot", "bf16_regions", "bf16_wgrad")):
+    if any(e in name for e in ("bf16_dot", "bf16_regions", "bf16_wgrad")) \
+            and "amx" not in name:
         monkeypatch.setattr(BF16_AMX, "accepts",
                             lambda p: "switched off by the test's fixture")
         planner.clear_plan_cache()
@@ -659,21 +660,23 @@ def test_bf16_wgrad_entry_declines_with_reasons():
 
 
 @needs_bf16_dot
-def test_bf16_dot_flushes_products_below_float32s_normal_range():
-    """The instruction treats subnormal inputs and results as zero (as oneDNN's bfloat16
-    kernels do): products below 2^-126 vanish on this entry, while the float32 kernels keep
-    them (as subnormals, and round them to bfloat16's subnormals)."""
+@pytest.mark.parametrize("entry", ["gemm[bf16-dot]",
+                                   pytest.param("gemm[bf16-amx]", marks=needs_amx)])
+def test_bf16_dot_flushes_products_below_float32s_normal_range(entry):
+    """The instructions treat subnormal inputs and results as zero (as oneDNN's bfloat16
+    kernels do): products below 2^-126 vanish on these entries, while the float32 kernels
+    keep them (as subnormals, and round them to bfloat16's subnormals)."""
     x = np.full((1, 4, 4, 8), 1e-19, BF16)
     w = np.full((1, 1, 8, 8), 1e-19, BF16)
     v = float(np.float32(BF16.type(1e-19))) ** 2  # 1e-38: subnormal in float32
     assert v < 2.0 ** -126
-    dot = nc.convolution(x, w, strides=1, strategy="gemm[bf16-dot]")
+    dot = nc.convolution(x, w, strides=1, strategy=entry)
     assert not dot.view(np.uint16).any()
     direct = nc.convolution(x, w, strides=1, strategy="direct")
     assert np.all(np.abs(direct.astype(np.float64) - 8 * v) <= 8 * v * 2 ** -7)
     # a normal range is unaffected
     big = nc.convolution(x * BF16.type(1e10), w * BF16.type(1e10), strides=1,
-                         strategy="gemm[bf16-dot]")
+                         strategy=entry)
     assert np.all(np.abs(big.astype(np.float64) / (8 * v * 1e20) - 1) < 2 ** -6)
 
 
@@ -913,7 +916,7 @@ def test_bf16_amx_gemm_reads_nothing_past_its_block(m, k, kc2):
     pairs go through zero-padded copies. An Inf in A's first row and in the first rows of
     B's second panel reach only their own row and columns: every other entry is finite and
     right (a tile reading past its block would meet them times zero: NaN)."""
-    kern = bf16amx_kernels
+    kern = bf16dot_kernels.AMX
     rng = np.random.default_rng(m + k)
     n = 100
     a = rng.standard_normal((m, k)).astype(BF16)
@@ -932,8 +935,9 @@ def test_bf16_amx_gemm_reads_nothing_past_its_block(m, k, kc2):
 @needs_amx
 def test_bf16_amx_entry_is_first_where_it_accepts():
     """On an AMX host the planner takes ``gemm[bf16-amx]`` for bfloat16 layers of every
-    kind the bfloat16 GEMM takes, the 3x3 layers Winograd would otherwise take included;
-    narrow layers still go to the float32 entries."""
+    kind the bfloat16 GEMM takes, the 3x3 layers Winograd would otherwise take included
+    (but for the 3x3 layers over few channels ``gemm[bf16-amx-taps]`` takes); narrow
+    layers still go to the float32 entries."""
     rng = np.random.default_rng(3)
     x = _bf16(rng, 2, 28, 28, 128)
     for op, args, kw in [
@@ -950,6 +954,104 @@ def test_bf16_amx_entry_is_first_where_it_accepts():
     with pytest.raises(ValueError, match=r"gemm\[bf16-amx\]: 2 groups"):
         nc.plan("convolution", np.zeros((1, 8, 8, 8), BF16), np.zeros((3, 3, 4, 8), BF16),
                 strides=1, groups=2, strategy="gemm[bf16-amx]")
+
+
+# -- gemm[bf16-amx-taps]: stride-1 correlations with the taps read in place ------------------
+#: (id, direction, mb, input size, reduction channels, result channels, kernel, dilation,
+#: pads): 1-D to 3-D, dilations, asymmetric and wide pads (grids whose pad rows and
+#: columns are dropped), grids whose rows are no multiple of the 32-row tile, two panels
+_TAPS = [
+    ("fwd-2d", "fwd", 2, (9, 10), 64, 64, (3, 3), (1, 1), ((1, 1), (1, 1))),
+    ("fwd-2d-dilated-asym", "fwd", 1, (11, 7), 32, 128, (3, 2), (2, 1), ((2, 0), (1, 1))),
+    ("fwd-1d", "fwd", 3, (29,), 96, 64, (5,), (1,), ((2,), (3,))),
+    ("fwd-3d", "fwd", 1, (4, 6, 5), 32, 64, (3, 3, 3), (1, 1, 1), ((1, 1, 1), (1, 1, 1))),
+    ("bwd_d-2d", "bwd_d", 2, (9, 10), 64, 64, (3, 3), (1, 1), ((1, 1), (1, 1))),
+    ("bwd_d-2d-valid", "bwd_d", 1, (12, 9), 32, 64, (3, 3), (1, 1), ((0, 0), (0, 0))),
+    ("bwd_d-2d-dilated", "bwd_d", 2, (10, 11), 64, 128, (3, 3), (2, 3), ((2, 3), (1, 2))),
+    ("bwd_d-3d", "bwd_d", 1, (5, 4, 6), 32, 64, (2, 3, 3), (1, 1, 1), ((0, 1, 1), (1, 1, 1))),
+]
+
+
+@needs_amx
+@pytest.mark.parametrize("case", _TAPS, ids=[c[0] for c in _TAPS])
+def test_bf16_amx_taps_entry(case, monkeypatch):
+    """Forced (its rules on channels and waste off): within the bound of the float64
+    reference, and the same bits call after call."""
+    from numbaconv.strategies import bf16amx as amx_strategy
+    monkeypatch.setattr(amx_strategy, "MAX_REDUCTION", 1 << 20)
+    monkeypatch.setattr(amx_strategy, "MAX_WASTE", 1e9)
+    _, direction, mb, isz, red, res, ksz, dil, (pb, pe) = case
+    c, k = (red, res) if direction == "fwd" else (res, red)
+    rng = np.random.default_rng(len(isz) + red + res)
+    st = (1,) * len(isz)
+    osz = _out_size(isz, ksz, st, dil, pb, pe)
+    x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
+    attrs = dict(strides=1, dilations=dil, pads_begin=pb, pads_end=pe,
+                 strategy="gemm[bf16-amx-taps]")
+    kw = dict(stride=1, dilation=dil, pads_begin=pb, pads_end=pe)
+    if direction == "fwd":
+        def call():
+            return nc.convolution(x, w, **attrs)
+        ref_fn, args = conv_fwd_ref, (x, w)
+    else:
+        def call():
+            return nc.convolution_backprop_data(dy, w, isz, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
+    got = call()
+    assert_matches(got, BF16, ref_fn, *args, **kw)
+    _same_bits(call(), got)
+
+
+@needs_amx
+def test_bf16_amx_taps_drops_the_grids_pad_rows(monkeypatch):
+    """The padded grid's rows that are no output pixel read the source's other pixels
+    (an Inf among them) and are dropped: the result's non-finite entries are exactly the
+    reference's."""
+    from numbaconv.strategies import bf16amx as amx_strategy
+    monkeypatch.setattr(amx_strategy, "MAX_WASTE", 1e9)
+    rng = np.random.default_rng(5)
+    dy = _bf16(rng, 2, 6, 7, 64)
+    w = _bf16(rng, 3, 3, 64, 64)
+    dy[0, 2, 6, 3] = np.inf  # a last column: the next grid row's pad column reads it
+    got = nc.convolution_backprop_data(dy, w, (6, 7), strides=1, pads_begin=1, pads_end=1,
+                                       strategy="gemm[bf16-amx-taps]")
+    with np.errstate(invalid="ignore"):
+        ref = conv_bwd_data_ref(dy.astype(np.float64), w.astype(np.float64), (6, 7),
+                                stride=1, pads_begin=1, pads_end=1)
+    bad = ~np.isfinite(got.astype(np.float64))
+    np.testing.assert_array_equal(bad, ~np.isfinite(ref))
+    assert 0 < bad.sum() < bad.size
+
+
+@needs_amx
+def test_bf16_amx_taps_entry_declines_with_reasons():
+    def plan(x, w, **kw):
+        return nc.plan("convolution", np.zeros(x, BF16), np.zeros(w, BF16),
+                       strategy="gemm[bf16-amx-taps]", **kw)
+
+    with pytest.raises(ValueError, match=r"amx-taps\]: stride 2x2 \(stride 1 only"):
+        plan((1, 16, 16, 64), (3, 3, 64, 64), strides=2, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"a 1x1 kernel"):
+        plan((1, 16, 16, 64), (1, 1, 64, 64), strides=1)
+    with pytest.raises(ValueError, match=r"48 reduction channels \(a multiple of 32"):
+        plan((1, 16, 16, 48), (3, 3, 48, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"96 result channels \(a multiple of 64"):
+        plan((1, 16, 16, 64), (3, 3, 64, 96), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"128 reduction channels \(> 64\)"):
+        plan((1, 16, 16, 128), (3, 3, 128, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"the padded grid is 1\.65x the output pixels"):
+        plan((1, 7, 7, 64), (3, 3, 64, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"does not implement direction 'bwd_w'"):
+        nc.plan("convolution_backprop_filters", np.zeros((1, 16, 16, 64), BF16), (3, 3),
+                np.zeros((1, 16, 16, 64), BF16), strides=1, pads_begin=1, pads_end=1,
+                strategy="gemm[bf16-amx-taps]")
+    # the layers it is for: 3x3 over 64 channels on large images, both directions
+    x = np.zeros((2, 56, 56, 64), BF16)
+    w = np.zeros((3, 3, 64, 64), BF16)
+    for p in (nc.plan("convolution", x, w, strides=1, pads_begin=1, pads_end=1),
+              nc.plan("convolution_backprop_data", x, w, (56, 56), strides=1, pads_begin=1,
+                      pads_end=1)):
+        assert (p.strategy, p.variant) == ("gemm", "bf16-amx-taps")
 
 
 def test_bf16_amx_entry_declines_without_amx(monkeypatch):

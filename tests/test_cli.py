@@ -92,9 +92,10 @@ def test_warmup_covers_every_strategy_entry():
     if "bfloat16" not in dtypes or not host_has_bf16():
         for name in ("gemm[bf16-dot]", "gemm[bf16-regions]", "gemm[bf16-wgrad]"):
             entries.discard(name)
-    from numbaconv.kernels.cpu import bf16amx
-    if "bfloat16" not in dtypes or not host_has_bf16() or not bf16amx.request_amx():
+    from numbaconv.kernels.cpu import _amx
+    if "bfloat16" not in dtypes or not host_has_bf16() or not _amx.request_amx():
         entries.discard("gemm[bf16-amx]")
+        entries.discard("gemm[bf16-amx-taps]")
     from numbaconv.kernels.cpu import ukernel
     if ukernel.VECTOR_BYTES < 64:  # the auto engine keeps weight gradients on BLAS there
         entries.discard("gemm[split-k]")

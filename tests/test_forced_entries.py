@@ -24,7 +24,7 @@ def _first_case_per_entry():
 
 ENTRIES = _first_case_per_entry()
 #: Entries that accept bfloat16 problems only: their cases are in tests/test_bfloat16.py.
-BFLOAT16_ONLY = {"gemm[bf16-amx]", "gemm[bf16-dot]", "gemm[bf16-regions]", "gemm[bf16-wgrad]"}
+BFLOAT16_ONLY = {"gemm[bf16-amx-taps]", "gemm[bf16-amx]", "gemm[bf16-dot]", "gemm[bf16-regions]", "gemm[bf16-wgrad]"}
 
 
 def test_labels_are_the_planners_list():

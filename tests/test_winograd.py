@@ -14,15 +14,16 @@ from numbaconv.strategies import winograd as W
 
 def test_registered_first_for_every_direction():
     # first after the entries that take only problems under SMALL_FLOPS (numpy[depthwise],
-    # numpy) or only bfloat16 (gemm[bf16-amx], gemm[bf16-regions], backward data only,
+    # numpy) or only bfloat16 (gemm[bf16-amx-taps], gemm[bf16-amx], gemm[bf16-regions], backward data only,
     # gemm[bf16-wgrad], weight gradients only, and gemm[bf16-dot])
-    from numbaconv.strategies.bf16amx import STRATEGY as BF16AMX
+    from numbaconv.strategies.bf16amx import STRATEGY as BF16AMX, TAPS as BF16AMX_TAPS
     from numbaconv.strategies.bf16dot import STRATEGY as BF16DOT
     from numbaconv.strategies.bf16regions import STRATEGY as BF16REGIONS
     from numbaconv.strategies.bf16wgrad import STRATEGY as BF16WGRAD
     from numbaconv.strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
     for direction in ("fwd", "bwd_d", "bwd_w"):
-        first = ([NUMPY_DEPTHWISE, NUMPY, BF16AMX] + [BF16REGIONS] * (direction == "bwd_d")
+        first = ([NUMPY_DEPTHWISE, NUMPY] + [BF16AMX_TAPS] * (direction != "bwd_w")
+                 + [BF16AMX] + [BF16REGIONS] * (direction == "bwd_d")
                  + [BF16WGRAD] * (direction == "bwd_w"))
         assert planner.candidates(direction)[:len(first) + 2] == first + [BF16DOT, W.STRATEGY]
 

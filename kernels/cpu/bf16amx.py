@@ -1,74 +1,28 @@
-"""bfloat16 GEMM on AMX tiles: ``C (float32) = A @ B`` for the ``gemm[bf16-amx]`` entry.
+"""Stride-1 correlations in bfloat16 with their taps read in place, on AMX tiles: the
+kernels of ``gemm[bf16-amx-taps]`` (:mod:`_amx` for the tiles).
 
-AMX (Advanced Matrix Extensions) adds eight tile registers of up to 16 rows x 64 bytes and
-``tdpbf16ps``, which adds to a 16 x 16 float32 tile ``C`` the product of a 16 x 32 bfloat16
-tile ``A`` and a tile ``B`` of 16 rows of 16 pairs: ``C[i, j] += sum_p A[i, 2p] B[p, 2j] +
-A[i, 2p+1] B[p, 2j+1]``, 8192 multiply-adds in one instruction (16 times ``vdpbf16ps``'s).
-``B``'s rows of pairs are exactly :func:`bf16dot.pack_pairs`' panels, and ``A``'s rows are
-bfloat16 rows as they are: this module supplies only the micro-kernel, :func:`_micro_amx`,
-a 32 x 64 tile of C with :func:`bf16dot._micro`'s interface, and runs
-:func:`bf16dot._block_body` with it (``MR`` 32). Products of two bfloat16 are exact in
-float32; sums are rounded in float32; subnormal inputs and results are flushed to zero.
-
-The tiles are configured per thread (``ldtilecfg``, at the start of each block of work,
-released at its end) and the operating system must grant the process AMX's state first
-(Linux's ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: :func:`request_amx`,
-called by the entry before it accepts a problem). Tile registers 0-3 hold a 32 x 32 half
-of the C tile, 4-5 two 16-row tiles of A, 6-7 two 16-column tiles of B; the two halves of
-the 64 columns run one after the other over the block's reduction, which keeps A's
-16 KiB and a half panel of B's 16 KiB (``KC2`` 128 pairs) in L1.
-
-The compiled copies of :func:`bf16dot._block_body` made here are cached under
-``bf16dot.py``'s name (their code is that file's): after editing this file, clear Numba's
-cache.
+A forward pass or backward data at stride 1 sums, per tap, the source shifted by the tap
+times that tap's filter. Over the source zero-padded so that every tap stays inside it,
+and flattened to pixels, an output pixel ``(n, z, y, x)`` taken as row ``q = n*P + (z*Hp +
+y)*Wp + x`` of the padded grid (``P = Dp*Hp*Wp``) reads tap ``t``'s source pixel at row
+``q + offs[t]``: one row offset per tap, so that an AMX tile of A is 16 consecutive rows of
+the padded source read where they lie (rows a pixel's channels apart), and no im2col matrix
+is written. The grid's rows that are no output pixel (the pad columns and rows) are
+computed and dropped: ``(Dp*Hp*Wp) / (od*oh*ow)`` times the useful work.
 """
-import ctypes
-
-from llvmlite import ir
-from numba.core import cgutils, types
+import numpy as np
+from numba.core import types
 from numba.extending import intrinsic
 
-from numbaconv._jit import separate, specialise
-from numbaconv.kernels.cpu import bf16dot
-from numbaconv.kernels.cpu import _host
-from numbaconv.kernels.cpu._ir import bf16_round
-
-#: Rows of a micro-kernel tile (two 16-row AMX tiles) and its columns (``bf16dot.NR``).
-MR = 32
-NR = bf16dot.NR
-#: B's panels are bf16dot's.
-pack_pairs = bf16dot.pack_pairs
-#: Pairs of the reduction per AMX step (one 64-byte tile row of A).
-KSTEP = 16
-
-_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-_P8 = _I8.as_pointer()
-
-
-def _fn(builder, name, args):
-    return cgutils.get_or_insert_function(builder.module,
-                                          ir.FunctionType(ir.VoidType(), args), name)
-
-
-def _tile(k):
-    return ir.Constant(_I8, k)
+from numbaconv._jit import separate
+from numbaconv.kernels.cpu._amx import MR, NR, config_tiles, release_tiles, taps_tile
 
 
 @intrinsic
 def _amx_config(typingctx):
-    """``ldtilecfg``: palette 1, eight tiles of 16 rows x 64 bytes (this thread's tiles,
-    zeroed)."""
+    """``ldtilecfg`` (:func:`_amx.config_tiles`)."""
     def codegen(context, builder, signature, args):
-        cfg = cgutils.alloca_once(builder, ir.ArrayType(_I8, 64))
-        builder.store(ir.Constant(ir.ArrayType(_I8, 64), None), cfg)
-        p = builder.bitcast(cfg, _P8)
-        builder.store(ir.Constant(_I8, 1), p)
-        for t in range(8):
-            colsb = builder.bitcast(builder.gep(p, [ir.Constant(_I32, 16 + 2 * t)]),
-                                    _I16.as_pointer())
-            builder.store(ir.Constant(_I16, 64), colsb)
-            builder.store(ir.Constant(_I8, 16), builder.gep(p, [ir.Constant(_I32, 48 + t)]))
-        builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P8]), [p])
+        config_tiles(builder)
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -76,172 +30,74 @@ def _amx_config(typingctx):
 
 @intrinsic
 def _amx_release(typingctx):
-    """``tilerelease``: this thread's tiles back to their initial state (no AMX state for
-    the operating system to save at a context switch)."""
+    """``tilerelease`` (:func:`_amx.release_tiles`)."""
     def codegen(context, builder, signature, args):
-        builder.call(_fn(builder, "llvm.x86.tilerelease", []), [])
+        release_tiles(builder)
         return context.get_dummy_value()
 
     return types.void(), codegen
 
 
 @intrinsic
-def _micro_amx(typingctx, a, lda, b, c, ldc, k2, beta, d, ldd):
-    """``C[:MR, :NR] (+)= A[:MR, :2*k2] @ B[:2*k2, :NR]`` on AMX tiles, with
-    :func:`bf16dot._micro`'s arguments: ``a`` the address of A's first pair (rows ``lda``
-    pairs apart), ``b`` of a packed panel (``k2`` rows of ``NR`` pairs), ``c`` of C's first
-    element (rows ``ldc`` floats apart); ``beta`` bit 0 adds to what C holds, bit 1 rounds
-    the sum to bfloat16 bits at ``d`` (rows ``ldd`` elements apart) instead of storing it
-    to C. The last ``k2 % 16`` pairs go through zero-padded copies of A's and B's rows (a
-    tile reads 16 pairs; past the block lie other values, which may be Inf or NaN)."""
-    sig = types.void(*[types.intp] * 9)
-
+def _micro_taps(typingctx, a, lda, offs, ntaps, b, k2, rows, d):
+    """:func:`_amx.taps_tile`."""
     def codegen(context, builder, signature, args):
-        a, lda, b, c, ldc, k2, beta, d, ldd = args
-        f32 = ir.FloatType()
-        vf, vi, vh = (ir.VectorType(f32, 16), ir.VectorType(_I32, 16),
-                      ir.VectorType(_I16, 16))
-        load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
-        store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
-        zero = _fn(builder, "llvm.x86.tilezero", [_I8])
-        dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
-
-        def k(v):
-            return ir.Constant(_I64, v)
-
-        pa = builder.inttoptr(a, _P8)
-        pb = builder.inttoptr(b, _P8)
-        pc = builder.inttoptr(c, _P8)
-        pd = builder.inttoptr(d, _I16.as_pointer())
-        sa = builder.mul(lda, k(4))  # bytes between A's rows
-        sc = builder.mul(ldc, k(4))
-        a16 = builder.mul(sa, k(16))  # A's second 16 rows
-        whole = builder.udiv(k2, k(KSTEP))
-        rest = builder.sub(k2, builder.mul(whole, k(KSTEP)))
-        tail = builder.icmp_signed(">", rest, k(0))
-        add = builder.icmp_signed("!=", builder.and_(beta, k(1)), k(0))
-        rnd = builder.icmp_signed("!=", builder.and_(beta, k(2)), k(0))
-        # zero-padded copies of the last rest pairs: A's 32 rows, a half panel of B
-        at = cgutils.alloca_once(builder, ir.ArrayType(_I32, MR * KSTEP))
-        bt = cgutils.alloca_once(builder, ir.ArrayType(_I32, KSTEP * 32))
-        out = cgutils.alloca_once(builder, ir.ArrayType(f32, MR * 32))
-        pat = builder.bitcast(at, _I32.as_pointer())
-        pbt = builder.bitcast(bt, _I32.as_pointer())
-        pout = builder.bitcast(out, _P8)
-        pa32 = builder.bitcast(pa, _I32.as_pointer())
-        pb32 = builder.bitcast(pb, _I32.as_pointer())
-        k0 = builder.mul(whole, k(KSTEP))
-        with builder.if_then(tail):
-            builder.store(ir.Constant(ir.ArrayType(_I32, MR * KSTEP), None), at)
-            with cgutils.for_range(builder, k(MR)) as li:
-                with cgutils.for_range(builder, rest) as lp:
-                    src = builder.add(builder.mul(li.index, lda), builder.add(k0, lp.index))
-                    dst = builder.add(builder.mul(li.index, k(KSTEP)), lp.index)
-                    builder.store(builder.load(builder.gep(pa32, [src]), align=4),
-                                  builder.gep(pat, [dst]))
-        for h in range(2):  # the two 32-column halves of the tile
-            col = 32 * h
-            cts = [(0, 0), (0, 16), (16, 0), (16, 16)]  # C tiles 0-3: (row, column)
-
-            def c_at(r, j):
-                return builder.gep(pc, [builder.add(builder.mul(sc, k(r)), k(4 * (col + j)))])
-
-            with builder.if_else(add) as (then, otherwise):
-                with then:
-                    for t, (r, j) in enumerate(cts):
-                        builder.call(load, [_tile(t), c_at(r, j), sc])
-                with otherwise:
-                    for t in range(4):
-                        builder.call(zero, [_tile(t)])
-            with cgutils.for_range(builder, whole) as loop:
-                ao = builder.mul(loop.index, k(4 * KSTEP))
-                bo = builder.add(builder.mul(loop.index, k(4 * KSTEP * NR)), k(4 * col))
-                builder.call(load, [_tile(4), builder.gep(pa, [ao]), sa])
-                builder.call(load, [_tile(5), builder.gep(pa, [builder.add(ao, a16)]), sa])
-                builder.call(load, [_tile(6), builder.gep(pb, [bo]), k(4 * NR)])
-                builder.call(load, [_tile(7), builder.gep(pb, [builder.add(bo, k(64))]),
-                                    k(4 * NR)])
-                for t, (r, j) in enumerate(cts):
-                    builder.call(dot, [_tile(t), _tile(4 + r // 16), _tile(6 + j // 16)])
-            with builder.if_then(tail):
-                builder.store(ir.Constant(ir.ArrayType(_I32, KSTEP * 32), None), bt)
-                with cgutils.for_range(builder, rest) as lp:
-                    with cgutils.for_range(builder, k(32)) as lj:
-                        src = builder.add(builder.mul(builder.add(k0, lp.index), k(NR)),
-                                          builder.add(lj.index, k(col)))
-                        dst = builder.add(builder.mul(lp.index, k(32)), lj.index)
-                        builder.store(builder.load(builder.gep(pb32, [src]), align=4),
-                                      builder.gep(pbt, [dst]))
-                pat8, pbt8 = builder.bitcast(pat, _P8), builder.bitcast(pbt, _P8)
-                builder.call(load, [_tile(4), pat8, k(4 * KSTEP)])
-                builder.call(load, [_tile(5), builder.gep(pat8, [k(4 * KSTEP * 16)]),
-                                    k(4 * KSTEP)])
-                builder.call(load, [_tile(6), pbt8, k(128)])
-                builder.call(load, [_tile(7), builder.gep(pbt8, [k(64)]), k(128)])
-                for t, (r, j) in enumerate(cts):
-                    builder.call(dot, [_tile(t), _tile(4 + r // 16), _tile(6 + j // 16)])
-            with builder.if_else(rnd) as (then, otherwise):
-                with then:  # through the stack: rounded rows of 16 into D
-                    for t, (r, j) in enumerate(cts):
-                        builder.call(store, [_tile(t), builder.gep(pout, [k(4 * (32 * r + j))]),
-                                             k(128)])
-                    pf = builder.bitcast(out, vf.as_pointer())
-                    with cgutils.for_range(builder, k(MR)) as li:
-                        for v in range(2):
-                            val = builder.load(builder.gep(pf, [builder.add(
-                                builder.mul(li.index, k(2)), k(v))]), align=4)
-                            bits = bf16_round(builder, builder.bitcast(val, vi))
-                            off = builder.add(builder.mul(li.index, ldd), k(col + 16 * v))
-                            builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
-                                                                vh.as_pointer()), align=2)
-                with otherwise:
-                    for t, (r, j) in enumerate(cts):
-                        builder.call(store, [_tile(t), c_at(r, j), sc])
+        taps_tile(builder, args)
         return context.get_dummy_value()
 
-    return sig, codegen
+    return types.void(*[types.intp] * 8), codegen
 
 
-_block = separate(bf16=bf16dot._BLOCK_SIG)(specialise(
-    bf16dot._block_body, "amx", _FUSED=False, MR=MR, _micro=_micro_amx, _AMX=True,
-    _tiles_on=_amx_config, _tiles_off=_amx_release))
-_block_fused = separate(bf16=bf16dot._BLOCK_SIG)(specialise(
-    bf16dot._block_body, "amx_fused", _FUSED=True, MR=MR, _micro=_micro_amx, _AMX=True,
-    _tiles_on=_amx_config, _tiles_off=_amx_release))
+def taps(src, offs, bp, d, geo, nrb):
+    """A stride-1 correlation with its taps read in place: ``d[o, :] = sum_t src[q(o) +
+    offs[t], :] @ B_t`` rounded to bfloat16, for ``src`` the zero-padded source flattened
+    to pixels (``uint32`` pairs ``[rows, K2]``, ``K2`` a multiple of 16, at least
+    ``geo[0] + max(offs) + MR`` rows), ``bp`` the packed panels of the taps' filters
+    (``[N/NR, taps*K2, NR]``, tap-major) and ``d`` ``uint16 [mb*od*oh*ow, N]`` (``N`` a
+    multiple of ``NR``). Output pixel ``o = (n, z, y, x)`` is row ``q(o) = n*P + (z*Hp +
+    y)*Wp + x`` of the padded grid (``P = Dp*Hp*Wp``): each tap is one row offset, and the
+    grid's rows that are no output pixel (its pad columns and rows) are computed and
+    dropped. ``geo``: int64 ``[rows of the grid (a multiple of MR), mb, Dp, Hp, Wp, od, oh,
+    ow]``. In parallel over ``nrb`` blocks of rows."""
+    _taps_block.run("bf16", nrb, src, offs, bp, d, geo, nrb)
 
 
-def gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None, npb=1):
-    """:func:`bf16dot.gemm` on AMX tiles (same arguments, row blocks in tiles of ``MR``
-    rows). The caller has had :func:`request_amx` grant AMX's state."""
-    bf16dot.run_blocks(_block, _block_fused, a, bp, c, kc2, nrb, d, ks, b, xt, npb)
-
-
-#: Linux's ``arch_prctl`` system call on x86-64, its request for permission to use an
-#: extended state component, and AMX's tile data component.
-_SYS_ARCH_PRCTL = 158
-_ARCH_REQ_XCOMP_PERM = 0x1023
-_XFEATURE_XTILEDATA = 18
-_GRANTED = []
-
-
-def host_has_amx():
-    """Whether the CPU has AMX tiles with bfloat16 products (LLVM's host features)."""
-    return "amx-tile" in _host.FEATURES and "amx-bf16" in _host.FEATURES
-
-
-def request_amx():
-    """Whether this process may use AMX's tiles: on Linux the kernel grants the (8 KiB)
-    tile state on request, once per process (asked once, the answer kept); elsewhere, or
-    where the request fails, False (the entry then declines)."""
-    if not _GRANTED:
-        ok = False
-        if host_has_amx():
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                ok = libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL),
-                                  ctypes.c_long(_ARCH_REQ_XCOMP_PERM),
-                                  ctypes.c_long(_XFEATURE_XTILEDATA)) == 0
-            except (OSError, AttributeError):
-                ok = False
-        _GRANTED.append(ok)
-    return _GRANTED[0]
+@separate(bf16="void(uint32[:, ::1], int64[::1], uint32[:, :, ::1], uint16[:, ::1], "
+               "int64[::1], int64, int64)")
+def _taps_block(src, offs, bp, d, geo, nrb, blk):
+    """Block ``blk`` of :func:`taps`' rows."""
+    mq, mb, dp, hp, wp, od, oh, ow = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
+                                      geo[6], geo[7])
+    K2 = src.shape[1]
+    N = d.shape[1]
+    ntaps = offs.shape[0]
+    tiles = mq // MR
+    r0 = MR * (blk * tiles // nrb)
+    r1 = MR * ((blk + 1) * tiles // nrb)
+    plane = hp * wp
+    P = dp * plane
+    rows = np.empty(MR, np.int64)
+    pa0, po, pr = src.ctypes.data, offs.ctypes.data, rows.ctypes.data
+    pb0, pd0 = bp.ctypes.data, d.ctypes.data
+    _amx_config()
+    for i0 in range(r0, r1, MR):
+        valid = 0
+        for r in range(MR):
+            q = i0 + r
+            n = q // P
+            e = q - n * P
+            z = e // plane
+            e -= z * plane
+            y = e // wp
+            x = e - y * wp
+            if n < mb and z < od and y < oh and x < ow:
+                rows[r] = (((n * od + z) * oh + y) * ow + x) * N
+                valid += 1
+            else:
+                rows[r] = -1
+        if valid == 0:
+            continue
+        for q in range(N // NR):
+            _micro_taps(pa0 + i0 * K2 * 4, K2, po, ntaps, pb0 + q * ntaps * K2 * NR * 4, K2,
+                        pr, pd0 + q * NR * 2)
+    _amx_release()

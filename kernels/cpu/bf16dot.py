@@ -1,5 +1,7 @@
 """bfloat16 GEMM with AVX512_BF16's dot-product instruction: ``C (float32) = A @ B`` for
-bfloat16 ``A`` and ``B``, for the ``gemm[bf16-dot]`` entry.
+bfloat16 ``A`` and ``B``, for the ``gemm[bf16-dot]`` entry, and the same blocked GEMM on
+AMX tiles for ``gemm[bf16-amx]`` (:func:`amx_gemm`: another micro-kernel, from
+:mod:`_amx`, bound into a copy of :func:`_block_body`).
 
 ``vdpbf16ps`` (``llvm.x86.avx512bf16.dpbf16ps.512``) takes 16 lanes of float32
 accumulators and two vectors of 32 bfloat16 each, read as 16 pairs, and adds to lane ``j``
@@ -25,12 +27,15 @@ zeros), as the forward pass and (at stride 1, with flipped taps) backward data n
 Integer bits throughout: Numba has no bfloat16 type, so arrays are ``uint16`` (and
 ``uint32`` for pairs); LLVM's ``bfloat`` type appears only inside the micro-kernel's IR.
 """
+from types import SimpleNamespace
+
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel, par_for, separate, specialise
+from numbaconv.kernels.cpu import _amx
 from numbaconv.kernels.cpu._ir import bf16_round, dpbf16, transpose
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
@@ -389,8 +394,8 @@ def _im2col_t_block(src, rows, out, geo, tb):
 #: Whether a copy of :func:`_block_body` takes x and B as they are (``_block_fused``) or
 #: not (``_block``: its code for them pruned away, a third of its compile time).
 _FUSED = False
-#: Whether a copy runs AMX's micro-kernel (:mod:`bf16amx` binds ``_AMX``, ``MR``,
-#: ``_micro`` and the tile set-up ``_tiles_on`` / ``_tiles_off`` in its copies).
+#: Whether a copy runs AMX's micro-kernel (``_block_amx*`` bind ``_AMX``, ``MR``,
+#: ``_micro`` and the tile set-up ``_tiles_on`` / ``_tiles_off`` in their copies).
 _AMX = False
 _tiles_on = _tiles_off = None
 
@@ -721,3 +726,97 @@ def _wgrad_task(at, x, geo, c, dw, kc2, parts, task):
                 for jj in range(min(TB, w - j0)):
                     for ii in range(min(TB, r1 - i0)):
                         dw[col + j0 + jj, i0 + ii] = _round_bits(cu[i0 + ii, col + j0 + jj])
+
+
+# -- the same blocked GEMM on AMX tiles (gemm[bf16-amx]) -----------------------------------------
+
+#: Rows of the AMX micro-kernel's tile (:mod:`_amx`).
+AMX_MR = _amx.MR
+
+
+@intrinsic
+def _amx_config(typingctx):
+    """``ldtilecfg`` (:func:`_amx.config_tiles`)."""
+    def codegen(context, builder, signature, args):
+        _amx.config_tiles(builder)
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def _amx_release(typingctx):
+    """``tilerelease`` (:func:`_amx.release_tiles`)."""
+    def codegen(context, builder, signature, args):
+        _amx.release_tiles(builder)
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def _micro_amx(typingctx, a, lda, b, c, ldc, k2, beta, d, ldd):
+    """:func:`_micro` on AMX tiles, ``AMX_MR`` x ``NR`` (:func:`_amx.gemm_tile`)."""
+    def codegen(context, builder, signature, args):
+        _amx.gemm_tile(builder, args)
+        return context.get_dummy_value()
+
+    return types.void(*[types.intp] * 9), codegen
+
+
+_block_amx = separate(bf16=_BLOCK_SIG)(specialise(
+    _block_body, "amx", _FUSED=False, MR=AMX_MR, _micro=_micro_amx, _AMX=True,
+    _tiles_on=_amx_config, _tiles_off=_amx_release))
+_block_amx_fused = separate(bf16=_BLOCK_SIG)(specialise(
+    _block_body, "amx_fused", _FUSED=True, MR=AMX_MR, _micro=_micro_amx, _AMX=True,
+    _tiles_on=_amx_config, _tiles_off=_amx_release))
+
+
+def amx_gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None, npb=1):
+    """:func:`gemm` on AMX tiles (same arguments, row blocks in tiles of ``AMX_MR`` rows).
+    The caller has had :func:`_amx.request_amx` grant AMX's state."""
+    run_blocks(_block_amx, _block_amx_fused, a, bp, c, kc2, nrb, d, ks, b, xt, npb)
+
+
+#: :func:`amx_gemm` with its tile's rows, as the strategies take a GEMM kernel (``gemm``,
+#: ``MR``, ``NR``, ``pack_pairs``; this module itself is the AVX512_BF16 one).
+AMX = SimpleNamespace(gemm=amx_gemm, MR=AMX_MR, NR=NR, pack_pairs=pack_pairs)
+
+
+#: Pairs of the reduction per micro-kernel call of :func:`amx_peak` (A's 32 rows and B's panel,
+#: 16 KiB and 32 KiB, stay in L1).
+AMX_PEAK_PAIRS = 128
+
+
+@separate(bf16="void(uint32[:, :, ::1], uint32[:, :, ::1], float32[:, :, ::1], int64, int64)")
+def _amx_peak_task(a, b, c, reps, t):
+    """``reps`` micro-kernel calls on thread-task ``t``'s own L1-resident operands."""
+    _amx_config()
+    pa, pb, pc = a[t].ctypes.data, b[t].ctypes.data, c[t].ctypes.data
+    for _ in range(reps):
+        _micro_amx(pa, AMX_PEAK_PAIRS, pb, pc, NR, AMX_PEAK_PAIRS, 1, pc, 0)
+    _amx_release()
+
+
+def amx_peak(threads, seconds=0.2):
+    """The micro-kernel's rate in GFLOP/s on ``threads`` tasks at once, its operands in L1
+    (the bench's compute roof for bfloat16 on an AMX host): the best of three timings."""
+    import time
+    a = np.zeros((threads, AMX_MR, AMX_PEAK_PAIRS), np.uint32)
+    b = np.zeros((threads, AMX_PEAK_PAIRS, NR), np.uint32)
+    c = np.zeros((threads, AMX_MR, NR), np.float32)
+    flop = 2.0 * AMX_MR * NR * 2 * AMX_PEAK_PAIRS
+    _amx_peak_task.run("bf16", threads, a, b, c, 1)
+    reps, best = 64, float("inf")
+    while True:
+        t0 = time.perf_counter()
+        _amx_peak_task.run("bf16", threads, a, b, c, reps)
+        dt = time.perf_counter() - t0
+        if dt > seconds / 4 or reps > 1 << 24:
+            break
+        reps *= 4
+    for _ in range(3):
+        t0 = time.perf_counter()
+        _amx_peak_task.run("bf16", threads, a, b, c, reps)
+        best = min(best, time.perf_counter() - t0)
+    return threads * reps * flop / best / 1e9

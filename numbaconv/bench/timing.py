@@ -58,13 +58,21 @@ def compute_peak(sgemm, dtype, threads=None, repeat=SGEMM_REPEAT, n=None):
     measured sgemm peak: float16 and float32 compute in float32 (the sgemm peak itself);
     float64 is NumPy's float64 matmul, timed as the sgemm is; bfloat16 on a host with
     AVX512_BF16 is twice the sgemm peak (``vdpbf16ps`` does two multiply-adds per float32
-    lane where an FMA does one, at the FMA's rate), elsewhere computed in float32."""
+    lane where an FMA does one, at the FMA's rate), on a host with AMX the rate of
+    ``gemm[bf16-amx]``'s micro-kernel on operands in L1 (``bf16dot.amx_peak``), elsewhere
+    computed in float32."""
     if dtype == "float64":
         peak, how = sgemm_peak(threads, repeat, n, np.float64)
         return peak, f"numpy float64 matmul, {how}"
     if dtype == "bfloat16":
         from ..strategies.bf16dot import host_has_bf16
         if host_has_bf16():
+            from ..kernels.cpu import _amx
+            if _amx.host_has_amx() and _amx.request_amx():
+                from ..kernels.cpu.bf16dot import amx_peak
+                from ..runtime import threads as default_threads
+                peak = amx_peak(threads or default_threads())
+                return peak, "AMX tiles: gemm[bf16-amx]'s micro-kernel on operands in L1"
             return 2.0 * sgemm, "twice the sgemm peak: AVX512_BF16 dot products"
     return sgemm, "the sgemm peak"
 

@@ -2,14 +2,21 @@
 
 The same products as :mod:`.bf16dot` (im2col of the source, the filter packed into
 panels of pairs, stride phases for backward data, x transposed for a 1x1 weight gradient),
-with the micro-kernel of :mod:`numbaconv.kernels.cpu.bf16amx`: 32 x 64 tiles of C summed by
+with the AMX micro-kernel of :mod:`numbaconv.kernels.cpu.bf16dot` (``amx_gemm``): 32 x 64 tiles of C summed by
 ``tdpbf16ps``, 16 times the multiply-adds of one ``vdpbf16ps`` per instruction. On a host
 with AMX (Intel Xeon from Sapphire Rapids on) it is the first bfloat16 entry: at 0.6-1.5
 TFLOP/s on two cores its GEMM leaves the AVX512_BF16 entries and the float32 Winograd
 entry far behind (docs/performance.md, "bfloat16"), so it declines only what
 ``gemm[bf16-dot]`` declines for its shape.
 """
-from .bf16dot import Bf16Dot, dot_guards, shape_guards
+import math
+
+import numpy as np
+
+from . import canonical_shapes
+from .. import memory
+from .bf16dot import (BLOCKS_PER_THREAD, Bf16Dot, _bits, _packed_filter_t, _threads,
+                      dot_guards, shape_guards)
 
 R_AMX = "this host has no AMX tiles with bfloat16 products (amx-tile, amx-bf16)"
 R_AMX_OS = "the operating system did not grant AMX's tile state to this process"
@@ -26,19 +33,172 @@ class Bf16Amx(Bf16Dot):
     max_mc = MAX_MC
 
     def kernels(self):
-        from ..kernels.cpu import bf16amx
-        return bf16amx
+        from ..kernels.cpu.bf16dot import AMX
+        return AMX
 
     def accepts(self, p):
-        why = dot_guards(p)
-        if why is not None:
-            return why
-        from ..kernels.cpu import bf16amx
-        if not bf16amx.host_has_amx():
-            return R_AMX
-        if not bf16amx.request_amx():
-            return R_AMX_OS
-        return shape_guards(p)
+        why = amx_guards(p)
+        return why if why is not None else shape_guards(p)
+
+
+def amx_guards(p):
+    """The reason the AMX entries decline ``p`` for its dtype, groups or host, or None."""
+    why = dot_guards(p)
+    if why is not None:
+        return why
+    from ..kernels.cpu import _amx
+    if not _amx.host_has_amx():
+        return R_AMX
+    if not _amx.request_amx():
+        return R_AMX_OS
+    return None
 
 
 STRATEGY = Bf16Amx()
+
+
+# -- gemm[bf16-amx-taps]: stride-1 correlations with the taps read in place ------------------
+
+R_STRIDE = "stride {s} (stride 1 only: each tap is then one row offset of the padded source)"
+R_ONE_TAP = "a 1x1 kernel (no taps to read in place: gemm[bf16-amx] runs it as one GEMM)"
+R_REDUCTION = ("{k} reduction channels (a multiple of 32 only: a tile reads 16 pairs of "
+               "one pixel)")
+R_RESULT = "{n} result channels (a multiple of 64 only: whole panels)"
+#: Most reduction channels: over more, the taps' GEMMs on ``gemm[bf16-amx]``'s im2col ran
+#: as fast or faster (ResNet-50's 3x3 layers, forced, same process: 56 x 56 over 64
+#: channels 1.8x faster here, 28 x 28 over 128 1.05x slower; docs/performance.md,
+#: "bfloat16").
+MAX_REDUCTION = 64
+R_WIDE = "{k} reduction channels (> {most}): gemm[bf16-amx]'s GEMM over im2col runs as fast"
+#: Most rows of the padded grid per output pixel: past it (small images with wide pads)
+#: the grid's dropped rows cost more than ``gemm[bf16-amx]``'s im2col (docs/performance.md,
+#: "bfloat16").
+MAX_WASTE = 1.5
+R_WASTE = ("the padded grid is {r:.2f}x the output pixels (> {most:.2f}): its pad rows and "
+           "columns would cost more than im2col")
+
+
+def _taps_axes(p):
+    """Per axis (depth, height, width), the source's size, the output's size and the taps'
+    offsets into the source (output pixel ``o`` reads source pixel ``o + a``): forward
+    ``a = t*d - pad``, backward data ``a = pad - t*d``."""
+    fwd = p.direction == "fwd"
+    src, out = (p.isz, p.osz) if fwd else (p.osz, p.isz)
+    axes = []
+    for s, o, k, d, pb in zip(src, out, p.ksz, p.dilation, p.pad_begin):
+        offs = [t * d - pb if fwd else pb - t * d for t in range(k)]
+        axes.append((s, o, offs))
+    return axes
+
+
+def _padded_grid(p):
+    """``(lead pads, padded sizes)`` per axis: the source zero-padded so that every tap of
+    every output pixel reads inside it, and at least the output's size."""
+    leads, sizes = [], []
+    for s, o, offs in _taps_axes(p):
+        lead = max(0, -min(offs))
+        size = max(s + lead, o - 1 + max(offs) + lead + 1, o)
+        leads.append(lead)
+        sizes.append(size)
+    return leads, sizes
+
+
+def _waste(p):
+    _, sizes = _padded_grid(p)
+    out = p.osz if p.direction == "fwd" else p.isz
+    return math.prod(sizes) / max(1, math.prod(out))
+
+
+class Bf16AmxTaps(Bf16Dot):
+    """Forward passes and backward data at stride 1 as one sum over taps of GEMMs whose
+    A tiles are read from the zero-padded source where they lie
+    (:mod:`numbaconv.kernels.cpu.bf16amx`): no im2col matrix."""
+
+    variant = "bf16-amx-taps"
+    directions = ("fwd", "bwd_d")
+
+    def accepts(self, p):
+        why = amx_guards(p)
+        if why is not None:
+            return why
+        if any(s != 1 for s in p.stride):
+            return R_STRIDE.format(s="x".join(map(str, p.stride[3 - p.ndim:])))
+        if math.prod(p.ksz) == 1:
+            return R_ONE_TAP
+        red, res = (p.ic, p.oc) if p.direction == "fwd" else (p.oc, p.ic)
+        if red % 32:
+            return R_REDUCTION.format(k=red)
+        if red > MAX_REDUCTION:
+            return R_WIDE.format(k=red, most=MAX_REDUCTION)
+        if res % 64:
+            return R_RESULT.format(n=res)
+        w = _waste(p)
+        if w > MAX_WASTE:
+            return R_WASTE.format(r=w, most=MAX_WASTE)
+        return None
+
+    def tiles(self, p, machine):
+        from ..kernels.cpu._amx import MR
+        rows = p.mb * math.prod(_padded_grid(p)[1])
+        tiles = -(-rows // MR)
+        thr = _threads()
+        nrb = max(BLOCKS_PER_THREAD * thr, -(-tiles // max(1, self.max_mc // MR)))
+        return {"row_blocks": int(max(1, min(tiles, -(-nrb // thr) * thr)))}
+
+    def workspace_bytes(self, p, tiles):
+        from ..kernels.cpu._amx import MR
+        leads, sizes = _padded_grid(p)
+        red, res = (p.ic, p.oc) if p.direction == "fwd" else (p.oc, p.ic)
+        rows = p.mb * math.prod(sizes)
+        extra = max(0, _max_offset(p, leads, sizes)) + 2 * MR
+        return (rows + extra) * red * 2 + math.prod(p.ksz) * red * res * 2
+
+    def run(self, p, tiles, ops):
+        from ..kernels.cpu import bf16amx as k
+        from ..kernels.cpu._amx import MR
+        from ..kernels.cpu.bf16dot import NR, pack_pairs
+
+        xs, ys, _ = canonical_shapes(p)
+        fwd = p.direction == "fwd"
+        src_op = ops["x"] if fwd else ops["dy"]
+        bits = src_op.dtype == np.uint16
+        src = _bits(src_op)
+        taps = math.prod(p.ksz)
+        red, res = (p.ic, p.oc) if fwd else (p.oc, p.ic)
+        w3 = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
+        if fwd:
+            bp = memory.empty((res // NR, taps * red // 2, NR), np.uint32)
+            pack_pairs(w3.reshape(taps * red, res), bp)
+        else:
+            bp = _packed_filter_t(w3, range(taps))
+        leads, sizes = _padded_grid(p)
+        dp, hp, wp = sizes
+        out = p.osz if fwd else p.isz
+        per = dp * hp * wp
+        rows = -(-p.mb * per // MR) * MR
+        (_, _, oz), (_, _, oy), (_, _, ox) = _taps_axes(p)
+        offs = np.array([((az + leads[0]) * hp + ay + leads[1]) * wp + ax + leads[2]
+                         for az in oz for ay in oy for ax in ox], np.int64)
+        padded = np.zeros((rows + int(offs.max()) + MR, red), np.uint16)
+        s = src.shape[1:4]
+        grid = padded[:p.mb * per].reshape(p.mb, dp, hp, wp, red)
+        grid[:, leads[0]:leads[0] + s[0], leads[1]:leads[1] + s[1],
+             leads[2]:leads[2] + s[2]] = src.reshape(p.mb, *s, red)
+        d = memory.empty((p.mb * math.prod(out), res), np.uint16)
+        geo = np.array([rows, p.mb, dp, hp, wp, *out], np.int64)
+        k.taps(padded.view(np.uint32), offs, bp, d, geo, int(tiles["row_blocks"]))
+        shape = ys if fwd else xs
+        if bits:
+            return d.reshape(shape)
+        # float32 operands (the tuner's): the bfloat16 result widened
+        return (d.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+
+def _max_offset(p, leads, sizes):
+    _, hp, wp = sizes
+    axes = _taps_axes(p)
+    return ((max(axes[0][2]) + leads[0]) * hp + max(axes[1][2]) + leads[1]) * wp \
+        + max(axes[2][2]) + leads[2]
+
+
+TAPS = Bf16AmxTaps()

@@ -1,0 +1,275 @@
+"""AMX tiles for the bfloat16 kernels: the IR of their micro-kernels, the tile
+configuration, and the operating system's permission. Plain Python that runs while a
+kernel compiles (a shared module, see the sharing rule in :mod:`numbaconv.kernels`): the
+kernel modules declare their own intrinsics around these builders. After editing this file,
+clear Numba's cache (its callers' files, which key the cache, did not change).
+
+AMX (Advanced Matrix Extensions, Intel Xeon from Sapphire Rapids on) adds eight tile
+registers of up to 16 rows x 64 bytes and ``tdpbf16ps``, which adds to a 16 x 16 float32
+tile ``C`` the product of a 16 x 32 bfloat16 tile ``A`` and a tile ``B`` of 16 rows of 16
+pairs: ``C[i, j] += sum_p A[i, 2p] B[p, 2j] + A[i, 2p+1] B[p, 2j+1]``, 8192 multiply-adds
+in one instruction (16 times ``vdpbf16ps``'s). ``B``'s rows of pairs are exactly
+``bf16dot.pack_pairs``' panels, and ``A``'s rows are bfloat16 rows as they are. Products
+of two bfloat16 are exact in float32; sums are rounded in float32; subnormal inputs and
+results are flushed to zero.
+
+The micro-kernels compute a 32 x 64 tile of C: tile registers 0-3 hold a 32 x 32 half of
+it, 4-5 two 16-row tiles of A, 6-7 two 16-column tiles of B; the two halves of the 64
+columns run one after the other over the reduction. The tiles are configured per thread
+(``ldtilecfg``: :func:`config_tiles`, at the start of each block of work, released at its
+end), and the operating system must grant the process AMX's state first (Linux's
+``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: :func:`request_amx`, asked by
+the entries before they accept a problem).
+"""
+import ctypes
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from numbaconv.kernels.cpu import _host
+from numbaconv.kernels.cpu._ir import bf16_round
+
+#: Rows of a micro-kernel tile (two 16-row AMX tiles) and its columns (a packed panel's).
+MR = 32
+NR = 64
+#: Pairs of the reduction per AMX step (one 64-byte tile row of A).
+KSTEP = 16
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_P8 = _I8.as_pointer()
+
+
+def _fn(builder, name, args):
+    return cgutils.get_or_insert_function(builder.module,
+                                          ir.FunctionType(ir.VoidType(), args), name)
+
+
+def _tile(k):
+    return ir.Constant(_I8, k)
+
+
+def config_tiles(builder):
+    """``ldtilecfg``: palette 1, eight tiles of 16 rows x 64 bytes (this thread's tiles,
+    zeroed)."""
+    cfg = cgutils.alloca_once(builder, ir.ArrayType(_I8, 64))
+    builder.store(ir.Constant(ir.ArrayType(_I8, 64), None), cfg)
+    p = builder.bitcast(cfg, _P8)
+    builder.store(ir.Constant(_I8, 1), p)
+    for t in range(8):
+        colsb = builder.bitcast(builder.gep(p, [ir.Constant(_I32, 16 + 2 * t)]),
+                                _I16.as_pointer())
+        builder.store(ir.Constant(_I16, 64), colsb)
+        builder.store(ir.Constant(_I8, 16), builder.gep(p, [ir.Constant(_I32, 48 + t)]))
+    builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P8]), [p])
+
+
+def release_tiles(builder):
+    """``tilerelease``: this thread's tiles back to their initial state (no AMX state for
+    the operating system to save at a context switch)."""
+    builder.call(_fn(builder, "llvm.x86.tilerelease", []), [])
+
+
+def gemm_tile(builder, args):
+    """``C[:MR, :NR] (+)= A[:MR, :2*k2] @ B[:2*k2, :NR]`` on AMX tiles, with
+    ``bf16dot._micro``'s arguments: ``a`` the address of A's first pair (rows ``lda``
+    pairs apart), ``b`` of a packed panel (``k2`` rows of ``NR`` pairs), ``c`` of C's first
+    element (rows ``ldc`` floats apart); ``beta`` bit 0 adds to what C holds, bit 1 rounds
+    the sum to bfloat16 bits at ``d`` (rows ``ldd`` elements apart) instead of storing it
+    to C. The last ``k2 % 16`` pairs go through zero-padded copies of A's and B's rows (a
+    tile reads 16 pairs; past the block lie other values, which may be Inf or NaN)."""
+    a, lda, b, c, ldc, k2, beta, d, ldd = args
+    f32 = ir.FloatType()
+    vf, vi, vh = (ir.VectorType(f32, 16), ir.VectorType(_I32, 16),
+                  ir.VectorType(_I16, 16))
+    load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
+    store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
+    zero = _fn(builder, "llvm.x86.tilezero", [_I8])
+    dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
+
+    def k(v):
+        return ir.Constant(_I64, v)
+
+    pa = builder.inttoptr(a, _P8)
+    pb = builder.inttoptr(b, _P8)
+    pc = builder.inttoptr(c, _P8)
+    pd = builder.inttoptr(d, _I16.as_pointer())
+    sa = builder.mul(lda, k(4))  # bytes between A's rows
+    sc = builder.mul(ldc, k(4))
+    a16 = builder.mul(sa, k(16))  # A's second 16 rows
+    whole = builder.udiv(k2, k(KSTEP))
+    rest = builder.sub(k2, builder.mul(whole, k(KSTEP)))
+    tail = builder.icmp_signed(">", rest, k(0))
+    add = builder.icmp_signed("!=", builder.and_(beta, k(1)), k(0))
+    rnd = builder.icmp_signed("!=", builder.and_(beta, k(2)), k(0))
+    # zero-padded copies of the last rest pairs: A's 32 rows, a half panel of B
+    at = cgutils.alloca_once(builder, ir.ArrayType(_I32, MR * KSTEP))
+    bt = cgutils.alloca_once(builder, ir.ArrayType(_I32, KSTEP * 32))
+    out = cgutils.alloca_once(builder, ir.ArrayType(f32, MR * 32))
+    pat = builder.bitcast(at, _I32.as_pointer())
+    pbt = builder.bitcast(bt, _I32.as_pointer())
+    pout = builder.bitcast(out, _P8)
+    pa32 = builder.bitcast(pa, _I32.as_pointer())
+    pb32 = builder.bitcast(pb, _I32.as_pointer())
+    k0 = builder.mul(whole, k(KSTEP))
+    with builder.if_then(tail):
+        builder.store(ir.Constant(ir.ArrayType(_I32, MR * KSTEP), None), at)
+        with cgutils.for_range(builder, k(MR)) as li:
+            with cgutils.for_range(builder, rest) as lp:
+                src = builder.add(builder.mul(li.index, lda), builder.add(k0, lp.index))
+                dst = builder.add(builder.mul(li.index, k(KSTEP)), lp.index)
+                builder.store(builder.load(builder.gep(pa32, [src]), align=4),
+                              builder.gep(pat, [dst]))
+    for h in range(2):  # the two 32-column halves of the tile
+        col = 32 * h
+        cts = [(0, 0), (0, 16), (16, 0), (16, 16)]  # C tiles 0-3: (row, column)
+
+        def c_at(r, j):
+            return builder.gep(pc, [builder.add(builder.mul(sc, k(r)), k(4 * (col + j)))])
+
+        with builder.if_else(add) as (then, otherwise):
+            with then:
+                for t, (r, j) in enumerate(cts):
+                    builder.call(load, [_tile(t), c_at(r, j), sc])
+            with otherwise:
+                for t in range(4):
+                    builder.call(zero, [_tile(t)])
+        with cgutils.for_range(builder, whole) as loop:
+            ao = builder.mul(loop.index, k(4 * KSTEP))
+            bo = builder.add(builder.mul(loop.index, k(4 * KSTEP * NR)), k(4 * col))
+            builder.call(load, [_tile(4), builder.gep(pa, [ao]), sa])
+            builder.call(load, [_tile(5), builder.gep(pa, [builder.add(ao, a16)]), sa])
+            builder.call(load, [_tile(6), builder.gep(pb, [bo]), k(4 * NR)])
+            builder.call(load, [_tile(7), builder.gep(pb, [builder.add(bo, k(64))]),
+                                k(4 * NR)])
+            for t, (r, j) in enumerate(cts):
+                builder.call(dot, [_tile(t), _tile(4 + r // 16), _tile(6 + j // 16)])
+        with builder.if_then(tail):
+            builder.store(ir.Constant(ir.ArrayType(_I32, KSTEP * 32), None), bt)
+            with cgutils.for_range(builder, rest) as lp:
+                with cgutils.for_range(builder, k(32)) as lj:
+                    src = builder.add(builder.mul(builder.add(k0, lp.index), k(NR)),
+                                      builder.add(lj.index, k(col)))
+                    dst = builder.add(builder.mul(lp.index, k(32)), lj.index)
+                    builder.store(builder.load(builder.gep(pb32, [src]), align=4),
+                                  builder.gep(pbt, [dst]))
+            pat8, pbt8 = builder.bitcast(pat, _P8), builder.bitcast(pbt, _P8)
+            builder.call(load, [_tile(4), pat8, k(4 * KSTEP)])
+            builder.call(load, [_tile(5), builder.gep(pat8, [k(4 * KSTEP * 16)]),
+                                k(4 * KSTEP)])
+            builder.call(load, [_tile(6), pbt8, k(128)])
+            builder.call(load, [_tile(7), builder.gep(pbt8, [k(64)]), k(128)])
+            for t, (r, j) in enumerate(cts):
+                builder.call(dot, [_tile(t), _tile(4 + r // 16), _tile(6 + j // 16)])
+        with builder.if_else(rnd) as (then, otherwise):
+            with then:  # through the stack: rounded rows of 16 into D
+                for t, (r, j) in enumerate(cts):
+                    builder.call(store, [_tile(t), builder.gep(pout, [k(4 * (32 * r + j))]),
+                                         k(128)])
+                pf = builder.bitcast(out, vf.as_pointer())
+                with cgutils.for_range(builder, k(MR)) as li:
+                    for v in range(2):
+                        val = builder.load(builder.gep(pf, [builder.add(
+                            builder.mul(li.index, k(2)), k(v))]), align=4)
+                        bits = bf16_round(builder, builder.bitcast(val, vi))
+                        off = builder.add(builder.mul(li.index, ldd), k(col + 16 * v))
+                        builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
+                                                            vh.as_pointer()), align=2)
+            with otherwise:
+                for t, (r, j) in enumerate(cts):
+                    builder.call(store, [_tile(t), c_at(r, j), sc])
+
+
+def taps_tile(builder, args):
+    """``C[:MR, :NR] = sum_t A_t @ B_t`` rounded to bfloat16 into D's rows: ``A_t`` the
+    ``MR`` rows of ``2*k2`` bfloat16 at ``a + offs[t]*lda*4`` bytes (rows ``lda`` pairs
+    apart; ``offs`` the address of an int64 array of ``ntaps`` row offsets), ``B_t`` the
+    ``k2`` rows of a packed panel from ``b + t*k2*NR*4`` bytes; row ``i`` of C goes to the
+    ``NR`` bfloat16 at ``d + rows[i]*2`` bytes (``rows`` the address of ``MR`` int64), or
+    nowhere where ``rows[i]`` is negative. ``k2`` is a multiple of 16 (the entry's rule)."""
+    a, lda, offs, ntaps, b, k2, rows, d = args
+    f32 = ir.FloatType()
+    vf, vi, vh = (ir.VectorType(f32, 16), ir.VectorType(_I32, 16),
+                  ir.VectorType(_I16, 16))
+    load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
+    store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
+    zero = _fn(builder, "llvm.x86.tilezero", [_I8])
+    dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
+
+    def k(v):
+        return ir.Constant(_I64, v)
+
+    pa = builder.inttoptr(a, _P8)
+    pb = builder.inttoptr(b, _P8)
+    pd = builder.inttoptr(d, _I16.as_pointer())
+    po = builder.inttoptr(offs, _I64.as_pointer())
+    pr = builder.inttoptr(rows, _I64.as_pointer())
+    sa = builder.mul(lda, k(4))
+    a16 = builder.mul(sa, k(16))
+    steps = builder.udiv(k2, k(KSTEP))
+    tapb = builder.mul(k2, k(4 * NR))  # bytes of a tap's rows of the panel
+    out = cgutils.alloca_once(builder, ir.ArrayType(f32, MR * 32))
+    pout = builder.bitcast(out, _P8)
+    cts = [(0, 0), (0, 16), (16, 0), (16, 16)]
+    for h in range(2):
+        col = 32 * h
+        for t in range(4):
+            builder.call(zero, [_tile(t)])
+        with cgutils.for_range(builder, ntaps) as lt:
+            at = builder.gep(pa, [builder.mul(builder.load(builder.gep(po, [lt.index])),
+                                              sa)])
+            bt = builder.gep(pb, [builder.add(builder.mul(lt.index, tapb), k(4 * col))])
+            with cgutils.for_range(builder, steps) as ls:
+                ao = builder.mul(ls.index, k(4 * KSTEP))
+                bo = builder.mul(ls.index, k(4 * KSTEP * NR))
+                builder.call(load, [_tile(4), builder.gep(at, [ao]), sa])
+                builder.call(load, [_tile(5), builder.gep(at, [builder.add(ao, a16)]), sa])
+                builder.call(load, [_tile(6), builder.gep(bt, [bo]), k(4 * NR)])
+                builder.call(load, [_tile(7), builder.gep(bt, [builder.add(bo, k(64))]),
+                                    k(4 * NR)])
+                for t, (r, j) in enumerate(cts):
+                    builder.call(dot, [_tile(t), _tile(4 + r // 16), _tile(6 + j // 16)])
+        for t, (r, j) in enumerate(cts):
+            builder.call(store, [_tile(t), builder.gep(pout, [k(4 * (32 * r + j))]),
+                                 k(128)])
+        pf = builder.bitcast(out, vf.as_pointer())
+        with cgutils.for_range(builder, k(MR)) as li:
+            dst = builder.load(builder.gep(pr, [li.index]))
+            with builder.if_then(builder.icmp_signed(">=", dst, k(0))):
+                for v in range(2):
+                    val = builder.load(builder.gep(pf, [builder.add(
+                        builder.mul(li.index, k(2)), k(v))]), align=4)
+                    bits = bf16_round(builder, builder.bitcast(val, vi))
+                    off = builder.add(dst, k(col + 16 * v))
+                    builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
+                                                        vh.as_pointer()), align=2)
+
+
+#: Linux's ``arch_prctl`` system call on x86-64, its request for permission to use an
+#: extended state component, and AMX's tile data component.
+_SYS_ARCH_PRCTL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+_GRANTED = []
+
+
+def host_has_amx():
+    """Whether the CPU has AMX tiles with bfloat16 products (LLVM's host features)."""
+    return "amx-tile" in _host.FEATURES and "amx-bf16" in _host.FEATURES
+
+
+def request_amx():
+    """Whether this process may use AMX's tiles: on Linux the kernel grants the (8 KiB)
+    tile state on request, once per process (asked once, the answer kept); elsewhere, or
+    where the request fails, False (the entry then declines)."""
+    if not _GRANTED:
+        ok = False
+        if host_has_amx():
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                ok = libc.syscall(ctypes.c_long(_SYS_ARCH_PRCTL),
+                                  ctypes.c_long(_ARCH_REQ_XCOMP_PERM),
+                                  ctypes.c_long(_XFEATURE_XTILEDATA)) == 0
+            except (OSError, AttributeError):
+                ok = False
+        _GRANTED.append(ok)
+    return _GRANTED[0]
