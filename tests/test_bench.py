@@ -207,11 +207,16 @@ def test_traffic_bytes_counts_operands_and_result_once():
 
 def test_compute_peak_per_dtype(monkeypatch):
     """float16/float32: the sgemm peak; bfloat16: twice it where AVX512_BF16's dot products
-    run (else float32's); float64: a float64 matmul, timed."""
-    from numbaconv.kernels.cpu import _host
+    run (else float32's), AMX's micro-kernel rate where AMX runs them; float64: a float64
+    matmul, timed."""
+    from numbaconv.kernels.cpu import _amx, _host
     assert bench.compute_peak(150.0, "float32")[0] == 150.0
     assert bench.compute_peak(150.0, "float16")[0] == 150.0
-    monkeypatch.setattr(_host, "FEATURES", tuple(_host.FEATURES) + ("avx512bf16",))
+    if _amx.host_has_amx() and _amx.request_amx():
+        peak, how = bench.compute_peak(150.0, "bfloat16", threads=1)
+        assert peak > 150.0 and "AMX" in how
+    no_amx = tuple(f for f in _host.FEATURES if f != "amx-tile")
+    monkeypatch.setattr(_host, "FEATURES", no_amx + ("avx512bf16",))
     peak, how = bench.compute_peak(150.0, "bfloat16")
     assert peak == 300.0 and "AVX512_BF16" in how
     monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES

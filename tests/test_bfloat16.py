@@ -31,6 +31,7 @@ from strategy_cases import plan as plan_of  # noqa: E402
 from numbaconv.strategies import bf16dot as bf16dot_strategy  # noqa: E402
 from numbaconv.strategies.bf16dot import STRATEGY as BF16_DOT, host_has_bf16  # noqa: E402
 from numbaconv.strategies.bf16amx import STRATEGY as BF16_AMX  # noqa: E402
+from numbaconv.strategies.bf16amx import TAPS as BF16_AMX_TAPS  # noqa: E402
 from numbaconv.kernels.cpu import _amx  # noqa: E402
 from numbaconv.kernels.cpu import bf16dot as bf16dot_kernels  # noqa: E402
 
@@ -359,13 +360,13 @@ def _gemm_kernel(name):
 @pytest.fixture(autouse=True)
 def _avx512_bf16_entries_first(request, monkeypatch):
     """The planner's choices among the AVX512_BF16 entries, tested in their own tests, do
-    not depend on whether the host has AMX: there ``gemm[bf16-amx]`` (first where it
-    accepts) is switched off (not in their cases that name it)."""
+    not depend on whether the host has AMX: there ``gemm[bf16-amx-taps]`` and
+    ``gemm[bf16-amx]`` (first where they accept) are switched off (not in their cases that name it)."""
     name = request.node.name
     if any(e in name for e in ("bf16_dot", "bf16_regions", "bf16_wgrad")) \
             and "amx" not in name:
-        monkeypatch.setattr(BF16_AMX, "accepts",
-                            lambda p: "switched off by the test's fixture")
+        for entry in (BF16_AMX, BF16_AMX_TAPS):
+            monkeypatch.setattr(entry, "accepts", lambda p: "switched off by the test's fixture")
         planner.clear_plan_cache()
     yield
     planner.clear_plan_cache()
@@ -969,6 +970,15 @@ _TAPS = [
     ("bwd_d-2d-valid", "bwd_d", 1, (12, 9), 32, 64, (3, 3), (1, 1), ((0, 0), (0, 0))),
     ("bwd_d-2d-dilated", "bwd_d", 2, (10, 11), 64, 128, (3, 3), (2, 3), ((2, 3), (1, 2))),
     ("bwd_d-3d", "bwd_d", 1, (5, 4, 6), 32, 64, (2, 3, 3), (1, 1, 1), ((0, 1, 1), (1, 1, 1))),
+    # weight gradients: (reduction channels) is x's C here, (result channels) dY's K; odd
+    # tap offsets read x^T's second parity; a grid of pairs past 16 * 64 (several blocks
+    # of the pairing pass) and one of fewer than 16 pairs
+    ("bwd_w-2d", "bwd_w", 2, (9, 10), 64, 64, (3, 3), (1, 1), ((1, 1), (1, 1))),
+    ("bwd_w-2d-dilated-asym", "bwd_w", 1, (11, 7), 32, 128, (3, 2), (2, 1), ((2, 0), (1, 1))),
+    ("bwd_w-1d", "bwd_w", 3, (29,), 96, 64, (5,), (1,), ((2,), (3,))),
+    ("bwd_w-1d-short", "bwd_w", 1, (5,), 32, 64, (3,), (1,), ((1,), (1,))),
+    ("bwd_w-2d-long", "bwd_w", 2, (47, 40), 32, 64, (3, 3), (1, 1), ((1, 1), (1, 1))),
+    ("bwd_w-3d", "bwd_w", 1, (4, 6, 5), 32, 64, (3, 3, 3), (1, 1, 1), ((1, 1, 1), (1, 1, 1))),
 ]
 
 
@@ -979,9 +989,10 @@ def test_bf16_amx_taps_entry(case, monkeypatch):
     reference, and the same bits call after call."""
     from numbaconv.strategies import bf16amx as amx_strategy
     monkeypatch.setattr(amx_strategy, "MAX_REDUCTION", 1 << 20)
+    monkeypatch.setattr(amx_strategy, "MAX_WGRAD_CHANNELS", 1 << 20)
     monkeypatch.setattr(amx_strategy, "MAX_WASTE", 1e9)
     _, direction, mb, isz, red, res, ksz, dil, (pb, pe) = case
-    c, k = (red, res) if direction == "fwd" else (res, red)
+    c, k = (res, red) if direction == "bwd_d" else (red, res)
     rng = np.random.default_rng(len(isz) + red + res)
     st = (1,) * len(isz)
     osz = _out_size(isz, ksz, st, dil, pb, pe)
@@ -993,10 +1004,14 @@ def test_bf16_amx_taps_entry(case, monkeypatch):
         def call():
             return nc.convolution(x, w, **attrs)
         ref_fn, args = conv_fwd_ref, (x, w)
-    else:
+    elif direction == "bwd_d":
         def call():
             return nc.convolution_backprop_data(dy, w, isz, **attrs)
         ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
+    else:
+        def call():
+            return nc.convolution_backprop_filters(x, ksz, dy, **attrs)
+        ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
     got = call()
     assert_matches(got, BF16, ref_fn, *args, **kw)
     _same_bits(call(), got)
@@ -1041,15 +1056,23 @@ def test_bf16_amx_taps_entry_declines_with_reasons():
         plan((1, 16, 16, 128), (3, 3, 128, 64), strides=1, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"the padded grid is 1\.65x the output pixels"):
         plan((1, 7, 7, 64), (3, 3, 64, 64), strides=1, pads_begin=1, pads_end=1)
-    with pytest.raises(ValueError, match=r"does not implement direction 'bwd_w'"):
-        nc.plan("convolution_backprop_filters", np.zeros((1, 16, 16, 64), BF16), (3, 3),
-                np.zeros((1, 16, 16, 64), BF16), strides=1, pads_begin=1, pads_end=1,
-                strategy="gemm[bf16-amx-taps]")
-    # the layers it is for: 3x3 over 64 channels on large images, both directions
+    def plan_w(x, ksz, dy, **kw):
+        return nc.plan("convolution_backprop_filters", np.zeros(x, BF16), ksz,
+                       np.zeros(dy, BF16), strategy="gemm[bf16-amx-taps]", **kw)
+
+    with pytest.raises(ValueError, match=r"48 input channels \(a multiple of 32 only"):
+        plan_w((1, 16, 16, 48), (3, 3), (1, 16, 16, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"96 result channels"):
+        plan_w((1, 16, 16, 64), (3, 3), (1, 16, 16, 96), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"weight gradient over 256 channels \(> 128\)"):
+        plan_w((1, 16, 16, 64), (3, 3), (1, 16, 16, 256), strides=1, pads_begin=1, pads_end=1)
+    # the layers it is for: 3x3 over 64 channels on large images, every direction
     x = np.zeros((2, 56, 56, 64), BF16)
     w = np.zeros((3, 3, 64, 64), BF16)
     for p in (nc.plan("convolution", x, w, strides=1, pads_begin=1, pads_end=1),
               nc.plan("convolution_backprop_data", x, w, (56, 56), strides=1, pads_begin=1,
+                      pads_end=1),
+              nc.plan("convolution_backprop_filters", x, (3, 3), x, strides=1, pads_begin=1,
                       pads_end=1)):
         assert (p.strategy, p.variant) == ("gemm", "bf16-amx-taps")
 

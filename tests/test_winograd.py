@@ -22,9 +22,8 @@ def test_registered_first_for_every_direction():
     from numbaconv.strategies.bf16wgrad import STRATEGY as BF16WGRAD
     from numbaconv.strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
     for direction in ("fwd", "bwd_d", "bwd_w"):
-        first = ([NUMPY_DEPTHWISE, NUMPY] + [BF16AMX_TAPS] * (direction != "bwd_w")
-                 + [BF16AMX] + [BF16REGIONS] * (direction == "bwd_d")
-                 + [BF16WGRAD] * (direction == "bwd_w"))
+        first = ([NUMPY_DEPTHWISE, NUMPY, BF16AMX_TAPS, BF16AMX]
+                 + [BF16REGIONS] * (direction == "bwd_d") + [BF16WGRAD] * (direction == "bwd_w"))
         assert planner.candidates(direction)[:len(first) + 2] == first + [BF16DOT, W.STRATEGY]
 
 

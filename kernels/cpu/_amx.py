@@ -273,3 +273,48 @@ def request_amx():
                 ok = False
         _GRANTED.append(ok)
     return _GRANTED[0]
+
+
+def wgrad_tile(builder, args):
+    """``C[:MR, :NR] += A[:MR, :2*k2] @ B[:2*k2, :NR]`` for a weight gradient's blocks: ``a``
+    the address of A's first pair (rows ``lda`` pairs apart), ``b`` of B's first pair-row
+    (pair-rows ``ldb`` words apart: dY paired along pixels, as it is), ``c`` of a float32
+    block (rows ``ldc`` floats apart) read and written back. ``k2`` is a multiple of 16
+    (the caller pads the reduction with zeros)."""
+    a, lda, b, ldb, c, ldc, k2 = args
+    load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
+    store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
+    dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
+
+    def k(v):
+        return ir.Constant(_I64, v)
+
+    pa = builder.inttoptr(a, _P8)
+    pb = builder.inttoptr(b, _P8)
+    pc = builder.inttoptr(c, _P8)
+    sa = builder.mul(lda, k(4))
+    sb = builder.mul(ldb, k(4))
+    sc = builder.mul(ldc, k(4))
+    a16 = builder.mul(sa, k(16))
+    b16 = builder.mul(sb, k(16))
+    steps = builder.udiv(k2, k(KSTEP))
+    cts = [(0, 0), (0, 16), (16, 0), (16, 16)]
+    for h in range(2):
+        col = 32 * h
+
+        def c_at(r, j):
+            return builder.gep(pc, [builder.add(builder.mul(sc, k(r)), k(4 * (col + j)))])
+
+        for t, (r, j) in enumerate(cts):
+            builder.call(load, [_tile(t), c_at(r, j), sc])
+        with cgutils.for_range(builder, steps) as ls:
+            ao = builder.mul(ls.index, k(4 * KSTEP))
+            bo = builder.add(builder.mul(ls.index, b16), k(4 * col))
+            builder.call(load, [_tile(4), builder.gep(pa, [ao]), sa])
+            builder.call(load, [_tile(5), builder.gep(pa, [builder.add(ao, a16)]), sa])
+            builder.call(load, [_tile(6), builder.gep(pb, [bo]), sb])
+            builder.call(load, [_tile(7), builder.gep(pb, [builder.add(bo, k(64))]), sb])
+            for t, (r, j) in enumerate(cts):
+                builder.call(dot, [_tile(t), _tile(4 + r // 16), _tile(6 + j // 16)])
+        for t, (r, j) in enumerate(cts):
+            builder.call(store, [_tile(t), c_at(r, j), sc])

@@ -11,11 +11,14 @@ is written. The grid's rows that are no output pixel (the pad columns and rows) 
 computed and dropped: ``(Dp*Hp*Wp) / (od*oh*ow)`` times the useful work.
 """
 import numpy as np
+from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
 from numbaconv._jit import separate
-from numbaconv.kernels.cpu._amx import MR, NR, config_tiles, release_tiles, taps_tile
+from numbaconv.kernels.cpu._amx import (MR, NR, config_tiles, release_tiles, taps_tile,
+                                        wgrad_tile)
+from numbaconv.kernels.cpu._ir import transpose
 
 
 @intrinsic
@@ -100,4 +103,165 @@ def _taps_block(src, offs, bp, d, geo, nrb, blk):
         for q in range(N // NR):
             _micro_taps(pa0 + i0 * K2 * 4, K2, po, ntaps, pb0 + q * ntaps * K2 * NR * 4, K2,
                         pr, pd0 + q * NR * 2)
+    _amx_release()
+
+
+# -- weight gradients with the taps read in place ---------------------------------------------
+
+@intrinsic
+def _micro_wgrad(typingctx, a, lda, b, ldb, c, ldc, k2):
+    """:func:`_amx.wgrad_tile`."""
+    def codegen(context, builder, signature, args):
+        wgrad_tile(builder, args)
+        return context.get_dummy_value()
+
+    return types.void(*[types.intp] * 7), codegen
+
+
+#: Pairs per block of the pairing passes, and per block of a weight gradient's reduction
+#: (its panels of x^T and dY stay in L2 while every tap meets them).
+PAIR_BLOCK = 64
+WGRAD_PAIRS = 1024
+
+
+def pair_source_t(xp, xt0, xt1):
+    """x's pixels paired along the reduction, transposed, at both parities:
+    ``xt0[c, p] = xp[2p, c] | xp[2p+1, c] << 16`` and ``xt1[c, p] = xp[2p+1, c] |
+    xp[2p+2, c] << 16`` for ``xp`` the padded source flattened to pixels (``uint16 [R,
+    C]``, ``R >= 2*P2 + 2`` for ``P2`` the pairs of ``xt0``): a tap at an even row offset
+    reads pairs of ``xt0``, one at an odd offset pairs of ``xt1``. In parallel over blocks of
+    pairs."""
+    _pair_t_block.run("bf16", -(-xt0.shape[1] // PAIR_BLOCK), xp, xt0, xt1)
+
+
+@intrinsic
+def _transpose_pairs(typingctx, src, lds, dst, ldd):
+    """32 pixels x 16 channels of bfloat16 bits transposed in registers: pixel ``j``'s 16
+    channels at ``src + j*lds`` bytes; pixels ``2i`` and ``2i+1`` interleaved into 32-bit
+    words, and channel ``c``'s 16 words stored at ``dst + c*ldd`` bytes."""
+    sig = types.void(types.intp, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, lds, dst, ldd = args
+        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        v16 = ir.VectorType(i16, 16)
+        ps = builder.inttoptr(src, i8.as_pointer())
+        pd = builder.inttoptr(dst, i8.as_pointer())
+        rows = [builder.load(builder.bitcast(builder.gep(ps, [builder.mul(lds, ir.Constant(
+            i64, j))]), v16.as_pointer()), align=2) for j in range(32)]
+        inter = ir.Constant(ir.VectorType(i32, 32), [k for c in range(16) for k in (c, 16 + c)])
+        words = [builder.bitcast(builder.shuffle_vector(rows[2 * i], rows[2 * i + 1], inter),
+                                 ir.VectorType(i32, 16)) for i in range(16)]
+        for c, col in enumerate(transpose(builder, words)):
+            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
+            builder.store(col, builder.bitcast(at, ir.VectorType(i32, 16).as_pointer()),
+                          align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@separate(bf16="void(uint16[:, ::1], uint32[:, ::1], uint32[:, ::1], int64)", noalias=True)
+def _pair_t_block(xp, xt0, xt1, blk):
+    """Block ``blk`` of :func:`pair_source_t`: groups of 16 pairs x 16 channels transposed
+    in registers (:func:`_transpose_pairs`, once per parity), the rest value by value."""
+    C = xp.shape[1]
+    X2 = xt0.shape[1]
+    p0 = blk * PAIR_BLOCK
+    p1 = min(X2, p0 + PAIR_BLOCK)
+    whole = p0 + (p1 - p0) // 16 * 16 if C % 16 == 0 else p0
+    px, pt0, pt1 = xp.ctypes.data, xt0.ctypes.data, xt1.ctypes.data
+    for g in range(p0, whole, 16):
+        for c0 in range(0, C, 16):
+            at = px + (2 * g * C + c0) * 2
+            _transpose_pairs(at, C * 2, pt0 + (c0 * X2 + g) * 4, X2 * 4)
+            _transpose_pairs(at + C * 2, C * 2, pt1 + (c0 * X2 + g) * 4, X2 * 4)
+    for c in range(C):
+        r0 = xt0[c]
+        r1 = xt1[c]
+        for p in range(whole, p1):
+            a = np.uint32(xp[2 * p, c])
+            b = np.uint32(xp[2 * p + 1, c])
+            e = np.uint32(xp[2 * p + 2, c])
+            r0[p] = a | (b << np.uint32(16))
+            r1[p] = b | (e << np.uint32(16))
+
+
+def pair_grid(dy, dyp, geo):
+    """dY on the padded grid, paired along it: ``dyp[p, k] = G[2p, k] | G[2p+1, k] << 16``
+    with ``G[q]`` output pixel ``q``'s row of ``dy`` (``uint16 [mb*od*oh*ow, K]``) where
+    grid row ``q`` is one, else zeros. ``geo``: int64 ``[rows, mb, Dp, Hp, Wp, od, oh,
+    ow]`` (:func:`taps`'). In parallel over blocks of pairs."""
+    _pair_grid_block.run("bf16", -(-dyp.shape[0] // PAIR_BLOCK), dy, dyp, geo)
+
+
+@separate(bf16="void(uint16[:, ::1], uint32[:, ::1], int64[::1], int64)", noalias=True)
+def _pair_grid_block(dy, dyp, geo, blk):
+    """Block ``blk`` of :func:`pair_grid`."""
+    mb, dp, hp, wp, od, oh, ow = geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    K = dy.shape[1]
+    plane = hp * wp
+    P = dp * plane
+    p0 = blk * PAIR_BLOCK
+    p1 = min(dyp.shape[0], p0 + PAIR_BLOCK)
+    src = np.empty(2, np.int64)
+    for p in range(p0, p1):
+        for h in range(2):
+            q = 2 * p + h
+            n = q // P
+            e = q - n * P
+            z = e // plane
+            e -= z * plane
+            y = e // wp
+            x = e - y * wp
+            src[h] = ((n * od + z) * oh + y) * ow + x \
+                if n < mb and z < od and y < oh and x < ow else -1
+        row = dyp[p]
+        if src[0] >= 0 and src[1] >= 0:
+            lo = dy[src[0]]
+            hi = dy[src[1]]
+            for k in range(K):
+                row[k] = np.uint32(lo[k]) | (np.uint32(hi[k]) << np.uint32(16))
+        else:
+            for k in range(K):
+                a = np.uint32(dy[src[0], k]) if src[0] >= 0 else np.uint32(0)
+                b = np.uint32(dy[src[1], k]) if src[1] >= 0 else np.uint32(0)
+                row[k] = a | (b << np.uint32(16))
+
+
+def wgrad(xt0, xt1, dyp, offs, c):
+    """A stride-1 weight gradient's float32 sums ``c[part, t] (C x K) = sum_p A_t[:, p] @
+    dyp[p, :]`` over part ``part`` of the grid's pairs, ``A_t`` x^T at tap ``t``'s row
+    offset ``offs[t]`` (pairs of :func:`pair_source_t`: ``xt0`` at an even offset from pair
+    ``offs[t] // 2``, ``xt1`` at an odd one). ``c`` float32 ``[parts, taps, C, K]``, zeros
+    (``C`` a multiple of 32, ``K`` of 64); the caller adds the parts in order. Each part
+    runs its pairs in blocks of ``WGRAD_PAIRS`` that every tap meets while they are in L2.
+    In parallel over the parts."""
+    _wgrad_part.run("bf16", c.shape[0], xt0, xt1, dyp, offs, c)
+
+
+@separate(bf16="void(uint32[:, ::1], uint32[:, ::1], uint32[:, ::1], int64[::1], "
+               "float32[:, :, :, ::1], int64)")
+def _wgrad_part(xt0, xt1, dyp, offs, c, part):
+    """Part ``part`` of :func:`wgrad`."""
+    parts, ntaps, C, K = c.shape
+    P2 = dyp.shape[0]
+    X2 = xt0.shape[1]
+    steps = P2 // 16
+    s0 = part * steps // parts * 16
+    s1 = (part + 1) * steps // parts * 16
+    pb0 = dyp.ctypes.data
+    px0, px1 = xt0.ctypes.data, xt1.ctypes.data
+    _amx_config()
+    for p0 in range(s0, s1, WGRAD_PAIRS):
+        kk = min(WGRAD_PAIRS, s1 - p0)
+        for t in range(ntaps):
+            o = offs[t]
+            px = px1 if o % 2 else px0
+            first = o // 2 + p0
+            pc0 = c[part, t].ctypes.data
+            for cb in range(0, C, MR):
+                for kp in range(0, K, NR):
+                    _micro_wgrad(px + (cb * X2 + first) * 4, X2, pb0 + (p0 * K + kp) * 4, K,
+                                 pc0 + (cb * K + kp) * 4, K, kk)
     _amx_release()

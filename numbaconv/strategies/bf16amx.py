@@ -64,12 +64,20 @@ R_ONE_TAP = "a 1x1 kernel (no taps to read in place: gemm[bf16-amx] runs it as o
 R_REDUCTION = ("{k} reduction channels (a multiple of 32 only: a tile reads 16 pairs of "
                "one pixel)")
 R_RESULT = "{n} result channels (a multiple of 64 only: whole panels)"
+R_ROWS_W = "{c} input channels (a multiple of 32 only: whole 32-row tiles of dW)"
 #: Most reduction channels: over more, the taps' GEMMs on ``gemm[bf16-amx]``'s im2col ran
 #: as fast or faster (ResNet-50's 3x3 layers, forced, same process: 56 x 56 over 64
 #: channels 1.8x faster here, 28 x 28 over 128 1.05x slower; docs/performance.md,
 #: "bfloat16").
 MAX_REDUCTION = 64
 R_WIDE = "{k} reduction channels (> {most}): gemm[bf16-amx]'s GEMM over im2col runs as fast"
+#: Weight gradients over more channels (input or output) decline: there the float32
+#: sums of every tap's 32 x 64 blocks pass through L2 and L3 once per part, and
+#: ``gemm[bf16-amx]`` ran faster (ResNet-50, forced, same process, ms taps / amx: 56 x 56
+#: over 64 channels 2.35 / 10.1, 28 x 28 over 128 3.06 / 4.20, 14 x 14 over 256 3.67 /
+#: 2.33; docs/performance.md, "bfloat16").
+MAX_WGRAD_CHANNELS = 128
+R_WIDE_W = "weight gradient over {c} channels (> {most}): gemm[bf16-amx] runs it faster"
 #: Most rows of the padded grid per output pixel: past it (small images with wide pads)
 #: the grid's dropped rows cost more than ``gemm[bf16-amx]``'s im2col (docs/performance.md,
 #: "bfloat16").
@@ -82,7 +90,7 @@ def _taps_axes(p):
     """Per axis (depth, height, width), the source's size, the output's size and the taps'
     offsets into the source (output pixel ``o`` reads source pixel ``o + a``): forward
     ``a = t*d - pad``, backward data ``a = pad - t*d``."""
-    fwd = p.direction == "fwd"
+    fwd = p.direction != "bwd_d"  # a weight gradient reads x as the forward pass does
     src, out = (p.isz, p.osz) if fwd else (p.osz, p.isz)
     axes = []
     for s, o, k, d, pb in zip(src, out, p.ksz, p.dilation, p.pad_begin):
@@ -105,17 +113,18 @@ def _padded_grid(p):
 
 def _waste(p):
     _, sizes = _padded_grid(p)
-    out = p.osz if p.direction == "fwd" else p.isz
+    out = p.isz if p.direction == "bwd_d" else p.osz
     return math.prod(sizes) / max(1, math.prod(out))
 
 
 class Bf16AmxTaps(Bf16Dot):
-    """Forward passes and backward data at stride 1 as one sum over taps of GEMMs whose
-    A tiles are read from the zero-padded source where they lie
-    (:mod:`numbaconv.kernels.cpu.bf16amx`): no im2col matrix."""
+    """Stride-1 layers as sums over taps of GEMMs whose tiles are read from the
+    zero-padded source where they lie (:mod:`numbaconv.kernels.cpu.bf16amx`): no im2col
+    matrix. Forward passes and backward data sum the taps into each output tile; weight
+    gradients sum, per tap, x^T at the tap's offset times dY over the padded grid's
+    pixels (x paired and transposed once at each parity, dY paired on the grid)."""
 
     variant = "bf16-amx-taps"
-    directions = ("fwd", "bwd_d")
 
     def accepts(self, p):
         why = amx_guards(p)
@@ -125,6 +134,15 @@ class Bf16AmxTaps(Bf16Dot):
             return R_STRIDE.format(s="x".join(map(str, p.stride[3 - p.ndim:])))
         if math.prod(p.ksz) == 1:
             return R_ONE_TAP
+        if p.direction == "bwd_w":
+            if p.ic % 32:
+                return R_ROWS_W.format(c=p.ic)
+            if p.oc % 64:
+                return R_RESULT.format(n=p.oc)
+            if max(p.ic, p.oc) > MAX_WGRAD_CHANNELS:
+                return R_WIDE_W.format(c=max(p.ic, p.oc), most=MAX_WGRAD_CHANNELS)
+            w = _waste(p)
+            return R_WASTE.format(r=w, most=MAX_WASTE) if w > MAX_WASTE else None
         red, res = (p.ic, p.oc) if p.direction == "fwd" else (p.oc, p.ic)
         if red % 32:
             return R_REDUCTION.format(k=red)
@@ -139,6 +157,8 @@ class Bf16AmxTaps(Bf16Dot):
 
     def tiles(self, p, machine):
         from ..kernels.cpu._amx import MR
+        if p.direction == "bwd_w":
+            return {"parts": _threads()}
         rows = p.mb * math.prod(_padded_grid(p)[1])
         tiles = -(-rows // MR)
         thr = _threads()
@@ -148,6 +168,10 @@ class Bf16AmxTaps(Bf16Dot):
     def workspace_bytes(self, p, tiles):
         from ..kernels.cpu._amx import MR
         leads, sizes = _padded_grid(p)
+        if p.direction == "bwd_w":
+            p2, x2 = _wgrad_pairs(p, leads, sizes)
+            return ((2 * x2 + 2) * p.ic * 2 + 2 * p.ic * x2 * 4 + p2 * p.oc * 4
+                    + (int(tiles["parts"]) + 1) * math.prod(p.ksz) * p.ic * p.oc * 4)
         red, res = (p.ic, p.oc) if p.direction == "fwd" else (p.oc, p.ic)
         rows = p.mb * math.prod(sizes)
         extra = max(0, _max_offset(p, leads, sizes)) + 2 * MR
@@ -158,6 +182,8 @@ class Bf16AmxTaps(Bf16Dot):
         from ..kernels.cpu._amx import MR
         from ..kernels.cpu.bf16dot import NR, pack_pairs
 
+        if p.direction == "bwd_w":
+            return self._wgrad(p, tiles, ops)
         xs, ys, _ = canonical_shapes(p)
         fwd = p.direction == "fwd"
         src_op = ops["x"] if fwd else ops["dy"]
@@ -192,6 +218,49 @@ class Bf16AmxTaps(Bf16Dot):
             return d.reshape(shape)
         # float32 operands (the tuner's): the bfloat16 result widened
         return (d.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+
+    def _wgrad(self, p, tiles, ops):
+        """dW[t] = sum over the grid's pixels of x^T at tap t's row offset times dY (zeros
+        on the grid's pad rows), in parts over the pixels added in order."""
+        from ..kernels.cpu import bf16amx as k
+
+        _, ys, ws = canonical_shapes(p)
+        bits = ops["x"].dtype == np.uint16
+        x, dy = _bits(ops["x"]), _bits(ops["dy"])
+        leads, sizes = _padded_grid(p)
+        dp, hp, wp = sizes
+        per = dp * hp * wp
+        (_, _, oz), (_, _, oy), (_, _, ox) = _taps_axes(p)
+        offs = np.array([((az + leads[0]) * hp + ay + leads[1]) * wp + ax + leads[2]
+                         for az in oz for ay in oy for ax in ox], np.int64)
+        p2, x2 = _wgrad_pairs(p, leads, sizes)
+        xp = np.zeros((2 * x2 + 2, p.ic), np.uint16)
+        s = p.isz
+        grid = xp[:p.mb * per].reshape(p.mb, dp, hp, wp, p.ic)
+        grid[:, leads[0]:leads[0] + s[0], leads[1]:leads[1] + s[1],
+             leads[2]:leads[2] + s[2]] = x.reshape(p.mb, *s, p.ic)
+        xt0 = memory.empty((p.ic, x2), np.uint32)
+        xt1 = memory.empty((p.ic, x2), np.uint32)
+        k.pair_source_t(xp, xt0, xt1)
+        dyp = memory.empty((p2, p.oc), np.uint32)
+        geo = np.array([2 * p2, p.mb, dp, hp, wp, *p.osz], np.int64)
+        k.pair_grid(np.ascontiguousarray(dy).reshape(-1, p.oc), dyp, geo)
+        parts = int(tiles["parts"])
+        c = np.zeros((parts, len(offs), p.ic, p.oc), np.float32)
+        k.wgrad(xt0, xt1, dyp, offs, c)
+        dw = c[0]
+        for i in range(1, parts):  # in order: the same bits call after call
+            dw += c[i]
+        return (_bits(dw) if bits else dw).reshape(ws)
+
+
+def _wgrad_pairs(p, leads, sizes):
+    """``(pairs of the grid, a multiple of 16; pairs of x^T)``: x^T reaches past the grid
+    by the largest tap offset."""
+    rows = p.mb * math.prod(sizes)
+    p2 = -(-rows // 32) * 16
+    return p2, p2 + _max_offset(p, leads, sizes) // 2 + 16
 
 
 def _max_offset(p, leads, sizes):
