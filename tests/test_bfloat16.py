@@ -1039,6 +1039,29 @@ def test_bf16_amx_taps_drops_the_grids_pad_rows(monkeypatch):
 
 
 @needs_amx
+def test_bf16_amx_taps_weight_gradient_keeps_an_inf_to_its_channel(monkeypatch):
+    """docs/contract.md section 5: an Inf in x reaches, through the grid's pad rows (dY's
+    zeros there), only dW's entries of its own input channel; every other entry is finite
+    and right."""
+    from numbaconv.strategies import bf16amx as amx_strategy
+    monkeypatch.setattr(amx_strategy, "MAX_WASTE", 1e9)
+    rng = np.random.default_rng(6)
+    x, dy = _bf16(rng, 2, 6, 7, 64), _bf16(rng, 2, 6, 7, 64)
+    x[0, 0, 0, 5] = np.inf
+    got = nc.convolution_backprop_filters(x, (3, 3), dy, strides=1, pads_begin=1, pads_end=1,
+                                          strategy="gemm[bf16-amx-taps]")
+    g = got.astype(np.float64)
+    others = np.ones(64, bool)
+    others[5] = False
+    assert np.isfinite(g[:, :, others]).all()
+    xf = x.copy()
+    xf[0, 0, 0, 5] = 0
+    ref = conv_bwd_filter_ref(xf.astype(np.float64), dy.astype(np.float64), (3, 3),
+                              pads_begin=1, pads_end=1)
+    assert np.abs(g[:, :, others] - ref[:, :, others]).max() <= 2 ** -7 * np.abs(ref).max()
+
+
+@needs_amx
 def test_bf16_amx_taps_entry_declines_with_reasons():
     def plan(x, w, **kw):
         return nc.plan("convolution", np.zeros(x, BF16), np.zeros(w, BF16),
