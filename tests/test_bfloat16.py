@@ -979,6 +979,15 @@ _TAPS = [
     ("bwd_w-1d-short", "bwd_w", 1, (5,), 32, 64, (3,), (1,), ((1,), (1,))),
     ("bwd_w-2d-long", "bwd_w", 2, (47, 40), 32, 64, (3, 3), (1, 1), ((1, 1), (1, 1))),
     ("bwd_w-3d", "bwd_w", 1, (4, 6, 5), 32, 64, (3, 3, 3), (1, 1, 1), ((1, 1, 1), (1, 1, 1))),
+    # backward data at a stride: one job per stride phase a tap reaches (the others
+    # zeros), each written into its phase's pixels
+    ("bwd_d-2d-s2", "bwd_d", 2, (11, 10), 64, 64, (3, 3), (1, 1), ((1, 1), (1, 0)), (2, 2)),
+    ("bwd_d-2d-s3-dilated", "bwd_d", 1, (13, 11), 32, 64, (3, 2), (2, 3), ((2, 0), (1, 2)),
+     (3, 2)),
+    ("bwd_d-1d-s4", "bwd_d", 3, (23,), 32, 128, (5,), (1,), ((2,), (1,)), (4,)),
+    ("bwd_d-2d-s2x3-3x1", "bwd_d", 2, (9, 8), 64, 64, (3, 1), (1, 1), ((0, 0), (0, 0)), (2, 3)),
+    ("bwd_d-3d-s2", "bwd_d", 1, (5, 7, 6), 32, 64, (3, 3, 2), (1, 1, 1), ((1, 1, 0), (1, 0, 1)),
+     (2, 1, 2)),
 ]
 
 
@@ -991,15 +1000,15 @@ def test_bf16_amx_taps_entry(case, monkeypatch):
     monkeypatch.setattr(amx_strategy, "MAX_REDUCTION", 1 << 20)
     monkeypatch.setattr(amx_strategy, "MAX_WGRAD_CHANNELS", 1 << 20)
     monkeypatch.setattr(amx_strategy, "MAX_WASTE", 1e9)
-    _, direction, mb, isz, red, res, ksz, dil, (pb, pe) = case
+    _, direction, mb, isz, red, res, ksz, dil, (pb, pe), *stride = case
     c, k = (res, red) if direction == "bwd_d" else (red, res)
     rng = np.random.default_rng(len(isz) + red + res)
-    st = (1,) * len(isz)
+    st = stride[0] if stride else (1,) * len(isz)
     osz = _out_size(isz, ksz, st, dil, pb, pe)
     x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
-    attrs = dict(strides=1, dilations=dil, pads_begin=pb, pads_end=pe,
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
                  strategy="gemm[bf16-amx-taps]")
-    kw = dict(stride=1, dilation=dil, pads_begin=pb, pads_end=pe)
+    kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
     if direction == "fwd":
         def call():
             return nc.convolution(x, w, **attrs)
@@ -1067,7 +1076,8 @@ def test_bf16_amx_taps_entry_declines_with_reasons():
         return nc.plan("convolution", np.zeros(x, BF16), np.zeros(w, BF16),
                        strategy="gemm[bf16-amx-taps]", **kw)
 
-    with pytest.raises(ValueError, match=r"amx-taps\]: stride 2x2 \(stride 1 only"):
+    with pytest.raises(ValueError, match=r"amx-taps\]: stride 2x2 \(stride 1 only, but for "
+                                         r"backward data"):
         plan((1, 16, 16, 64), (3, 3, 64, 64), strides=2, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"a 1x1 kernel"):
         plan((1, 16, 16, 64), (1, 1, 64, 64), strides=1)
@@ -1075,7 +1085,7 @@ def test_bf16_amx_taps_entry_declines_with_reasons():
         plan((1, 16, 16, 48), (3, 3, 48, 64), strides=1, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"96 result channels \(a multiple of 64"):
         plan((1, 16, 16, 64), (3, 3, 64, 96), strides=1, pads_begin=1, pads_end=1)
-    with pytest.raises(ValueError, match=r"128 reduction channels \(> 64\)"):
+    with pytest.raises(ValueError, match=r"128 reduction channels \(> 64\) at stride 1"):
         plan((1, 16, 16, 128), (3, 3, 128, 64), strides=1, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"the padded grid is 1\.65x the output pixels"):
         plan((1, 7, 7, 64), (3, 3, 64, 64), strides=1, pads_begin=1, pads_end=1)
@@ -1089,6 +1099,11 @@ def test_bf16_amx_taps_entry_declines_with_reasons():
         plan_w((1, 16, 16, 64), (3, 3), (1, 16, 16, 96), strides=1, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"weight gradient over 256 channels \(> 128\)"):
         plan_w((1, 16, 16, 64), (3, 3), (1, 16, 16, 256), strides=1, pads_begin=1, pads_end=1)
+    # strided backward data over any number of channels (ResNet-50's res4a_branch2b)
+    p = nc.plan("convolution_backprop_data", np.zeros((2, 14, 14, 256), BF16),
+                np.zeros((3, 3, 256, 256), BF16), (28, 28), strides=2, pads_begin=1,
+                pads_end=0)
+    assert (p.strategy, p.variant) == ("gemm", "bf16-amx-taps")
     # the layers it is for: 3x3 over 64 channels on large images, every direction
     x = np.zeros((2, 56, 56, 64), BF16)
     w = np.zeros((3, 3, 64, 64), BF16)

@@ -52,16 +52,19 @@ def _micro_taps(typingctx, a, lda, offs, ntaps, b, k2, rows, d):
 
 
 def taps(src, offs, bp, d, geo, nrb):
-    """A stride-1 correlation with its taps read in place: ``d[o, :] = sum_t src[q(o) +
-    offs[t], :] @ B_t`` rounded to bfloat16, for ``src`` the zero-padded source flattened
-    to pixels (``uint32`` pairs ``[rows, K2]``, ``K2`` a multiple of 16, at least
+    """A stride-1 correlation with its taps read in place: ``d[dest(o), :] = sum_t
+    src[q(o) + offs[t], :] @ B_t`` rounded to bfloat16, for ``src`` the zero-padded source
+    flattened to pixels (``uint32`` pairs ``[rows, K2]``, ``K2`` a multiple of 16, at least
     ``geo[0] + max(offs) + MR`` rows), ``bp`` the packed panels of the taps' filters
-    (``[N/NR, taps*K2, NR]``, tap-major) and ``d`` ``uint16 [mb*od*oh*ow, N]`` (``N`` a
-    multiple of ``NR``). Output pixel ``o = (n, z, y, x)`` is row ``q(o) = n*P + (z*Hp +
-    y)*Wp + x`` of the padded grid (``P = Dp*Hp*Wp``): each tap is one row offset, and the
-    grid's rows that are no output pixel (its pad columns and rows) are computed and
-    dropped. ``geo``: int64 ``[rows of the grid (a multiple of MR), mb, Dp, Hp, Wp, od, oh,
-    ow]``. In parallel over ``nrb`` blocks of rows."""
+    (``[N/NR, taps*K2, NR]``, tap-major) and ``d`` ``uint16 [pixels, N]`` (``N`` a
+    multiple of ``NR``). Output pixel ``o = (n, z, y, x)`` of a ``gz x gy x gx`` grid is
+    row ``q(o) = n*P + (z*Hp + y)*Wp + x`` of the padded grid (``P = Dp*Hp*Wp``): each tap
+    is one row offset, and the grid's rows that are no output pixel (its pad columns and
+    rows) are computed and dropped. Pixel ``o`` goes to row ``dest(o) = ((n*Z + cz +
+    sz*z)*Y + cy + sy*y)*X + cx + sx*x`` of ``d`` (a stride phase of backward data: the
+    phase's pixels ``c + s*j`` of a ``Z x Y x X`` result; ``s`` 1 and ``c`` 0 for a whole
+    one). ``geo``: int64 ``[rows of the grid (a multiple of MR), mb, Dp, Hp, Wp, gz, gy, gx,
+    sz, sy, sx, cz, cy, cx, Z, Y, X]``. In parallel over ``nrb`` blocks of rows."""
     _taps_block.run("bf16", nrb, src, offs, bp, d, geo, nrb)
 
 
@@ -69,8 +72,10 @@ def taps(src, offs, bp, d, geo, nrb):
                "int64[::1], int64, int64)")
 def _taps_block(src, offs, bp, d, geo, nrb, blk):
     """Block ``blk`` of :func:`taps`' rows."""
-    mq, mb, dp, hp, wp, od, oh, ow = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
+    mq, mb, dp, hp, wp, gz, gy, gx = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5],
                                       geo[6], geo[7])
+    sz, sy, sx, cz, cy, cx = geo[8], geo[9], geo[10], geo[11], geo[12], geo[13]
+    DZ, DY, DX = geo[14], geo[15], geo[16]
     K2 = src.shape[1]
     N = d.shape[1]
     ntaps = offs.shape[0]
@@ -93,8 +98,8 @@ def _taps_block(src, offs, bp, d, geo, nrb, blk):
             e -= z * plane
             y = e // wp
             x = e - y * wp
-            if n < mb and z < od and y < oh and x < ow:
-                rows[r] = (((n * od + z) * oh + y) * ow + x) * N
+            if n < mb and z < gz and y < gy and x < gx:
+                rows[r] = (((n * DZ + cz + sz * z) * DY + cy + sy * y) * DX + cx + sx * x) * N
                 valid += 1
             else:
                 rows[r] = -1

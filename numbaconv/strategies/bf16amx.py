@@ -9,6 +9,7 @@ TFLOP/s on two cores its GEMM leaves the AVX512_BF16 entries and the float32 Win
 entry far behind (docs/performance.md, "bfloat16"), so it declines only what
 ``gemm[bf16-dot]`` declines for its shape.
 """
+import itertools
 import math
 
 import numpy as np
@@ -59,18 +60,22 @@ STRATEGY = Bf16Amx()
 
 # -- gemm[bf16-amx-taps]: stride-1 correlations with the taps read in place ------------------
 
-R_STRIDE = "stride {s} (stride 1 only: each tap is then one row offset of the padded source)"
+R_STRIDE = ("stride {s} (stride 1 only, but for backward data: each tap is then one row "
+            "offset of the padded source)")
 R_ONE_TAP = "a 1x1 kernel (no taps to read in place: gemm[bf16-amx] runs it as one GEMM)"
 R_REDUCTION = ("{k} reduction channels (a multiple of 32 only: a tile reads 16 pairs of "
                "one pixel)")
 R_RESULT = "{n} result channels (a multiple of 64 only: whole panels)"
 R_ROWS_W = "{c} input channels (a multiple of 32 only: whole 32-row tiles of dW)"
-#: Most reduction channels: over more, the taps' GEMMs on ``gemm[bf16-amx]``'s im2col ran
-#: as fast or faster (ResNet-50's 3x3 layers, forced, same process: 56 x 56 over 64
-#: channels 1.8x faster here, 28 x 28 over 128 1.05x slower; docs/performance.md,
-#: "bfloat16").
+#: Most reduction channels at stride 1: over more, the taps' GEMMs on ``gemm[bf16-amx]``'s
+#: im2col ran as fast or faster (ResNet-50's 3x3 layers, forced, same process: 56 x 56 over
+#: 64 channels 1.8x faster here, 28 x 28 over 128 1.05-1.2x slower). Strided backward
+#: data, whose phases ``gemm[bf16-amx]`` runs as several small GEMMs over im2col, has no
+#: such limit (ResNet-50's strided 3x3 layers over 128-512 channels 1.08-1.46x faster
+#: here; docs/performance.md, "bfloat16").
 MAX_REDUCTION = 64
-R_WIDE = "{k} reduction channels (> {most}): gemm[bf16-amx]'s GEMM over im2col runs as fast"
+R_WIDE = ("{k} reduction channels (> {most}) at stride 1: gemm[bf16-amx]'s GEMM over im2col "
+          "runs as fast")
 #: Weight gradients over more channels (input or output) decline: there the float32
 #: sums of every tap's 32 x 64 blocks pass through L2 and L3 once per part, and
 #: ``gemm[bf16-amx]`` ran faster (ResNet-50, forced, same process, ms taps / amx: 56 x 56
@@ -99,22 +104,56 @@ def _taps_axes(p):
     return axes
 
 
+def _jobs(p):
+    """The stride-1 correlations a problem is made of: ``[(grid, step, start, offsets,
+    taps)]``, each a grid of output pixels (per axis: its size, the step and start of its
+    pixels in the result), the taps' offsets into the source per axis (grid pixel ``j``
+    reads source pixel ``j + a``) and the taps' flat indices, kernel order. One job at
+    stride 1; backward data at a larger stride has one per stride phase that a tap reaches
+    (the phase's pixels ``c + s*j`` of dX meet dY pixel ``j + b0 - m*d`` through their
+    ``m``-th tap: ``bf16dot._phase_axes``)."""
+    if all(st == 1 for st in p.stride):
+        axes = _taps_axes(p)
+        out = tuple(o for _, o, _ in axes)
+        return [(out, (1, 1, 1), (0, 0, 0), tuple(offs for _, _, offs in axes),
+                 list(range(math.prod(p.ksz))))]
+    from .bf16dot import _phase_axes
+    jobs = []
+    for q in itertools.product(*(range(st) for st in p.stride)):
+        axes = _phase_axes(p, q)
+        grid = tuple(-(-(i - qa) // st) for i, qa, st in zip(p.isz, q, p.stride))
+        if any(n == 0 for _, _, n, _, _ in axes) or 0 in grid:
+            continue
+        offs = tuple(tuple(b0 - m * d for m in range(n)) for _, _, n, b0, d in axes)
+        kh, kw = p.ksz[1], p.ksz[2]
+        (d0, ds, dn, _, _), (h0, hs, hn, _, _), (w0, ws, wn, _, _) = axes
+        taps = [(td * kh + th) * kw + tw for td in range(d0, d0 + dn * ds, ds)
+                for th in range(h0, h0 + hn * hs, hs) for tw in range(w0, w0 + wn * ws, ws)]
+        jobs.append((grid, tuple(p.stride), q, offs, taps))
+    return jobs
+
+
 def _padded_grid(p):
     """``(lead pads, padded sizes)`` per axis: the source zero-padded so that every tap of
-    every output pixel reads inside it, and at least the output's size."""
+    every job's output pixels reads inside it, and at least every job's grid."""
+    src = p.osz if p.direction == "bwd_d" else p.isz
+    jobs = _jobs(p)
     leads, sizes = [], []
-    for s, o, offs in _taps_axes(p):
-        lead = max(0, -min(offs))
-        size = max(s + lead, o - 1 + max(offs) + lead + 1, o)
+    for ax in range(3):
+        lo = min(min(j[3][ax]) for j in jobs)
+        lead = max(0, -lo)
+        size = max([src[ax] + lead] + [j[0][ax] - 1 + max(j[3][ax]) + lead + 1 for j in jobs]
+                   + [j[0][ax] for j in jobs])
         leads.append(lead)
         sizes.append(size)
     return leads, sizes
 
 
 def _waste(p):
+    """Rows the jobs compute per output pixel."""
     _, sizes = _padded_grid(p)
     out = p.isz if p.direction == "bwd_d" else p.osz
-    return math.prod(sizes) / max(1, math.prod(out))
+    return len(_jobs(p)) * math.prod(sizes) / max(1, math.prod(out))
 
 
 class Bf16AmxTaps(Bf16Dot):
@@ -130,7 +169,7 @@ class Bf16AmxTaps(Bf16Dot):
         why = amx_guards(p)
         if why is not None:
             return why
-        if any(s != 1 for s in p.stride):
+        if p.direction != "bwd_d" and any(s != 1 for s in p.stride):
             return R_STRIDE.format(s="x".join(map(str, p.stride[3 - p.ndim:])))
         if math.prod(p.ksz) == 1:
             return R_ONE_TAP
@@ -146,7 +185,7 @@ class Bf16AmxTaps(Bf16Dot):
         red, res = (p.ic, p.oc) if p.direction == "fwd" else (p.oc, p.ic)
         if red % 32:
             return R_REDUCTION.format(k=red)
-        if red > MAX_REDUCTION:
+        if red > MAX_REDUCTION and all(st == 1 for st in p.stride):
             return R_WIDE.format(k=red, most=MAX_REDUCTION)
         if res % 64:
             return R_RESULT.format(n=res)
@@ -192,33 +231,35 @@ class Bf16AmxTaps(Bf16Dot):
         taps = math.prod(p.ksz)
         red, res = (p.ic, p.oc) if fwd else (p.oc, p.ic)
         w3 = _bits(ops["w"]).reshape(taps, p.ic, p.oc)
-        if fwd:
-            bp = memory.empty((res // NR, taps * red // 2, NR), np.uint32)
-            pack_pairs(w3.reshape(taps * red, res), bp)
-        else:
-            bp = _packed_filter_t(w3, range(taps))
         leads, sizes = _padded_grid(p)
         dp, hp, wp = sizes
         out = p.osz if fwd else p.isz
         per = dp * hp * wp
         rows = -(-p.mb * per // MR) * MR
-        (_, _, oz), (_, _, oy), (_, _, ox) = _taps_axes(p)
-        offs = np.array([((az + leads[0]) * hp + ay + leads[1]) * wp + ax + leads[2]
-                         for az in oz for ay in oy for ax in ox], np.int64)
-        padded = np.zeros((rows + int(offs.max()) + MR, red), np.uint16)
+        jobs = _jobs(p)
+        offs = [np.array([((az + leads[0]) * hp + ay + leads[1]) * wp + ax + leads[2]
+                          for az in oz for ay in oy for ax in ox], np.int64)
+                for _, _, _, (oz, oy, ox), _ in jobs]
+        padded = np.zeros((rows + int(max(o.max() for o in offs)) + MR, red), np.uint16)
         s = src.shape[1:4]
         grid = padded[:p.mb * per].reshape(p.mb, dp, hp, wp, red)
         grid[:, leads[0]:leads[0] + s[0], leads[1]:leads[1] + s[1],
              leads[2]:leads[2] + s[2]] = src.reshape(p.mb, *s, red)
-        d = memory.empty((p.mb * math.prod(out), res), np.uint16)
-        geo = np.array([rows, p.mb, dp, hp, wp, *out], np.int64)
-        k.taps(padded.view(np.uint32), offs, bp, d, geo, int(tiles["row_blocks"]))
+        whole = sum(math.prod(g) for g, *_ in jobs) == math.prod(out)
+        d = (memory.empty if whole else np.zeros)((p.mb * math.prod(out), res), np.uint16)
+        for (g, step, start, _, idx), o in zip(jobs, offs):
+            if fwd:
+                bp = memory.empty((res // NR, taps * red // 2, NR), np.uint32)
+                pack_pairs(w3.reshape(taps * red, res), bp)
+            else:
+                bp = _packed_filter_t(w3, idx)
+            geo = np.array([rows, p.mb, dp, hp, wp, *g, *step, *start, *out], np.int64)
+            k.taps(padded.view(np.uint32), o, bp, d, geo, int(tiles["row_blocks"]))
         shape = ys if fwd else xs
         if bits:
             return d.reshape(shape)
         # float32 operands (the tuner's): the bfloat16 result widened
         return (d.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-
 
     def _wgrad(self, p, tiles, ops):
         """dW[t] = sum over the grid's pixels of x^T at tap t's row offset times dY (zeros
@@ -264,10 +305,10 @@ def _wgrad_pairs(p, leads, sizes):
 
 
 def _max_offset(p, leads, sizes):
+    """The largest row offset of any job's tap into the padded source."""
     _, hp, wp = sizes
-    axes = _taps_axes(p)
-    return ((max(axes[0][2]) + leads[0]) * hp + max(axes[1][2]) + leads[1]) * wp \
-        + max(axes[2][2]) + leads[2]
+    return max(((max(oz) + leads[0]) * hp + max(oy) + leads[1]) * wp + max(ox) + leads[2]
+               for _, _, _, (oz, oy, ox), _ in _jobs(p))
 
 
 TAPS = Bf16AmxTaps()
