@@ -182,13 +182,15 @@ def gemm_tile(builder, args):
                     builder.call(store, [_tile(t), c_at(r, j), sc])
 
 
-def taps_tile(builder, args):
+def taps_tile(builder, args, btiles=False):
     """``C[:MR, :NR] = sum_t A_t @ B_t`` rounded to bfloat16 into D's rows: ``A_t`` the
     ``MR`` rows of ``2*k2`` bfloat16 at ``a + offs[t]*lda*4`` bytes (rows ``lda`` pairs
     apart; ``offs`` the address of an int64 array of ``ntaps`` row offsets), ``B_t`` the
     ``k2`` rows of a packed panel from ``b + t*k2*NR*4`` bytes; row ``i`` of C goes to the
     ``NR`` bfloat16 at ``d + rows[i]*2`` bytes (``rows`` the address of ``MR`` int64), or
-    nowhere where ``rows[i]`` is negative. ``k2`` is a multiple of 16 (the entry's rule)."""
+    nowhere where ``rows[i]`` is negative. ``k2`` is a multiple of 16 (the entry's rule).
+    ``btiles``: the panel is tile-major (each block of 16 rows four 1 KiB tiles of 16
+    columns one after the other, :func:`tile_major`) instead of row-major."""
     a, lda, offs, ntaps, b, k2, rows, d = args
     f32 = ir.FloatType()
     vf, vi, vh = (ir.VectorType(f32, 16), ir.VectorType(_I32, 16),
@@ -220,14 +222,17 @@ def taps_tile(builder, args):
         with cgutils.for_range(builder, ntaps) as lt:
             at = builder.gep(pa, [builder.mul(builder.load(builder.gep(po, [lt.index])),
                                               sa)])
-            bt = builder.gep(pb, [builder.add(builder.mul(lt.index, tapb), k(4 * col))])
+            # a 16-row block of the panel: row-major (16-column tiles 64 bytes apart, rows
+            # 256 apart), or tile-major (1 KiB tiles one after the other, rows 64 apart)
+            boff, nxt, sb = (2048 * h, 1024, 64) if btiles else (4 * col, 64, 4 * NR)
+            bt = builder.gep(pb, [builder.add(builder.mul(lt.index, tapb), k(boff))])
             with cgutils.for_range(builder, steps) as ls:
                 ao = builder.mul(ls.index, k(4 * KSTEP))
                 bo = builder.mul(ls.index, k(4 * KSTEP * NR))
                 _step(builder, load, dot,
                       (builder.gep(at, [ao]), builder.gep(at, [builder.add(ao, a16)])), sa,
-                      (builder.gep(bt, [bo]), builder.gep(bt, [builder.add(bo, k(64))])),
-                      k(4 * NR))
+                      (builder.gep(bt, [bo]), builder.gep(bt, [builder.add(bo, k(nxt))])),
+                      k(sb))
         for t, (r, j) in enumerate(cts):
             builder.call(store, [_tile(t), builder.gep(pout, [k(4 * (32 * r + j))]),
                                  k(128)])
@@ -275,12 +280,14 @@ def request_amx():
     return _GRANTED[0]
 
 
-def wgrad_tile(builder, args):
+def wgrad_tile(builder, args, btiles=False):
     """``C[:MR, :NR] += A[:MR, :2*k2] @ B[:2*k2, :NR]`` for a weight gradient's blocks: ``a``
     the address of A's first pair (rows ``lda`` pairs apart), ``b`` of B's first pair-row
     (pair-rows ``ldb`` words apart: dY paired along pixels, as it is), ``c`` of a float32
     block (rows ``ldc`` floats apart) read and written back. ``k2`` is a multiple of 16
-    (the caller pads the reduction with zeros)."""
+    (the caller pads the reduction with zeros). ``btiles``: B is tile-major (each block of
+    16 pair-rows ``ldb/16`` tiles of 16 x 16 words one after the other; ``b`` the address
+    of the block's first tile of these columns)."""
     a, lda, b, ldb, c, ldc, k2 = args
     load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
     store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
@@ -309,9 +316,19 @@ def wgrad_tile(builder, args):
             builder.call(load, [_tile(t), c_at(r, j), sc])
         with cgutils.for_range(builder, steps) as ls:
             ao = builder.mul(ls.index, k(4 * KSTEP))
-            bo = builder.add(builder.mul(ls.index, b16), k(4 * col))
+            boff, nxt, stb = (1024 * (col // 16), 1024, k(64)) if btiles else (4 * col, 64, sb)
+            bo = builder.add(builder.mul(ls.index, b16), k(boff))
             _step(builder, load, dot,
                   (builder.gep(pa, [ao]), builder.gep(pa, [builder.add(ao, a16)])), sa,
-                  (builder.gep(pb, [bo]), builder.gep(pb, [builder.add(bo, k(64))])), sb)
+                  (builder.gep(pb, [bo]), builder.gep(pb, [builder.add(bo, k(nxt))])), stb)
         for t, (r, j) in enumerate(cts):
             builder.call(store, [_tile(t), c_at(r, j), sc])
+
+
+def tile_major(bp):
+    """Packed panels ``[npan, R, NR]`` (``R`` a multiple of 16) rearranged so that each
+    block of 16 rows is four 16 x 16 tiles of words one after the other (a tile loads 1 KiB
+    of consecutive bytes instead of 16 rows 256 bytes apart), in the same shape."""
+    n, r, w = bp.shape
+    return bp.reshape(n, r // 16, 16, w // 16, 16).transpose(0, 1, 3, 2, 4).copy().reshape(
+        n, r, w)

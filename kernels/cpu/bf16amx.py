@@ -41,11 +41,17 @@ def _amx_release(typingctx):
     return types.void(), codegen
 
 
+#: Whether the taps kernels read their B tiles tile-major (:func:`_amx.tile_major`; dY's
+#: pairs written so by :func:`pair_grid`): a tile is then 1 KiB of consecutive bytes
+#: (docs/performance.md, "bfloat16").
+B_TILES = True
+
+
 @intrinsic
 def _micro_taps(typingctx, a, lda, offs, ntaps, b, k2, rows, d):
-    """:func:`_amx.taps_tile`."""
+    """:func:`_amx.taps_tile` (panels tile-major where ``B_TILES``)."""
     def codegen(context, builder, signature, args):
-        taps_tile(builder, args)
+        taps_tile(builder, args, B_TILES)
         return context.get_dummy_value()
 
     return types.void(*[types.intp] * 8), codegen
@@ -117,7 +123,7 @@ def _taps_block(src, offs, bp, d, geo, nrb, blk):
 def _micro_wgrad(typingctx, a, lda, b, ldb, c, ldc, k2):
     """:func:`_amx.wgrad_tile`."""
     def codegen(context, builder, signature, args):
-        wgrad_tile(builder, args)
+        wgrad_tile(builder, args, B_TILES)
         return context.get_dummy_value()
 
     return types.void(*[types.intp] * 7), codegen
@@ -194,8 +200,9 @@ def _pair_t_block(xp, xt0, xt1, blk):
 
 def pair_grid(dy, dyp, geo):
     """dY on the padded grid, paired along it: ``dyp[p, k] = G[2p, k] | G[2p+1, k] << 16``
-    with ``G[q]`` output pixel ``q``'s row of ``dy`` (``uint16 [mb*od*oh*ow, K]``) where
-    grid row ``q`` is one, else zeros. ``geo``: int64 ``[rows, mb, Dp, Hp, Wp, od, oh,
+    with ``G[q]`` output pixel ``q``'s row of ``dy`` (``uint16 [mb*od*oh*ow, K]``, ``K`` a
+    multiple of 16) where grid row ``q`` is one, else zeros; tile-major where ``B_TILES``
+    (each block of 16 rows ``K/16`` tiles of 16 x 16 words). ``geo``: int64 ``[rows, mb, Dp, Hp, Wp, od, oh,
     ow]`` (:func:`taps`'). In parallel over blocks of pairs."""
     _pair_grid_block.run("bf16", -(-dyp.shape[0] // PAIR_BLOCK), dy, dyp, geo)
 
@@ -210,6 +217,7 @@ def _pair_grid_block(dy, dyp, geo, blk):
     p0 = blk * PAIR_BLOCK
     p1 = min(dyp.shape[0], p0 + PAIR_BLOCK)
     src = np.empty(2, np.int64)
+    flat = dyp.reshape(-1)
     for p in range(p0, p1):
         for h in range(2):
             q = 2 * p + h
@@ -221,17 +229,23 @@ def _pair_grid_block(dy, dyp, geo, blk):
             x = e - y * wp
             src[h] = ((n * od + z) * oh + y) * ow + x \
                 if n < mb and z < od and y < oh and x < ow else -1
-        row = dyp[p]
+        # row p's words: K of them in a row, or (tile-major) 16 in each of K/16 tiles
+        base = (p // 16 * K * 16 + p % 16 * 16) if B_TILES else p * K
         if src[0] >= 0 and src[1] >= 0:
             lo = dy[src[0]]
             hi = dy[src[1]]
-            for k in range(K):
-                row[k] = np.uint32(lo[k]) | (np.uint32(hi[k]) << np.uint32(16))
+            for kt in range(0, K, 16):
+                at = base + (kt * 16 if B_TILES else kt)
+                for k in range(16):
+                    flat[at + k] = np.uint32(lo[kt + k]) | (np.uint32(hi[kt + k])
+                                                            << np.uint32(16))
         else:
-            for k in range(K):
-                a = np.uint32(dy[src[0], k]) if src[0] >= 0 else np.uint32(0)
-                b = np.uint32(dy[src[1], k]) if src[1] >= 0 else np.uint32(0)
-                row[k] = a | (b << np.uint32(16))
+            for kt in range(0, K, 16):
+                at = base + (kt * 16 if B_TILES else kt)
+                for k in range(16):
+                    a = np.uint32(dy[src[0], kt + k]) if src[0] >= 0 else np.uint32(0)
+                    b = np.uint32(dy[src[1], kt + k]) if src[1] >= 0 else np.uint32(0)
+                    flat[at + k] = a | (b << np.uint32(16))
 
 
 def wgrad(xt0, xt1, dyp, offs, c):
@@ -267,6 +281,7 @@ def _wgrad_part(xt0, xt1, dyp, offs, c, part):
             pc0 = c[part, t].ctypes.data
             for cb in range(0, C, MR):
                 for kp in range(0, K, NR):
-                    _micro_wgrad(px + (cb * X2 + first) * 4, X2, pb0 + (p0 * K + kp) * 4, K,
-                                 pc0 + (cb * K + kp) * 4, K, kk)
+                    pb = pb0 + p0 * K * 4 + (kp * 64 if B_TILES else kp * 4)
+                    _micro_wgrad(px + (cb * X2 + first) * 4, X2, pb, K, pc0 + (cb * K + kp) * 4,
+                                 K, kk)
     _amx_release()

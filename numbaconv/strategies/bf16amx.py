@@ -218,7 +218,7 @@ class Bf16AmxTaps(Bf16Dot):
 
     def run(self, p, tiles, ops):
         from ..kernels.cpu import bf16amx as k
-        from ..kernels.cpu._amx import MR
+        from ..kernels.cpu._amx import MR, tile_major
         from ..kernels.cpu.bf16dot import NR, pack_pairs
 
         if p.direction == "bwd_w":
@@ -254,6 +254,8 @@ class Bf16AmxTaps(Bf16Dot):
             else:
                 bp = _packed_filter_t(w3, idx)
             geo = np.array([rows, p.mb, dp, hp, wp, *g, *step, *start, *out], np.int64)
+            if k.B_TILES:
+                bp = tile_major(bp)
             k.taps(padded.view(np.uint32), o, bp, d, geo, int(tiles["row_blocks"]))
         shape = ys if fwd else xs
         if bits:
