@@ -935,17 +935,19 @@ def test_bf16_amx_gemm_reads_nothing_past_its_block(m, k, kc2):
 
 @needs_amx
 def test_bf16_amx_entry_is_first_where_it_accepts():
-    """On an AMX host the planner takes ``gemm[bf16-amx]`` for bfloat16 layers of every
-    kind the bfloat16 GEMM takes, the 3x3 layers Winograd would otherwise take included
-    (but for the 3x3 layers over few channels ``gemm[bf16-amx-taps]`` takes); narrow
-    layers still go to the float32 entries."""
+    """On an AMX host the planner takes ``gemm[bf16-amx]`` for the bfloat16 layers
+    ``gemm[bf16-amx-taps]`` leaves, of every kind the bfloat16 GEMM takes: 1x1 layers, 3x3
+    layers over many channels (Winograd's otherwise); narrow layers still go to the
+    float32 entries."""
     rng = np.random.default_rng(3)
     x = _bf16(rng, 2, 28, 28, 128)
     for op, args, kw in [
-            ("convolution", (x, _bf16(rng, 3, 3, 128, 128)), dict(pads_begin=1, pads_end=1)),
-            ("convolution_backprop_data", (x, _bf16(rng, 3, 3, 64, 128), (28, 28)),
+            ("convolution", (_bf16(rng, 2, 14, 14, 512), _bf16(rng, 3, 3, 512, 512)),
              dict(pads_begin=1, pads_end=1)),
-            ("convolution_backprop_filters", (x, (1, 1), _bf16(rng, 2, 28, 28, 64)), {})]:
+            ("convolution_backprop_data", (x, _bf16(rng, 1, 1, 64, 128), (28, 28)), {}),
+            ("convolution_backprop_filters", (x, (1, 1), _bf16(rng, 2, 28, 28, 64)), {}),
+            ("convolution_backprop_filters", (x, (3, 3), _bf16(rng, 2, 28, 28, 256)),
+             dict(pads_begin=1, pads_end=1))]:
         p = nc.plan(op, *args, strides=1, **kw)
         assert (p.strategy, p.variant) == ("gemm", "bf16-amx"), (op, p)
     with pytest.raises(ValueError, match=r"gemm\[bf16-amx\]: backward data into 3 channels"):
@@ -1085,8 +1087,8 @@ def test_bf16_amx_taps_entry_declines_with_reasons():
         plan((1, 16, 16, 48), (3, 3, 48, 64), strides=1, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"96 result channels \(a multiple of 64"):
         plan((1, 16, 16, 64), (3, 3, 64, 96), strides=1, pads_begin=1, pads_end=1)
-    with pytest.raises(ValueError, match=r"128 reduction channels \(> 64\) at stride 1"):
-        plan((1, 16, 16, 128), (3, 3, 128, 64), strides=1, pads_begin=1, pads_end=1)
+    with pytest.raises(ValueError, match=r"512 reduction channels \(> 256\) at stride 1"):
+        plan((1, 16, 16, 512), (3, 3, 512, 64), strides=1, pads_begin=1, pads_end=1)
     with pytest.raises(ValueError, match=r"the padded grid is 1\.65x the output pixels"):
         plan((1, 7, 7, 64), (3, 3, 64, 64), strides=1, pads_begin=1, pads_end=1)
     def plan_w(x, ksz, dy, **kw):

@@ -67,20 +67,21 @@ R_REDUCTION = ("{k} reduction channels (a multiple of 32 only: a tile reads 16 p
                "one pixel)")
 R_RESULT = "{n} result channels (a multiple of 64 only: whole panels)"
 R_ROWS_W = "{c} input channels (a multiple of 32 only: whole 32-row tiles of dW)"
-#: Most reduction channels at stride 1: over more, the taps' GEMMs on ``gemm[bf16-amx]``'s
-#: im2col ran as fast or faster (ResNet-50's 3x3 layers, forced, same process: 56 x 56 over
-#: 64 channels 1.8x faster here, 28 x 28 over 128 1.05-1.2x slower). Strided backward
-#: data, whose phases ``gemm[bf16-amx]`` runs as several small GEMMs over im2col, has no
-#: such limit (ResNet-50's strided 3x3 layers over 128-512 channels 1.08-1.46x faster
-#: here; docs/performance.md, "bfloat16").
-MAX_REDUCTION = 64
+#: Most reduction channels at stride 1, as measured: with B tile-major (``B_TILES``) the
+#: taps ran ResNet-50's 3x3 layers over 128 and 256 channels 1.2-1.9x as fast as
+#: ``gemm[bf16-amx]``'s GEMM over im2col (forced, same process, forward and backward data;
+#: row-major, 128 channels had been 1.05-1.2x slower). Strided backward data, whose phases
+#: ``gemm[bf16-amx]`` runs as several small GEMMs over im2col, has no limit (ResNet-50's
+#: strided 3x3 layers over 128-512 channels 1.08-1.46x faster here; docs/performance.md,
+#: "bfloat16").
+MAX_REDUCTION = 256
 R_WIDE = ("{k} reduction channels (> {most}) at stride 1: gemm[bf16-amx]'s GEMM over im2col "
           "runs as fast")
 #: Weight gradients over more channels (input or output) decline: there the float32
 #: sums of every tap's 32 x 64 blocks pass through L2 and L3 once per part, and
-#: ``gemm[bf16-amx]`` ran faster (ResNet-50, forced, same process, ms taps / amx: 56 x 56
-#: over 64 channels 2.35 / 10.1, 28 x 28 over 128 3.06 / 4.20, 14 x 14 over 256 3.67 /
-#: 2.33; docs/performance.md, "bfloat16").
+#: ``gemm[bf16-amx]`` ran as fast or faster (ResNet-50, forced, same process, ms taps /
+#: amx, B tile-major: 28 x 28 over 128 channels 2.05 / 3.68 and 3.74 / 9.08, 14 x 14 over
+#: 256 2.79 / 2.25 and 4.25 / 4.33; docs/performance.md, "bfloat16").
 MAX_WGRAD_CHANNELS = 128
 R_WIDE_W = "weight gradient over {c} channels (> {most}): gemm[bf16-amx] runs it faster"
 #: Most rows of the padded grid per output pixel: past it (small images with wide pads)
