@@ -285,3 +285,46 @@ def _wgrad_part(xt0, xt1, dyp, offs, c, part):
                     _micro_wgrad(px + (cb * X2 + first) * 4, X2, pb, K, pc0 + (cb * K + kp) * 4,
                                  K, kk)
     _amx_release()
+
+
+# -- the zero-padded source -------------------------------------------------------------------
+
+def pad_source(src, dst, geo):
+    """``dst`` (``uint16 [rows, C]``) filled with the padded grid of ``src`` (``uint16 [mb,
+    D, H, W, C]``): grid row ``n*P + (z*Hp + y)*Wp + x`` holds source pixel ``(n, z - lz,
+    y - ly, x - lx)`` where that lies inside the source, else zeros, and every row past
+    ``mb*P`` zeros. ``geo``: int64 ``[Dp, Hp, Wp, lz, ly, lx]``. One pass that writes each
+    row once (no zeroed buffer written again), in parallel over blocks of grid rows."""
+    rows = dst.shape[0]
+    _pad_block.run("bf16", -(-rows // PAD_ROWS), src, dst, geo)
+
+
+#: Grid rows per block of :func:`pad_source`.
+PAD_ROWS = 256
+
+
+@separate(bf16="void(uint16[:, :, :, :, ::1], uint16[:, ::1], int64[::1], int64)",
+          noalias=True)
+def _pad_block(src, dst, geo, blk):
+    """Block ``blk`` of :func:`pad_source`."""
+    mb, D, H, W, C = src.shape
+    dp, hp, wp, lz, ly, lx = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    plane = hp * wp
+    P = dp * plane
+    r0 = blk * PAD_ROWS
+    r1 = min(dst.shape[0], r0 + PAD_ROWS)
+    for q in range(r0, r1):
+        row = dst[q]
+        n = q // P
+        e = q - n * P
+        z = e // plane - lz
+        e -= (z + lz) * plane
+        y = e // wp - ly
+        x = e - (y + ly) * wp - lx
+        if n < mb and 0 <= z < D and 0 <= y < H and 0 <= x < W:
+            px = src[n, z, y, x]
+            for c in range(C):
+                row[c] = px[c]
+        else:
+            for c in range(C):
+                row[c] = 0

@@ -241,11 +241,9 @@ class Bf16AmxTaps(Bf16Dot):
         offs = [np.array([((az + leads[0]) * hp + ay + leads[1]) * wp + ax + leads[2]
                           for az in oz for ay in oy for ax in ox], np.int64)
                 for _, _, _, (oz, oy, ox), _ in jobs]
-        padded = np.zeros((rows + int(max(o.max() for o in offs)) + MR, red), np.uint16)
-        s = src.shape[1:4]
-        grid = padded[:p.mb * per].reshape(p.mb, dp, hp, wp, red)
-        grid[:, leads[0]:leads[0] + s[0], leads[1]:leads[1] + s[1],
-             leads[2]:leads[2] + s[2]] = src.reshape(p.mb, *s, red)
+        padded = memory.empty((rows + int(max(o.max() for o in offs)) + MR, red), np.uint16)
+        k.pad_source(np.ascontiguousarray(src).reshape(p.mb, *src.shape[1:4], red), padded,
+                     np.array([dp, hp, wp, *leads], np.int64))
         whole = sum(math.prod(g) for g, *_ in jobs) == math.prod(out)
         d = (memory.empty if whole else np.zeros)((p.mb * math.prod(out), res), np.uint16)
         for (g, step, start, _, idx), o in zip(jobs, offs):
@@ -274,16 +272,13 @@ class Bf16AmxTaps(Bf16Dot):
         x, dy = _bits(ops["x"]), _bits(ops["dy"])
         leads, sizes = _padded_grid(p)
         dp, hp, wp = sizes
-        per = dp * hp * wp
         (_, _, oz), (_, _, oy), (_, _, ox) = _taps_axes(p)
         offs = np.array([((az + leads[0]) * hp + ay + leads[1]) * wp + ax + leads[2]
                          for az in oz for ay in oy for ax in ox], np.int64)
         p2, x2 = _wgrad_pairs(p, leads, sizes)
-        xp = np.zeros((2 * x2 + 2, p.ic), np.uint16)
-        s = p.isz
-        grid = xp[:p.mb * per].reshape(p.mb, dp, hp, wp, p.ic)
-        grid[:, leads[0]:leads[0] + s[0], leads[1]:leads[1] + s[1],
-             leads[2]:leads[2] + s[2]] = x.reshape(p.mb, *s, p.ic)
+        xp = memory.empty((2 * x2 + 2, p.ic), np.uint16)
+        k.pad_source(np.ascontiguousarray(x).reshape(p.mb, *p.isz, p.ic), xp,
+                     np.array([dp, hp, wp, *leads], np.int64))
         xt0 = memory.empty((p.ic, x2), np.uint32)
         xt1 = memory.empty((p.ic, x2), np.uint32)
         k.pair_source_t(xp, xt0, xt1)
