@@ -143,3 +143,50 @@ def test_set_num_threads_is_respected_and_validated():
             nc.set_num_threads("2")
     finally:
         nc.set_num_threads(before)
+
+
+def _amx_host():
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:
+        return False
+    from numbaconv.kernels.cpu import _amx
+    from numbaconv.strategies.bf16dot import host_has_bf16
+    return host_has_bf16() and _amx.request_amx()
+
+
+@pytest.mark.skipif(not _amx_host(), reason="no AMX tiles with bfloat16 products here")
+@pytest.mark.parametrize("layer", ["workqueue", None])
+def test_amx_entries_under_concurrent_calls_and_fork(layer):
+    """AMX's tiles are configured per thread for each block of work: eight threads calling
+    the two AMX entries at once get the same bits as one, under the workqueue layer and the
+    default one, and a child forked after them (AMX's permission is the process's, and
+    inherited) computes the same bits too."""
+    r = _run("""
+        import os, numpy as np, ml_dtypes, numbaconv as nc
+        from concurrent.futures import ThreadPoolExecutor
+        bf = ml_dtypes.bfloat16
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2, 16, 16, 64)).astype(bf)
+        w = rng.standard_normal((3, 3, 64, 64)).astype(bf)
+        dy = rng.standard_normal((2, 16, 16, 64)).astype(bf)
+        kw = dict(strides=1, pads_begin=1, pads_end=1)
+        calls = [lambda: nc.convolution_backprop_data(dy, w, (16, 16), **kw),
+                 lambda: nc.convolution_backprop_filters(x, (1, 1), dy, strides=1)]
+        assert [nc.plan("convolution_backprop_data", dy, w, (16, 16), **kw).variant,
+                nc.plan("convolution_backprop_filters", x, (1, 1), dy, strides=1).variant] \\
+            == ["bf16-amx-taps", "bf16-amx"]
+        refs = [c().view(np.uint16) for c in calls]
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda i: (i % 2, calls[i % 2]()), range(32)))
+        assert all(np.array_equal(o.view(np.uint16), refs[i]) for i, o in outs)
+        pid = os.fork()
+        if pid == 0:
+            ok = all(np.array_equal(c().view(np.uint16), r) for c, r in zip(calls, refs))
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0, status
+        print("ok")
+    """, layer)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ok" in r.stdout
