@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from numbaconv.kernels.cpu import _host
-from numbaconv.kernels.cpu._ir import bf16_round
+from numbaconv.kernels.cpu._ir import _BFloat, bf16_round
 
 #: Rows of a micro-kernel tile (two 16-row AMX tiles) and its columns (a packed panel's).
 MR = 32
@@ -59,6 +59,30 @@ def _step(builder, load, dot, a, sa, b, sb):
         builder.call(dot, [_tile(t), _tile(x), _tile(y)])
 
 
+def _round_row(builder, pf, i, off, pd, cvt):
+    """Row ``i`` of a 32 x 32 float32 block on the stack (``pf``: vectors of 16) rounded to
+    bfloat16 and stored at element ``off`` of ``pd``: by AVX512_BF16's
+    ``vcvtne2ps2bf16`` (``cvt``: 32 values in one instruction, round to nearest even, NaN
+    kept quiet), or by integer operations (:func:`_ir.bf16_round`)."""
+    f32 = ir.FloatType()
+    vf, vi, vh = ir.VectorType(f32, 16), ir.VectorType(_I32, 16), ir.VectorType(_I16, 16)
+    vals = [builder.load(builder.gep(pf, [builder.add(builder.mul(i, ir.Constant(_I64, 2)),
+                                                      ir.Constant(_I64, v))]), align=4)
+            for v in range(2)]
+    if cvt:
+        vb = ir.VectorType(_BFloat(), 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vb, [vf, vf]),
+                                            "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+        bits = builder.bitcast(builder.call(fn, [vals[1], vals[0]]), ir.VectorType(_I16, 32))
+        builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
+                                            ir.VectorType(_I16, 32).as_pointer()), align=2)
+        return
+    for v in range(2):
+        bits = bf16_round(builder, builder.bitcast(vals[v], vi))
+        at = builder.add(off, ir.Constant(_I64, 16 * v))
+        builder.store(bits, builder.bitcast(builder.gep(pd, [at]), vh.as_pointer()), align=2)
+
+
 def config_tiles(builder):
     """``ldtilecfg``: palette 1, eight tiles of 16 rows x 64 bytes (this thread's tiles,
     zeroed)."""
@@ -80,18 +104,18 @@ def release_tiles(builder):
     builder.call(_fn(builder, "llvm.x86.tilerelease", []), [])
 
 
-def gemm_tile(builder, args):
+def gemm_tile(builder, args, cvt=False):
     """``C[:MR, :NR] (+)= A[:MR, :2*k2] @ B[:2*k2, :NR]`` on AMX tiles, with
     ``bf16dot._micro``'s arguments: ``a`` the address of A's first pair (rows ``lda``
     pairs apart), ``b`` of a packed panel (``k2`` rows of ``NR`` pairs), ``c`` of C's first
     element (rows ``ldc`` floats apart); ``beta`` bit 0 adds to what C holds, bit 1 rounds
     the sum to bfloat16 bits at ``d`` (rows ``ldd`` elements apart) instead of storing it
     to C. The last ``k2 % 16`` pairs go through zero-padded copies of A's and B's rows (a
-    tile reads 16 pairs; past the block lie other values, which may be Inf or NaN)."""
+    tile reads 16 pairs; past the block lie other values, which may be Inf or NaN).
+    ``cvt``: rounded by ``vcvtne2ps2bf16`` (:func:`_round_row`)."""
     a, lda, b, c, ldc, k2, beta, d, ldd = args
     f32 = ir.FloatType()
-    vf, vi, vh = (ir.VectorType(f32, 16), ir.VectorType(_I32, 16),
-                  ir.VectorType(_I16, 16))
+    vf = ir.VectorType(f32, 16)
     load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
     store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
     zero = _fn(builder, "llvm.x86.tilezero", [_I8])
@@ -170,19 +194,14 @@ def gemm_tile(builder, args):
                                          k(128)])
                 pf = builder.bitcast(out, vf.as_pointer())
                 with cgutils.for_range(builder, k(MR)) as li:
-                    for v in range(2):
-                        val = builder.load(builder.gep(pf, [builder.add(
-                            builder.mul(li.index, k(2)), k(v))]), align=4)
-                        bits = bf16_round(builder, builder.bitcast(val, vi))
-                        off = builder.add(builder.mul(li.index, ldd), k(col + 16 * v))
-                        builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
-                                                            vh.as_pointer()), align=2)
+                    _round_row(builder, pf, li.index,
+                               builder.add(builder.mul(li.index, ldd), k(col)), pd, cvt)
             with otherwise:
                 for t, (r, j) in enumerate(cts):
                     builder.call(store, [_tile(t), c_at(r, j), sc])
 
 
-def taps_tile(builder, args, btiles=False):
+def taps_tile(builder, args, btiles=False, cvt=False):
     """``C[:MR, :NR] = sum_t A_t @ B_t`` rounded to bfloat16 into D's rows: ``A_t`` the
     ``MR`` rows of ``2*k2`` bfloat16 at ``a + offs[t]*lda*4`` bytes (rows ``lda`` pairs
     apart; ``offs`` the address of an int64 array of ``ntaps`` row offsets), ``B_t`` the
@@ -190,11 +209,11 @@ def taps_tile(builder, args, btiles=False):
     ``NR`` bfloat16 at ``d + rows[i]*2`` bytes (``rows`` the address of ``MR`` int64), or
     nowhere where ``rows[i]`` is negative. ``k2`` is a multiple of 16 (the entry's rule).
     ``btiles``: the panel is tile-major (each block of 16 rows four 1 KiB tiles of 16
-    columns one after the other, :func:`tile_major`) instead of row-major."""
+    columns one after the other, :func:`tile_major`) instead of row-major. ``cvt``: rounded
+    by ``vcvtne2ps2bf16`` (:func:`_round_row`)."""
     a, lda, offs, ntaps, b, k2, rows, d = args
     f32 = ir.FloatType()
-    vf, vi, vh = (ir.VectorType(f32, 16), ir.VectorType(_I32, 16),
-                  ir.VectorType(_I16, 16))
+    vf = ir.VectorType(f32, 16)
     load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
     store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
     zero = _fn(builder, "llvm.x86.tilezero", [_I8])
@@ -240,13 +259,7 @@ def taps_tile(builder, args, btiles=False):
         with cgutils.for_range(builder, k(MR)) as li:
             dst = builder.load(builder.gep(pr, [li.index]))
             with builder.if_then(builder.icmp_signed(">=", dst, k(0))):
-                for v in range(2):
-                    val = builder.load(builder.gep(pf, [builder.add(
-                        builder.mul(li.index, k(2)), k(v))]), align=4)
-                    bits = bf16_round(builder, builder.bitcast(val, vi))
-                    off = builder.add(dst, k(col + 16 * v))
-                    builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
-                                                        vh.as_pointer()), align=2)
+                _round_row(builder, pf, li.index, builder.add(dst, k(col)), pd, cvt)
 
 
 #: Linux's ``arch_prctl`` system call on x86-64, its request for permission to use an

