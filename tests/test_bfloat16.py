@@ -413,10 +413,13 @@ _DOT = [
 
 
 @needs_bf16_dot
+@pytest.mark.parametrize("entry", ["gemm[bf16-dot]",
+                                   pytest.param("gemm[bf16-amx]", marks=needs_amx)])
 @pytest.mark.parametrize("case", _DOT, ids=[c[0] for c in _DOT])
-def test_bf16_dot_entry(case, monkeypatch):
-    """Forced, on edges of every tile: within the bound of the float64 reference (the
-    entry's rules for narrow layers off: these shapes are about the kernels' edges)."""
+def test_bf16_dot_entry(case, entry, monkeypatch):
+    """Forced, on edges of every tile: within the bound of the float64 reference, and (the
+    AMX GEMM) the same bits call after call (the entries' rules for narrow layers off:
+    these shapes are about the kernels' edges)."""
     for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS"):
         monkeypatch.setattr(bf16dot_strategy, name, 0)
     _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
@@ -424,7 +427,7 @@ def test_bf16_dot_entry(case, monkeypatch):
     osz = _out_size(isz, ksz, st, dil, pb, pe)
     x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
     attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
-                 strategy="gemm[bf16-dot]")
+                 strategy=entry)
     kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
     if direction == "fwd":
         got = nc.convolution(x, w, **attrs)
@@ -436,6 +439,10 @@ def test_bf16_dot_entry(case, monkeypatch):
         got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
         ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
     assert_matches(got, BF16, ref_fn, *args, **kw)
+    again = {"fwd": lambda: nc.convolution(x, w, **attrs),
+             "bwd_d": lambda: nc.convolution_backprop_data(dy, w, isz, **attrs),
+             "bwd_w": lambda: nc.convolution_backprop_filters(x, ksz, dy, **attrs)}
+    _same_bits(again[direction](), got)
 
 
 @needs_bf16_dot
@@ -880,36 +887,6 @@ def test_bf16_dot_gemm_transposes_a_as_it_goes(kern_name, p, c, n, ks, rnd):
 
 
 # -- gemm[bf16-amx]: bf16-dot's GEMMs on AMX tiles ---------------------------------------------
-@needs_amx
-@pytest.mark.parametrize("case", _DOT, ids=[c[0] for c in _DOT])
-def test_bf16_amx_entry(case, monkeypatch):
-    """Forced, on the edges of every tile (as ``gemm[bf16-dot]``'s cases): within the
-    bound of the float64 reference."""
-    for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS"):
-        monkeypatch.setattr(bf16dot_strategy, name, 0)
-    _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
-    rng = np.random.default_rng(len(isz) + c + k)
-    osz = _out_size(isz, ksz, st, dil, pb, pe)
-    x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
-    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
-                 strategy="gemm[bf16-amx]")
-    kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
-    if direction == "fwd":
-        got = nc.convolution(x, w, **attrs)
-        ref_fn, args = conv_fwd_ref, (x, w)
-    elif direction == "bwd_d":
-        got = nc.convolution_backprop_data(dy, w, isz, **attrs)
-        ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
-    else:
-        got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
-        ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
-    assert_matches(got, BF16, ref_fn, *args, **kw)
-    again = {"fwd": lambda: nc.convolution(x, w, **attrs),
-             "bwd_d": lambda: nc.convolution_backprop_data(dy, w, isz, **attrs),
-             "bwd_w": lambda: nc.convolution_backprop_filters(x, ksz, dy, **attrs)}
-    _same_bits(again[direction](), got)
-
-
 @needs_amx
 @pytest.mark.parametrize("m, k, kc2", [(40, 40, 128), (70, 100, 16), (33, 6, 128)])
 def test_bf16_amx_gemm_reads_nothing_past_its_block(m, k, kc2):

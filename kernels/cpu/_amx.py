@@ -48,6 +48,19 @@ def _tile(k):
     return ir.Constant(_I8, k)
 
 
+def _k(v):
+    return ir.Constant(_I64, v)
+
+
+def _tile_ops(builder):
+    """``(load, store, zero, dot)``: ``tileloadd``, ``tilestored``, ``tilezero`` and
+    ``tdpbf16ps``, tile numbers as immediate ``i8``."""
+    return (_fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64]),
+            _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64]),
+            _fn(builder, "llvm.x86.tilezero", [_I8]),
+            _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8]))
+
+
 def _step(builder, load, dot, a, sa, b, sb):
     """One step of 16 pairs: the two A tiles (``a``: addresses, rows ``sa`` bytes apart)
     and two B tiles (``b``, ``sb``) loaded into tiles 4-7, then multiplied into C tiles
@@ -116,13 +129,8 @@ def gemm_tile(builder, args, cvt=False):
     a, lda, b, c, ldc, k2, beta, d, ldd = args
     f32 = ir.FloatType()
     vf = ir.VectorType(f32, 16)
-    load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
-    store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
-    zero = _fn(builder, "llvm.x86.tilezero", [_I8])
-    dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
-
-    def k(v):
-        return ir.Constant(_I64, v)
+    load, store, zero, dot = _tile_ops(builder)
+    k = _k
 
     pa = builder.inttoptr(a, _P8)
     pb = builder.inttoptr(b, _P8)
@@ -214,13 +222,8 @@ def taps_tile(builder, args, btiles=False, cvt=False):
     a, lda, offs, ntaps, b, k2, rows, d = args
     f32 = ir.FloatType()
     vf = ir.VectorType(f32, 16)
-    load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
-    store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
-    zero = _fn(builder, "llvm.x86.tilezero", [_I8])
-    dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
-
-    def k(v):
-        return ir.Constant(_I64, v)
+    load, store, zero, dot = _tile_ops(builder)
+    k = _k
 
     pa = builder.inttoptr(a, _P8)
     pb = builder.inttoptr(b, _P8)
@@ -302,12 +305,8 @@ def wgrad_tile(builder, args, btiles=False):
     16 pair-rows ``ldb/16`` tiles of 16 x 16 words one after the other; ``b`` the address
     of the block's first tile of these columns)."""
     a, lda, b, ldb, c, ldc, k2 = args
-    load = _fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
-    store = _fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
-    dot = _fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
-
-    def k(v):
-        return ir.Constant(_I64, v)
+    load, store, _, dot = _tile_ops(builder)
+    k = _k
 
     pa = builder.inttoptr(a, _P8)
     pb = builder.inttoptr(b, _P8)
