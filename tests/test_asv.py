@@ -31,12 +31,12 @@ EXPECTED = {
     # GenericOps.time_op/track_gflops, TFOps.time_op, Strategies.time_strategy,
     # RepeatedCall.time_call
     "mobilenet": 5,
-    # as conv3d
-    "resnet50": 6,
+    # as conv3d, plus BFloat16.time_op
+    "resnet50": 7,
     # ZooGenericOps.time_op/track_gflops
     "zoo": 2,
 }
-EXPECTED_TOTAL = 26
+EXPECTED_TOTAL = 27
 PREFIXES = ("time_", "peakmem_", "mem_", "track_", "timeraw_")
 
 
