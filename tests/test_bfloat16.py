@@ -1104,6 +1104,26 @@ def test_bf16_amx_entry_declines_without_amx(monkeypatch):
         "this host has no AMX tiles with bfloat16 products (amx-tile, amx-bf16)"
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+@pytest.mark.parametrize("stride, q", [((1, 2, 2), (0, 1, 0)), ((2, 3, 1), (1, 2, 0)),
+                                       ((1, 1, 4), (0, 0, 3))])
+def test_put_phase_writes_exactly_its_pixels(dtype, stride, q):
+    """A stride phase's rows go to its pixels ``q + s*j`` of dX (bits or the tuner's
+    float32), or zeros for a phase no tap reaches; every other pixel is left as it was."""
+    rng = np.random.default_rng(sum(stride) + sum(q))
+    dx = rng.integers(1, 1000, (2, 5, 7, 9, 6)).astype(dtype)
+    view = (slice(None), *(slice(a, None, b) for a, b in zip(q, stride)))
+    want = dx.copy()
+    c = rng.integers(1, 1000, (want[view][..., 0].size, 6)).astype(dtype)
+    want[view] = c.reshape(want[view].shape)
+    got = dx.copy()
+    bf16dot_kernels.put_phase(c, got, np.array([*stride, *q], np.int64))
+    np.testing.assert_array_equal(got, want)
+    want[view] = 0
+    bf16dot_kernels.put_phase(np.zeros((0, 6), dtype), got, np.array([*stride, *q], np.int64))
+    np.testing.assert_array_equal(got, want)
+
+
 def test_bf16_dot_entry_declines_without_avx512_bf16(monkeypatch):
     from numbaconv.kernels.cpu import _host
     monkeypatch.setattr(_host, "FEATURES", tuple(f for f in _host.FEATURES

@@ -231,6 +231,51 @@ def _pack_tap(w32, taps, bp, qt):
                         bp[q, i * K2 + p0 + b, c0 + a] = w32[t, c, p0 + b] if c < C else 0
 
 
+def put_phase(c, dx, geo):
+    """Stride phase ``q`` of backward data's result written into its pixels of ``dx``
+    (``[mb, D, H, W, C]``, bfloat16 bits or float32): pixel ``(n, q + s*j)`` gets row ``j``
+    (flat over the phase's grid) of ``c`` (``[m, C]``, ``dx``'s dtype), or zeros where
+    ``c`` has no rows (a phase no tap reaches). ``geo``: int64 ``[sz, sy, sx, qz, qy,
+    qx]``. In parallel over blocks of the phase's pixels: NumPy's strided assignment ran
+    on one thread (and a phase's zeros were a separate strided pass)."""
+    name = "bits" if dx.dtype == np.uint16 else "f32"
+    g = [(dx.shape[1 + a] - geo[3 + a] + geo[a] - 1) // geo[a] for a in range(3)]
+    m = dx.shape[0] * g[0] * g[1] * g[2]
+    _put_phase_block.run(name, -(-m // PHASE_ROWS), c, dx, geo)
+
+
+#: Pixels per block of :func:`put_phase`.
+PHASE_ROWS = 128
+
+
+@separate("void({T}[:, ::1], {T}[:, :, :, :, ::1], int64[::1], int64)", noalias=True,
+          bits=dict(T="uint16"), f32=dict(T="float32"))
+def _put_phase_block(c, dx, geo, blk):
+    """Block ``blk`` of :func:`put_phase`."""
+    mb, D, H, W, C = dx.shape
+    sz, sy, sx, qz, qy, qx = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    gz = (D - qz + sz - 1) // sz
+    gy = (H - qy + sy - 1) // sy
+    gx = (W - qx + sx - 1) // sx
+    m = mb * gz * gy * gx
+    zero = c.shape[0] == 0
+    for r in range(blk * PHASE_ROWS, min(m, (blk + 1) * PHASE_ROWS)):
+        n = r // (gz * gy * gx)
+        e = r - n * (gz * gy * gx)
+        z = e // (gy * gx)
+        e -= z * (gy * gx)
+        y = e // gx
+        x = e - y * gx
+        dst = dx[n, qz + sz * z, qy + sy * y, qx + sx * x]
+        if zero:
+            for k in range(C):
+                dst[k] = 0
+        else:
+            src = c[r]
+            for k in range(C):
+                dst[k] = src[k]
+
+
 def im2col(src, rows, out, geo, sign):
     """Rows of A from ``src`` (``uint16`` ``[mb, d, h, w, C]``, C-contiguous): row ``m`` of
     ``out`` (``uint16`` ``[M, Kp]``, ``Kp`` the even number at or above ``taps*C``) is output

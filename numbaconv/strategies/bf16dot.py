@@ -409,13 +409,14 @@ class Bf16Dot(Strategy):
         dy = _bits(ops["dy"])
         w3 = _bits(ops["w"]).reshape(-1, p.ic, p.oc)
         dx = memory.empty((p.mb, *p.isz, p.ic), np.uint16 if bits else np.float32)
+        none = np.zeros((0, p.ic), dx.dtype)
         for q, grid, taps in stride_phases(p):
             m = p.mb * math.prod(grid)
             if m == 0:
                 continue
-            view = dx[(slice(None), *(slice(qa, None, s) for qa, s in zip(q, p.stride)))]
+            geo_q = np.array([*p.stride, *q], np.int64)
             if not taps:
-                view[...] = 0
+                k.put_phase(none, dx, geo_q)
                 continue
             axes = _phase_axes(p, q)  # the phase's taps, a regular grid along each axis
             nq = len(taps)
@@ -435,7 +436,7 @@ class Bf16Dot(Strategy):
                    for th in range(h0, h0 + hn * hs, hs) for tw in range(w0, w0 + wn * ws_, ws_)]
             c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2,
                       _row_blocks(m, self.kernels().MR, self.max_mc), bits, kern=self.kernels())
-            view[...] = c.reshape(p.mb, *grid, p.ic)
+            k.put_phase(c, dx, geo_q)
         return dx.reshape(xs)
 
 STRATEGY = Bf16Dot()
