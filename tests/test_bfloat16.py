@@ -911,6 +911,27 @@ def test_bf16_amx_gemm_reads_nothing_past_its_block(m, k, kc2):
 
 
 @needs_amx
+def test_amx_kernels_ask_for_amx_in_a_process_that_never_planned():
+    """The warm-up's worker processes run plans made from task lists, never asking an
+    entry whether it accepts (where the AMX entries ask Linux for AMX's state): a tile
+    instruction without the grant kills the process (SIGILL; the warm-up died with a
+    BrokenProcessPool). The kernels ask themselves."""
+    code = textwrap.dedent("""
+        from numbaconv import _warmup
+        from numbaconv.kernels.cpu import _amx
+        assert not _amx._GRANTED  # nothing has asked yet
+        done = _warmup._run_group([("bfloat16", 0, "bwd_d", "gemm[bf16-amx-taps]"),
+                                   ("bfloat16", 0, "bwd_w", "gemm[bf16-amx-taps]"),
+                                   ("bfloat16", 6, "bwd_w", "gemm[bf16-amx]")])
+        print("ran", len(done))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "ran 3" in r.stdout
+
+
+@needs_amx
 def test_bf16_amx_entry_is_first_where_it_accepts():
     """On an AMX host the planner takes ``gemm[bf16-amx]`` for the bfloat16 layers
     ``gemm[bf16-amx-taps]`` leaves, of every kind the bfloat16 GEMM takes: 1x1 layers, 3x3

@@ -344,3 +344,13 @@ def tile_major(bp):
     n, r, w = bp.shape
     return bp.reshape(n, r // 16, 16, w // 16, 16).transpose(0, 1, 3, 2, 4).copy().reshape(
         n, r, w)
+
+
+def ensure_amx():
+    """Ask for AMX's state (once per process) before any tile instruction runs: a process
+    that runs a plan made elsewhere (the warm-up's workers, started afresh) has not asked
+    yet, and a tile instruction without the grant kills it (SIGILL). Where the request
+    fails, a RuntimeError instead."""
+    if not request_amx():
+        raise RuntimeError("numbaconv: this process was not granted AMX's tile state "
+                           "(arch_prctl); plan again here, where the AMX entries decline")

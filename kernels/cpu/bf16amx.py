@@ -16,8 +16,8 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from numbaconv._jit import separate
-from numbaconv.kernels.cpu._amx import (MR, NR, config_tiles, release_tiles, taps_tile,
-                                        wgrad_tile)
+from numbaconv.kernels.cpu._amx import (MR, NR, config_tiles, ensure_amx, release_tiles,
+                                        taps_tile, wgrad_tile)
 from numbaconv.kernels.cpu._ir import transpose
 
 
@@ -76,6 +76,7 @@ def taps(src, offs, bp, d, geo, nrb):
     phase's pixels ``c + s*j`` of a ``Z x Y x X`` result; ``s`` 1 and ``c`` 0 for a whole
     one). ``geo``: int64 ``[rows of the grid (a multiple of MR), mb, Dp, Hp, Wp, gz, gy, gx,
     sz, sy, sx, cz, cy, cx, Z, Y, X]``. In parallel over ``nrb`` blocks of rows."""
+    ensure_amx()
     _taps_block.run("bf16", nrb, src, offs, bp, d, geo, nrb)
 
 
@@ -261,6 +262,7 @@ def wgrad(xt0, xt1, dyp, offs, c):
     (``C`` a multiple of 32, ``K`` of 64); the caller adds the parts in order. Each part
     runs its pairs in blocks of ``WGRAD_PAIRS`` that every tap meets while they are in L2.
     In parallel over the parts."""
+    ensure_amx()
     _wgrad_part.run("bf16", c.shape[0], xt0, xt1, dyp, offs, c)
 
 

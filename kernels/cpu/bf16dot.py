@@ -821,7 +821,8 @@ _block_amx_fused = separate(bf16=_BLOCK_SIG)(specialise(
 
 def amx_gemm(a, bp, c, kc2, nrb, d=None, ks=1, b=None, xt=None, npb=1):
     """:func:`gemm` on AMX tiles (same arguments, row blocks in tiles of ``AMX_MR`` rows).
-    The caller has had :func:`_amx.request_amx` grant AMX's state."""
+    AMX's state is asked for first where this process has not yet (:func:`_amx.ensure_amx`)."""
+    _amx.ensure_amx()
     run_blocks(_block_amx, _block_amx_fused, a, bp, c, kc2, nrb, d, ks, b, xt, npb)
 
 
@@ -853,6 +854,7 @@ def amx_peak(threads, seconds=0.2):
     b = np.zeros((threads, AMX_PEAK_PAIRS, NR), np.uint32)
     c = np.zeros((threads, AMX_MR, NR), np.float32)
     flop = 2.0 * AMX_MR * NR * 2 * AMX_PEAK_PAIRS
+    _amx.ensure_amx()
     _amx_peak_task.run("bf16", threads, a, b, c, 1)
     reps, best = 64, float("inf")
     while True:
