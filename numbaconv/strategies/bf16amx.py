@@ -1,13 +1,16 @@
-"""``gemm[bf16-amx]``: bfloat16 problems as ``gemm[bf16-dot]``'s GEMMs, on AMX tiles.
+"""The AMX entries: ``gemm[bf16-amx-taps]`` and ``gemm[bf16-amx]``.
 
-The same products as :mod:`.bf16dot` (im2col of the source, the filter packed into
-panels of pairs, stride phases for backward data, x transposed for a 1x1 weight gradient),
-with the AMX micro-kernel of :mod:`numbaconv.kernels.cpu.bf16dot` (``amx_gemm``): 32 x 64 tiles of C summed by
-``tdpbf16ps``, 16 times the multiply-adds of one ``vdpbf16ps`` per instruction. On a host
-with AMX (Intel Xeon from Sapphire Rapids on) it is the first bfloat16 entry: at 0.6-1.5
-TFLOP/s on two cores its GEMM leaves the AVX512_BF16 entries and the float32 Winograd
-entry far behind (docs/performance.md, "bfloat16"), so it declines only what
-``gemm[bf16-dot]`` declines for its shape.
+``gemm[bf16-amx]`` runs the same products as :mod:`.bf16dot` (im2col of the source, the
+filter packed into panels of pairs, stride phases for backward data, x transposed for a
+1x1 weight gradient) with the AMX micro-kernel of :mod:`numbaconv.kernels.cpu.bf16dot`
+(``amx_gemm``): 32 x 64 tiles of C summed by ``tdpbf16ps``, 16 times the multiply-adds of
+one ``vdpbf16ps`` per instruction. At 0.6-1.5 TFLOP/s on two cores its GEMM leaves the
+AVX512_BF16 entries and the float32 Winograd entry far behind (docs/performance.md,
+"bfloat16"), so it declines only what ``gemm[bf16-dot]`` declines for its shape.
+``gemm[bf16-amx-taps]`` (:class:`Bf16AmxTaps`, before it) reads each tap's tiles from the
+zero-padded source where they lie, for the layers where im2col costs as much as the GEMM.
+Both come first among the bfloat16 entries on a host with AMX (Intel Xeon from Sapphire
+Rapids on) whose operating system grants the process AMX's state.
 """
 import itertools
 import math
