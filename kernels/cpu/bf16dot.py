@@ -146,7 +146,8 @@ def _pack_rows(b, bp, t):
 @helper(inline=True)
 def _pair_rows(b, dst, p0, p1, c0, r0):
     """``dst[r0 + p - p0, j] = B[2p, c0 + j] | B[2p+1, c0 + j] << 16`` for ``p0 <= p < p1``
-    (zero past B's edges): where the panel lies inside B and both rows of a pair exist, a
+    (zero past B's edges, rows as well as columns: a panel may hold more pairs than B,
+    up to the AMX entry's multiple of 16): where the panel lies inside B and both rows of a pair exist, a
     plain loop the compiler vectorises (a C-contiguous ``b``); else value by value."""
     K, N = b.shape
     whole = min(p1, K // 2) if c0 + NR <= N else p0
@@ -161,7 +162,7 @@ def _pair_rows(b, dst, p0, p1, c0, r0):
             col = c0 + j
             lo = np.uint32(0)
             hi = np.uint32(0)
-            if col < N:
+            if col < N and 2 * p < K:
                 lo = np.uint32(b[2 * p, col])
                 if 2 * p + 1 < K:
                     hi = np.uint32(b[2 * p + 1, col])
@@ -303,14 +304,27 @@ def _im2col_row(src, rows, out, geo, sign, m):
     x = r - y * ow
     row = out[m]
     col = 0
+    # a kernel row whose taps are consecutive pixels all inside the source (forward, no
+    # dilation along w) is one run of kw*C values: one copy instead of kw (a stem's
+    # 7 taps x 3 channels)
+    ix0 = x * sw + fw
+    run = sign == 1 and dw == 1 and 0 <= ix0 and ix0 + kw <= swp
     for a in range(kd):
         iz = z * sd + sign * a * dd + fd
         for b in range(kh):
             iy = y * sh + sign * b * dh + fh
+            inside = 0 <= iz < sdp and 0 <= iy < shp
+            if run and inside:
+                seg = src[n, iz, iy].reshape(-1)[ix0 * C:(ix0 + kw) * C]
+                dst = row[col:col + kw * C]
+                for e in range(kw * C):
+                    dst[e] = seg[e]
+                col += kw * C
+                continue
             for c in range(kw):
                 ix = x * sw + sign * c * dw + fw
                 dst = row[col:col + C]
-                if 0 <= iz < sdp and 0 <= iy < shp and 0 <= ix < swp:
+                if inside and 0 <= ix < swp:
                     px = src[n, iz, iy, ix]
                     for ch in range(C):
                         dst[ch] = px[ch]

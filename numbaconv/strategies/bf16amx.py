@@ -35,6 +35,9 @@ class Bf16Amx(Bf16Dot):
     variant = "bf16-amx"
     kc2 = KC2
     max_mc = MAX_MC
+    #: im2col's rows whole 16-pair steps of the tiles (zeros past the taps): no step
+    #: through the micro-kernel's zero-padded copies (a stem's 147 values: 160).
+    kp_align = 32
 
     def kernels(self):
         from ..kernels.cpu.bf16dot import AMX

@@ -201,19 +201,21 @@ def _filter_t(w3):
     return np.ascontiguousarray(w3.transpose(0, 2, 1)).reshape(taps * k, c)
 
 
-def _packed_filter_t(w3, taps):
+def _packed_filter_t(w3, taps, align=2):
     """Backward data's B (:func:`_filter_t` of the taps ``taps`` of ``w3 [T, C, K]``)
     packed into pairs: with ``K`` even each pair is one 32-bit word of the filter as it
     is, and the packing is a 32-bit transpose per tap (``pack_taps``, in parallel); else
     the serial copy of :func:`_filter_t`, then :func:`pack_pairs` (docs/performance.md,
-    "bfloat16")."""
+    "bfloat16"). ``align``: the reduction's length rounded up to a multiple of it (the
+    rows past the filter's zeros), as the im2col it multiplies."""
     from ..kernels.cpu import bf16dot as k
     _, c, kk = w3.shape
     taps = np.asarray(taps, np.int64)
-    kp = -(-len(taps) * kk // 2) * 2
+    kp = -(-len(taps) * kk // align) * align
     bp = memory.empty((-(-c // k.NR), kp // 2, k.NR), np.uint32)
     if kk % 2 == 0:
         k.pack_taps(np.ascontiguousarray(w3).view(np.uint32), taps, bp)
+        bp[:, len(taps) * kk // 2:] = 0
     else:
         k.pack_pairs(_filter_t(w3[taps]), bp)
     return bp
@@ -290,6 +292,8 @@ class Bf16Dot(Strategy):
     #: The reduction's block (pairs) and most rows per block of this entry's GEMM.
     kc2 = KC2
     max_mc = MAX_MC
+    #: im2col's row length rounded up to a multiple of this (zeros past the taps).
+    kp_align = 2
 
     def kernels(self):
         """The GEMM's kernel module (``gemm``, ``MR``)."""
@@ -342,7 +346,7 @@ class Bf16Dot(Strategy):
             k, n, rows = taps * p.oc, p.ic, p.mb * math.prod(p.isz)
         else:
             k, n, rows = m, p.oc, taps * p.ic
-        k2 = -(-k // 2)
+        k2 = -(-k // self.kp_align) * self.kp_align // 2
         parts = int(tiles.get("ks", 1))
         # A (pairs), B's panels (none where one block of rows pairs B as it goes), the
         # reduction's parts' sums
@@ -382,16 +386,18 @@ class Bf16Dot(Strategy):
         c_in, c_out = (p.oc, p.ic) if bwd else (p.ic, p.oc)
         sizes = p.isz if bwd else p.osz
         m = p.mb * math.prod(sizes)
-        kp = -(-taps * c_in // 2) * 2
         if taps == 1 and c_in % 2 == 0 and all(s == 1 for s in p.stride) \
                 and not any(p.pad_begin) and not any(p.pad_end):
             a = src.reshape(m, c_in)  # 1x1 at stride 1 without pads: the image itself
-        else:
+            kp, align = c_in, 2
+        else:  # im2col's rows, zeros up to the entry's multiple
+            align = self.kp_align
+            kp = -(-taps * c_in // align) * align
             a = memory.empty((m, kp), np.uint16)
             g, sign = _im2col_geo(p, bwd)
             k.im2col(src, np.array([p.mb, *sizes], np.int64), a, g, sign)
         if bwd:
-            c = _gemm(a, _packed_filter_t(w, range(taps)), p.ic, kc2, nrb, bits,
+            c = _gemm(a, _packed_filter_t(w, range(taps), align), p.ic, kc2, nrb, bits,
                       kern=self.kernels())
         else:
             c = _product(a, w.reshape(taps * c_in, c_out), kp, kc2, nrb, bits,
@@ -420,11 +426,13 @@ class Bf16Dot(Strategy):
                 continue
             axes = _phase_axes(p, q)  # the phase's taps, a regular grid along each axis
             nq = len(taps)
-            kp = -(-nq * p.oc // 2) * 2
             if (nq == 1 and p.oc % 2 == 0 and all(b0 == 0 for _, _, _, b0, _ in axes)
                     and grid == tuple(p.osz)):
                 a = dy.reshape(m, p.oc)  # one tap reading dY pixel for pixel: dY itself
-            else:
+                align = 2
+            else:  # im2col's rows, zeros up to the entry's multiple
+                align = self.kp_align
+                kp = -(-nq * p.oc // align) * align
                 a = memory.empty((m, kp), np.uint16)
                 geo = np.array([1, 1, 1, *(d for *_, d in axes), *(b0 for *_, b0, _ in axes),
                                 *(n for _, _, n, _, _ in axes)], np.int64)
@@ -434,7 +442,7 @@ class Bf16Dot(Strategy):
             kh, kw = p.ksz[1], p.ksz[2]
             idx = [(td * kh + th) * kw + tw for td in range(d0, d0 + dn * ds, ds)
                    for th in range(h0, h0 + hn * hs, hs) for tw in range(w0, w0 + wn * ws_, ws_)]
-            c = _gemm(a, _packed_filter_t(w3, idx), p.ic, kc2,
+            c = _gemm(a, _packed_filter_t(w3, idx, align), p.ic, kc2,
                       _row_blocks(m, self.kernels().MR, self.max_mc), bits, kern=self.kernels())
             k.put_phase(c, dx, geo_q)
         return dx.reshape(xs)
