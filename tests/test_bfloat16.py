@@ -422,27 +422,35 @@ def test_bf16_dot_entry(case, entry, monkeypatch):
     these shapes are about the kernels' edges)."""
     for name in ("MIN_DATA_CHANNELS", "STEM_CHANNELS"):
         monkeypatch.setattr(bf16dot_strategy, name, 0)
-    _, direction, mb, isz, c, k, ksz, st, dil, (pb, pe) = case
-    rng = np.random.default_rng(len(isz) + c + k)
+    _, direction, mb, isz, c, k, ksz, st, dil, pads = case
+    _check_forced(entry, direction, mb, isz, c, k, ksz, st, dil, pads,
+                  seed=len(isz) + c + k)
+
+
+def _check_forced(entry, direction, mb, isz, c, k, ksz, st, dil, pads, seed):
+    """One pass of one layer forced on ``entry`` (C input, K output channels): within the
+    bound of the float64 reference, and the same bits on a second call."""
+    pb, pe = pads
+    rng = np.random.default_rng(seed)
     osz = _out_size(isz, ksz, st, dil, pb, pe)
     x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
-    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
-                 strategy=entry)
+    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe, strategy=entry)
     kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
     if direction == "fwd":
-        got = nc.convolution(x, w, **attrs)
+        def call():
+            return nc.convolution(x, w, **attrs)
         ref_fn, args = conv_fwd_ref, (x, w)
     elif direction == "bwd_d":
-        got = nc.convolution_backprop_data(dy, w, isz, **attrs)
+        def call():
+            return nc.convolution_backprop_data(dy, w, isz, **attrs)
         ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
     else:
-        got = nc.convolution_backprop_filters(x, ksz, dy, **attrs)
+        def call():
+            return nc.convolution_backprop_filters(x, ksz, dy, **attrs)
         ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
+    got = call()
     assert_matches(got, BF16, ref_fn, *args, **kw)
-    again = {"fwd": lambda: nc.convolution(x, w, **attrs),
-             "bwd_d": lambda: nc.convolution_backprop_data(dy, w, isz, **attrs),
-             "bwd_w": lambda: nc.convolution_backprop_filters(x, ksz, dy, **attrs)}
-    _same_bits(again[direction](), got)
+    _same_bits(call(), got)
 
 
 @needs_bf16_dot
@@ -1000,30 +1008,11 @@ def test_bf16_amx_taps_entry(case, monkeypatch):
     monkeypatch.setattr(amx_strategy, "MAX_REDUCTION", 1 << 20)
     monkeypatch.setattr(amx_strategy, "MAX_WGRAD_CHANNELS", 1 << 20)
     monkeypatch.setattr(amx_strategy, "MAX_WASTE", 1e9)
-    _, direction, mb, isz, red, res, ksz, dil, (pb, pe), *stride = case
+    _, direction, mb, isz, red, res, ksz, dil, pads, *stride = case
     c, k = (res, red) if direction == "bwd_d" else (red, res)
-    rng = np.random.default_rng(len(isz) + red + res)
     st = stride[0] if stride else (1,) * len(isz)
-    osz = _out_size(isz, ksz, st, dil, pb, pe)
-    x, w, dy = _bf16(rng, mb, *isz, c), _bf16(rng, *ksz, c, k), _bf16(rng, mb, *osz, k)
-    attrs = dict(strides=st, dilations=dil, pads_begin=pb, pads_end=pe,
-                 strategy="gemm[bf16-amx-taps]")
-    kw = dict(stride=st, dilation=dil, pads_begin=pb, pads_end=pe)
-    if direction == "fwd":
-        def call():
-            return nc.convolution(x, w, **attrs)
-        ref_fn, args = conv_fwd_ref, (x, w)
-    elif direction == "bwd_d":
-        def call():
-            return nc.convolution_backprop_data(dy, w, isz, **attrs)
-        ref_fn, args = (lambda a, b, **q: conv_bwd_data_ref(a, b, isz, **q)), (dy, w)
-    else:
-        def call():
-            return nc.convolution_backprop_filters(x, ksz, dy, **attrs)
-        ref_fn, args = (lambda a, b, **q: conv_bwd_filter_ref(a, b, ksz, **q)), (x, dy)
-    got = call()
-    assert_matches(got, BF16, ref_fn, *args, **kw)
-    _same_bits(call(), got)
+    _check_forced("gemm[bf16-amx-taps]", direction, mb, isz, c, k, ksz, st, dil, pads,
+                  seed=len(isz) + red + res)
 
 
 @needs_amx

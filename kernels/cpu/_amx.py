@@ -1,7 +1,8 @@
 """AMX tiles for the bfloat16 kernels: the IR of their micro-kernels, the tile
 configuration, and the operating system's permission. Plain Python that runs while a
 kernel compiles (a shared module, see the sharing rule in :mod:`numbaconv.kernels`): the
-kernel modules declare their own intrinsics around these builders. After editing this file,
+kernel modules declare their own intrinsics, each one call of :func:`void_call` with a
+builder here. After editing this file,
 clear Numba's cache (its callers' files, which key the cache, did not change).
 
 AMX (Advanced Matrix Extensions, Intel Xeon from Sapphire Rapids on) adds eight tile
@@ -24,10 +25,10 @@ the entries before they accept a problem).
 import ctypes
 
 from llvmlite import ir
-from numba.core import cgutils
+from numba.core import cgutils, types
 
 from numbaconv.kernels.cpu import _host
-from numbaconv.kernels.cpu._ir import _BFloat, bf16_round
+from numbaconv.kernels.cpu._ir import _BFloat
 
 #: Rows of a micro-kernel tile (two 16-row AMX tiles) and its columns (a packed panel's).
 MR = 32
@@ -52,6 +53,10 @@ def _k(v):
     return ir.Constant(_I64, v)
 
 
+#: C tiles 0-3 of a 32 x 32 half of the micro-kernels' tile: (first row, first column).
+_CTS = ((0, 0), (0, 16), (16, 0), (16, 16))
+
+
 def _tile_ops(builder):
     """``(load, store, zero, dot)``: ``tileloadd``, ``tilestored``, ``tilezero`` and
     ``tdpbf16ps``, tile numbers as immediate ``i8``."""
@@ -72,31 +77,41 @@ def _step(builder, load, dot, a, sa, b, sb):
         builder.call(dot, [_tile(t), _tile(x), _tile(y)])
 
 
-def _round_row(builder, pf, i, off, pd, cvt):
+def _round_row(builder, pf, i, off, pd):
     """Row ``i`` of a 32 x 32 float32 block on the stack (``pf``: vectors of 16) rounded to
-    bfloat16 and stored at element ``off`` of ``pd``: by AVX512_BF16's
-    ``vcvtne2ps2bf16`` (``cvt``: 32 values in one instruction, round to nearest even, NaN
-    kept quiet), or by integer operations (:func:`_ir.bf16_round`)."""
-    f32 = ir.FloatType()
-    vf, vi, vh = ir.VectorType(f32, 16), ir.VectorType(_I32, 16), ir.VectorType(_I16, 16)
-    vals = [builder.load(builder.gep(pf, [builder.add(builder.mul(i, ir.Constant(_I64, 2)),
-                                                      ir.Constant(_I64, v))]), align=4)
-            for v in range(2)]
-    if cvt:
-        vb = ir.VectorType(_BFloat(), 32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vb, [vf, vf]),
-                                            "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
-        bits = builder.bitcast(builder.call(fn, [vals[1], vals[0]]), ir.VectorType(_I16, 32))
-        builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
-                                            ir.VectorType(_I16, 32).as_pointer()), align=2)
-        return
-    for v in range(2):
-        bits = bf16_round(builder, builder.bitcast(vals[v], vi))
-        at = builder.add(off, ir.Constant(_I64, 16 * v))
-        builder.store(bits, builder.bitcast(builder.gep(pd, [at]), vh.as_pointer()), align=2)
+    bfloat16 and stored at element ``off`` of ``pd`` by AVX512_BF16's ``vcvtne2ps2bf16``
+    (every AMX-BF16 CPU has it): 32 values in one instruction, round to nearest even, NaN
+    kept quiet, the same bits as the integer rounding of :func:`_ir.bf16_round`."""
+    vf = ir.VectorType(ir.FloatType(), 16)
+    vals = [builder.load(builder.gep(pf, [builder.add(builder.mul(i, _k(2)), _k(v))]),
+                         align=4) for v in range(2)]
+    vb = ir.VectorType(_BFloat(), 32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vb, [vf, vf]),
+                                        "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+    bits = builder.bitcast(builder.call(fn, [vals[1], vals[0]]), ir.VectorType(_I16, 32))
+    builder.store(bits, builder.bitcast(builder.gep(pd, [off]),
+                                        ir.VectorType(_I16, 32).as_pointer()), align=2)
 
 
-def config_tiles(builder):
+def _store_block(builder, store, pout):
+    """C tiles 0-3 (a 32 x 32 float32 block, :data:`_CTS`) stored to the stack block
+    ``pout``, rows 128 bytes apart."""
+    for t, (r, j) in enumerate(_CTS):
+        builder.call(store, [_tile(t), builder.gep(pout, [_k(4 * (32 * r + j))]), _k(128)])
+
+
+def void_call(build, nargs):
+    """``(signature, codegen)`` of an intrinsic that takes ``nargs`` integers (addresses,
+    counts) and returns nothing, its code ``build(builder, args)``: the kernel modules
+    declare their own ``@intrinsic`` functions, whose bodies are one call here."""
+    def codegen(context, builder, signature, args):
+        build(builder, args)
+        return context.get_dummy_value()
+
+    return types.void(*[types.intp] * nargs), codegen
+
+
+def config_tiles(builder, args=()):
     """``ldtilecfg``: palette 1, eight tiles of 16 rows x 64 bytes (this thread's tiles,
     zeroed)."""
     cfg = cgutils.alloca_once(builder, ir.ArrayType(_I8, 64))
@@ -111,13 +126,13 @@ def config_tiles(builder):
     builder.call(_fn(builder, "llvm.x86.ldtilecfg", [_P8]), [p])
 
 
-def release_tiles(builder):
+def release_tiles(builder, args=()):
     """``tilerelease``: this thread's tiles back to their initial state (no AMX state for
     the operating system to save at a context switch)."""
     builder.call(_fn(builder, "llvm.x86.tilerelease", []), [])
 
 
-def gemm_tile(builder, args, cvt=False):
+def gemm_tile(builder, args):
     """``C[:MR, :NR] (+)= A[:MR, :2*k2] @ B[:2*k2, :NR]`` on AMX tiles, with
     ``bf16dot._micro``'s arguments: ``a`` the address of A's first pair (rows ``lda``
     pairs apart), ``b`` of a packed panel (``k2`` rows of ``NR`` pairs), ``c`` of C's first
@@ -125,7 +140,7 @@ def gemm_tile(builder, args, cvt=False):
     the sum to bfloat16 bits at ``d`` (rows ``ldd`` elements apart) instead of storing it
     to C. The last ``k2 % 16`` pairs go through zero-padded copies of A's and B's rows (a
     tile reads 16 pairs; past the block lie other values, which may be Inf or NaN).
-    ``cvt``: rounded by ``vcvtne2ps2bf16`` (:func:`_round_row`)."""
+    Rounded by ``vcvtne2ps2bf16`` (:func:`_round_row`)."""
     a, lda, b, c, ldc, k2, beta, d, ldd = args
     f32 = ir.FloatType()
     vf = ir.VectorType(f32, 16)
@@ -164,14 +179,13 @@ def gemm_tile(builder, args, cvt=False):
                               builder.gep(pat, [dst]))
     for h in range(2):  # the two 32-column halves of the tile
         col = 32 * h
-        cts = [(0, 0), (0, 16), (16, 0), (16, 16)]  # C tiles 0-3: (row, column)
 
         def c_at(r, j):
             return builder.gep(pc, [builder.add(builder.mul(sc, k(r)), k(4 * (col + j)))])
 
         with builder.if_else(add) as (then, otherwise):
             with then:
-                for t, (r, j) in enumerate(cts):
+                for t, (r, j) in enumerate(_CTS):
                     builder.call(load, [_tile(t), c_at(r, j), sc])
             with otherwise:
                 for t in range(4):
@@ -197,28 +211,25 @@ def gemm_tile(builder, args, cvt=False):
                   k(4 * KSTEP), (pbt8, builder.gep(pbt8, [k(64)])), k(128))
         with builder.if_else(rnd) as (then, otherwise):
             with then:  # through the stack: rounded rows of 16 into D
-                for t, (r, j) in enumerate(cts):
-                    builder.call(store, [_tile(t), builder.gep(pout, [k(4 * (32 * r + j))]),
-                                         k(128)])
+                _store_block(builder, store, pout)
                 pf = builder.bitcast(out, vf.as_pointer())
                 with cgutils.for_range(builder, k(MR)) as li:
                     _round_row(builder, pf, li.index,
-                               builder.add(builder.mul(li.index, ldd), k(col)), pd, cvt)
+                               builder.add(builder.mul(li.index, ldd), k(col)), pd)
             with otherwise:
-                for t, (r, j) in enumerate(cts):
+                for t, (r, j) in enumerate(_CTS):
                     builder.call(store, [_tile(t), c_at(r, j), sc])
 
 
-def taps_tile(builder, args, btiles=False, cvt=False):
+def taps_tile(builder, args):
     """``C[:MR, :NR] = sum_t A_t @ B_t`` rounded to bfloat16 into D's rows: ``A_t`` the
     ``MR`` rows of ``2*k2`` bfloat16 at ``a + offs[t]*lda*4`` bytes (rows ``lda`` pairs
     apart; ``offs`` the address of an int64 array of ``ntaps`` row offsets), ``B_t`` the
     ``k2`` rows of a packed panel from ``b + t*k2*NR*4`` bytes; row ``i`` of C goes to the
     ``NR`` bfloat16 at ``d + rows[i]*2`` bytes (``rows`` the address of ``MR`` int64), or
     nowhere where ``rows[i]`` is negative. ``k2`` is a multiple of 16 (the entry's rule).
-    ``btiles``: the panel is tile-major (each block of 16 rows four 1 KiB tiles of 16
-    columns one after the other, :func:`tile_major`) instead of row-major. ``cvt``: rounded
-    by ``vcvtne2ps2bf16`` (:func:`_round_row`)."""
+    The panel is tile-major (each block of 16 rows four 1 KiB tiles of 16 columns one after
+    the other, :func:`tile_major`); rounded by ``vcvtne2ps2bf16`` (:func:`_round_row`)."""
     a, lda, offs, ntaps, b, k2, rows, d = args
     f32 = ir.FloatType()
     vf = ir.VectorType(f32, 16)
@@ -236,7 +247,6 @@ def taps_tile(builder, args, btiles=False, cvt=False):
     tapb = builder.mul(k2, k(4 * NR))  # bytes of a tap's rows of the panel
     out = cgutils.alloca_once(builder, ir.ArrayType(f32, MR * 32))
     pout = builder.bitcast(out, _P8)
-    cts = [(0, 0), (0, 16), (16, 0), (16, 16)]
     for h in range(2):
         col = 32 * h
         for t in range(4):
@@ -244,25 +254,21 @@ def taps_tile(builder, args, btiles=False, cvt=False):
         with cgutils.for_range(builder, ntaps) as lt:
             at = builder.gep(pa, [builder.mul(builder.load(builder.gep(po, [lt.index])),
                                               sa)])
-            # a 16-row block of the panel: row-major (16-column tiles 64 bytes apart, rows
-            # 256 apart), or tile-major (1 KiB tiles one after the other, rows 64 apart)
-            boff, nxt, sb = (2048 * h, 1024, 64) if btiles else (4 * col, 64, 4 * NR)
-            bt = builder.gep(pb, [builder.add(builder.mul(lt.index, tapb), k(boff))])
+            # this half's two tiles of each 16-row block (1 KiB tiles, rows 64 bytes apart)
+            bt = builder.gep(pb, [builder.add(builder.mul(lt.index, tapb), k(2048 * h))])
             with cgutils.for_range(builder, steps) as ls:
                 ao = builder.mul(ls.index, k(4 * KSTEP))
                 bo = builder.mul(ls.index, k(4 * KSTEP * NR))
                 _step(builder, load, dot,
                       (builder.gep(at, [ao]), builder.gep(at, [builder.add(ao, a16)])), sa,
-                      (builder.gep(bt, [bo]), builder.gep(bt, [builder.add(bo, k(nxt))])),
-                      k(sb))
-        for t, (r, j) in enumerate(cts):
-            builder.call(store, [_tile(t), builder.gep(pout, [k(4 * (32 * r + j))]),
-                                 k(128)])
+                      (builder.gep(bt, [bo]), builder.gep(bt, [builder.add(bo, k(1024))])),
+                      k(64))
+        _store_block(builder, store, pout)
         pf = builder.bitcast(out, vf.as_pointer())
         with cgutils.for_range(builder, k(MR)) as li:
             dst = builder.load(builder.gep(pr, [li.index]))
             with builder.if_then(builder.icmp_signed(">=", dst, k(0))):
-                _round_row(builder, pf, li.index, builder.add(dst, k(col)), pd, cvt)
+                _round_row(builder, pf, li.index, builder.add(dst, k(col)), pd)
 
 
 #: Linux's ``arch_prctl`` system call on x86-64, its request for permission to use an
@@ -296,14 +302,14 @@ def request_amx():
     return _GRANTED[0]
 
 
-def wgrad_tile(builder, args, btiles=False):
+def wgrad_tile(builder, args):
     """``C[:MR, :NR] += A[:MR, :2*k2] @ B[:2*k2, :NR]`` for a weight gradient's blocks: ``a``
     the address of A's first pair (rows ``lda`` pairs apart), ``b`` of B's first pair-row
     (pair-rows ``ldb`` words apart: dY paired along pixels, as it is), ``c`` of a float32
     block (rows ``ldc`` floats apart) read and written back. ``k2`` is a multiple of 16
-    (the caller pads the reduction with zeros). ``btiles``: B is tile-major (each block of
-    16 pair-rows ``ldb/16`` tiles of 16 x 16 words one after the other; ``b`` the address
-    of the block's first tile of these columns)."""
+    (the caller pads the reduction with zeros). B is tile-major (each block of 16
+    pair-rows ``ldb/16`` tiles of 16 x 16 words one after the other; ``b`` the address of
+    the block's first tile of these columns)."""
     a, lda, b, ldb, c, ldc, k2 = args
     load, store, _, dot = _tile_ops(builder)
     k = _k
@@ -317,23 +323,21 @@ def wgrad_tile(builder, args, btiles=False):
     a16 = builder.mul(sa, k(16))
     b16 = builder.mul(sb, k(16))
     steps = builder.udiv(k2, k(KSTEP))
-    cts = [(0, 0), (0, 16), (16, 0), (16, 16)]
     for h in range(2):
         col = 32 * h
 
         def c_at(r, j):
             return builder.gep(pc, [builder.add(builder.mul(sc, k(r)), k(4 * (col + j)))])
 
-        for t, (r, j) in enumerate(cts):
+        for t, (r, j) in enumerate(_CTS):
             builder.call(load, [_tile(t), c_at(r, j), sc])
         with cgutils.for_range(builder, steps) as ls:
             ao = builder.mul(ls.index, k(4 * KSTEP))
-            boff, nxt, stb = (1024 * (col // 16), 1024, k(64)) if btiles else (4 * col, 64, sb)
-            bo = builder.add(builder.mul(ls.index, b16), k(boff))
+            bo = builder.add(builder.mul(ls.index, b16), k(64 * col))
             _step(builder, load, dot,
                   (builder.gep(pa, [ao]), builder.gep(pa, [builder.add(ao, a16)])), sa,
-                  (builder.gep(pb, [bo]), builder.gep(pb, [builder.add(bo, k(nxt))])), stb)
-        for t, (r, j) in enumerate(cts):
+                  (builder.gep(pb, [bo]), builder.gep(pb, [builder.add(bo, k(1024))])), k(64))
+        for t, (r, j) in enumerate(_CTS):
             builder.call(store, [_tile(t), c_at(r, j), sc])
 
 

@@ -233,3 +233,21 @@ def compute_type(dtype):
     if dtype == types.uint16:
         return types.float32, True
     return dtype, False
+
+
+def store_pair_columns(builder, rows, dst, ldd):
+    """32 rows of 16 bfloat16 bits (``rows``: ``<16 x i16>`` vectors, pixels) transposed in
+    registers and stored: rows ``2p`` and ``2p+1`` are interleaved into 32-bit words, the
+    16 x 16 matrix of words is transposed with vector shuffles (no element moves alone),
+    and column ``c`` (channel ``c``'s 16 pairs) is stored at the address ``dst + c*ldd``
+    bytes (``dst``, ``ldd``: int64)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    n = rows[0].type.count
+    inter = ir.Constant(ir.VectorType(i32, 2 * n), [k for c in range(n) for k in (c, n + c)])
+    words = [builder.bitcast(builder.shuffle_vector(rows[2 * p], rows[2 * p + 1], inter),
+                             ir.VectorType(i32, n)) for p in range(len(rows) // 2)]
+    pd = builder.inttoptr(dst, ir.IntType(8).as_pointer())
+    vout = ir.VectorType(i32, len(rows) // 2)
+    for c, col in enumerate(transpose(builder, words)):
+        at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
+        builder.store(col, builder.bitcast(at, vout.as_pointer()), align=2)

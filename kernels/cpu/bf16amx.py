@@ -15,51 +15,40 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from numbaconv._jit import separate
+from numbaconv._jit import helper, separate
 from numbaconv.kernels.cpu._amx import (MR, NR, config_tiles, ensure_amx, release_tiles,
-                                        taps_tile, wgrad_tile)
-from numbaconv.kernels.cpu._ir import transpose
+                                        taps_tile, void_call, wgrad_tile)
+from numbaconv.kernels.cpu._ir import store_pair_columns
 
 
 @intrinsic
 def _amx_config(typingctx):
     """``ldtilecfg`` (:func:`_amx.config_tiles`)."""
-    def codegen(context, builder, signature, args):
-        config_tiles(builder)
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return void_call(config_tiles, 0)
 
 
 @intrinsic
 def _amx_release(typingctx):
     """``tilerelease`` (:func:`_amx.release_tiles`)."""
-    def codegen(context, builder, signature, args):
-        release_tiles(builder)
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-#: Whether the taps kernels read their B tiles tile-major (:func:`_amx.tile_major`; dY's
-#: pairs written so by :func:`pair_grid`): a tile is then 1 KiB of consecutive bytes
-#: (docs/performance.md, "bfloat16").
-B_TILES = True
-
-
-#: Whether the taps kernel rounds its tiles by ``vcvtne2ps2bf16`` (:func:`_amx._round_row`;
-#: same bits as the integer rounding, 1.0-1.08x as fast: docs/performance.md, "bfloat16").
-CVT = True
+    return void_call(release_tiles, 0)
 
 
 @intrinsic
 def _micro_taps(typingctx, a, lda, offs, ntaps, b, k2, rows, d):
-    """:func:`_amx.taps_tile` (panels tile-major where ``B_TILES``)."""
-    def codegen(context, builder, signature, args):
-        taps_tile(builder, args, B_TILES, CVT)
-        return context.get_dummy_value()
+    """:func:`_amx.taps_tile` (the filter's panels tile-major: :func:`_amx.tile_major`)."""
+    return void_call(taps_tile, 8)
 
-    return types.void(*[types.intp] * 8), codegen
+
+@helper(inline=True)
+def _grid_pixel(q, dp, hp, wp):
+    """``(n, z, y, x)``: row ``q`` of a padded grid of ``dp x hp x wp`` pixels per item."""
+    plane = hp * wp
+    n = q // (dp * plane)
+    e = q - n * (dp * plane)
+    z = e // plane
+    e -= z * plane
+    y = e // wp
+    return n, z, y, e - y * wp
 
 
 def taps(src, offs, bp, d, geo, nrb):
@@ -94,8 +83,6 @@ def _taps_block(src, offs, bp, d, geo, nrb, blk):
     tiles = mq // MR
     r0 = MR * (blk * tiles // nrb)
     r1 = MR * ((blk + 1) * tiles // nrb)
-    plane = hp * wp
-    P = dp * plane
     rows = np.empty(MR, np.int64)
     pa0, po, pr = src.ctypes.data, offs.ctypes.data, rows.ctypes.data
     pb0, pd0 = bp.ctypes.data, d.ctypes.data
@@ -103,13 +90,7 @@ def _taps_block(src, offs, bp, d, geo, nrb, blk):
     for i0 in range(r0, r1, MR):
         valid = 0
         for r in range(MR):
-            q = i0 + r
-            n = q // P
-            e = q - n * P
-            z = e // plane
-            e -= z * plane
-            y = e // wp
-            x = e - y * wp
+            n, z, y, x = _grid_pixel(i0 + r, dp, hp, wp)
             if n < mb and z < gz and y < gy and x < gx:
                 rows[r] = (((n * DZ + cz + sz * z) * DY + cy + sy * y) * DX + cx + sx * x) * N
                 valid += 1
@@ -127,12 +108,8 @@ def _taps_block(src, offs, bp, d, geo, nrb, blk):
 
 @intrinsic
 def _micro_wgrad(typingctx, a, lda, b, ldb, c, ldc, k2):
-    """:func:`_amx.wgrad_tile`."""
-    def codegen(context, builder, signature, args):
-        wgrad_tile(builder, args, B_TILES)
-        return context.get_dummy_value()
-
-    return types.void(*[types.intp] * 7), codegen
+    """:func:`_amx.wgrad_tile` (dY's pairs tile-major, as :func:`pair_grid` writes them)."""
+    return void_call(wgrad_tile, 7)
 
 
 #: Pairs per block of the pairing passes, and per block of a weight gradient's reduction
@@ -160,19 +137,12 @@ def _transpose_pairs(typingctx, src, lds, dst, ldd):
 
     def codegen(context, builder, signature, args):
         src, lds, dst, ldd = args
-        i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-        v16 = ir.VectorType(i16, 16)
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        v16 = ir.VectorType(ir.IntType(16), 16)
         ps = builder.inttoptr(src, i8.as_pointer())
-        pd = builder.inttoptr(dst, i8.as_pointer())
         rows = [builder.load(builder.bitcast(builder.gep(ps, [builder.mul(lds, ir.Constant(
             i64, j))]), v16.as_pointer()), align=2) for j in range(32)]
-        inter = ir.Constant(ir.VectorType(i32, 32), [k for c in range(16) for k in (c, 16 + c)])
-        words = [builder.bitcast(builder.shuffle_vector(rows[2 * i], rows[2 * i + 1], inter),
-                                 ir.VectorType(i32, 16)) for i in range(16)]
-        for c, col in enumerate(transpose(builder, words)):
-            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
-            builder.store(col, builder.bitcast(at, ir.VectorType(i32, 16).as_pointer()),
-                          align=4)
+        store_pair_columns(builder, rows, dst, ldd)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -207,8 +177,8 @@ def _pair_t_block(xp, xt0, xt1, blk):
 def pair_grid(dy, dyp, geo):
     """dY on the padded grid, paired along it: ``dyp[p, k] = G[2p, k] | G[2p+1, k] << 16``
     with ``G[q]`` output pixel ``q``'s row of ``dy`` (``uint16 [mb*od*oh*ow, K]``, ``K`` a
-    multiple of 16) where grid row ``q`` is one, else zeros; tile-major where ``B_TILES``
-    (each block of 16 rows ``K/16`` tiles of 16 x 16 words). ``geo``: int64 ``[rows, mb, Dp, Hp, Wp, od, oh,
+    multiple of 16) where grid row ``q`` is one, else zeros; tile-major (each block of 16
+    rows ``K/16`` tiles of 16 x 16 words: a tile is 1 KiB of consecutive bytes). ``geo``: int64 ``[rows, mb, Dp, Hp, Wp, od, oh,
     ow]`` (:func:`taps`'). In parallel over blocks of pairs."""
     _pair_grid_block.run("bf16", -(-dyp.shape[0] // PAIR_BLOCK), dy, dyp, geo)
 
@@ -218,36 +188,28 @@ def _pair_grid_block(dy, dyp, geo, blk):
     """Block ``blk`` of :func:`pair_grid`."""
     mb, dp, hp, wp, od, oh, ow = geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
     K = dy.shape[1]
-    plane = hp * wp
-    P = dp * plane
     p0 = blk * PAIR_BLOCK
     p1 = min(dyp.shape[0], p0 + PAIR_BLOCK)
     src = np.empty(2, np.int64)
     flat = dyp.reshape(-1)
     for p in range(p0, p1):
         for h in range(2):
-            q = 2 * p + h
-            n = q // P
-            e = q - n * P
-            z = e // plane
-            e -= z * plane
-            y = e // wp
-            x = e - y * wp
+            n, z, y, x = _grid_pixel(2 * p + h, dp, hp, wp)
             src[h] = ((n * od + z) * oh + y) * ow + x \
                 if n < mb and z < od and y < oh and x < ow else -1
-        # row p's words: K of them in a row, or (tile-major) 16 in each of K/16 tiles
-        base = (p // 16 * K * 16 + p % 16 * 16) if B_TILES else p * K
+        # row p's words: 16 in each of K/16 tiles
+        base = p // 16 * K * 16 + p % 16 * 16
         if src[0] >= 0 and src[1] >= 0:
             lo = dy[src[0]]
             hi = dy[src[1]]
             for kt in range(0, K, 16):
-                at = base + (kt * 16 if B_TILES else kt)
+                at = base + kt * 16
                 for k in range(16):
                     flat[at + k] = np.uint32(lo[kt + k]) | (np.uint32(hi[kt + k])
                                                             << np.uint32(16))
         else:
             for kt in range(0, K, 16):
-                at = base + (kt * 16 if B_TILES else kt)
+                at = base + kt * 16
                 for k in range(16):
                     a = np.uint32(dy[src[0], kt + k]) if src[0] >= 0 else np.uint32(0)
                     b = np.uint32(dy[src[1], kt + k]) if src[1] >= 0 else np.uint32(0)
@@ -288,7 +250,7 @@ def _wgrad_part(xt0, xt1, dyp, offs, c, part):
             pc0 = c[part, t].ctypes.data
             for cb in range(0, C, MR):
                 for kp in range(0, K, NR):
-                    pb = pb0 + p0 * K * 4 + (kp * 64 if B_TILES else kp * 4)
+                    pb = pb0 + p0 * K * 4 + kp * 64
                     _micro_wgrad(px + (cb * X2 + first) * 4, X2, pb, K, pc0 + (cb * K + kp) * 4,
                                  K, kk)
     _amx_release()
@@ -316,18 +278,12 @@ def _pad_block(src, dst, geo, blk):
     """Block ``blk`` of :func:`pad_source`."""
     mb, D, H, W, C = src.shape
     dp, hp, wp, lz, ly, lx = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
-    plane = hp * wp
-    P = dp * plane
     r0 = blk * PAD_ROWS
     r1 = min(dst.shape[0], r0 + PAD_ROWS)
     for q in range(r0, r1):
         row = dst[q]
-        n = q // P
-        e = q - n * P
-        z = e // plane - lz
-        e -= (z + lz) * plane
-        y = e // wp - ly
-        x = e - (y + ly) * wp - lx
+        n, z, y, x = _grid_pixel(q, dp, hp, wp)
+        z, y, x = z - lz, y - ly, x - lx
         if n < mb and 0 <= z < D and 0 <= y < H and 0 <= x < W:
             px = src[n, z, y, x]
             for c in range(C):

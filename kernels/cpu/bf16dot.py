@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu import _amx
-from numbaconv.kernels.cpu._ir import bf16_round, dpbf16, transpose
+from numbaconv.kernels.cpu._ir import bf16_round, dpbf16, store_pair_columns, transpose
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
 #: broadcast fit AVX-512's 32 registers.
@@ -354,22 +354,14 @@ def _transpose_pairs(typingctx, rowp, dst, ldd):
 
     def codegen(context, builder, signature, args):
         rowp, dst, ldd = args
-        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        i16, i64 = ir.IntType(16), ir.IntType(64)
         v16 = ir.VectorType(i16, TC)
         prow = builder.inttoptr(rowp, i64.as_pointer())
         rows = []
         for j in range(TP):
             a = builder.load(builder.gep(prow, [ir.Constant(i64, j)]))
             rows.append(builder.load(builder.inttoptr(a, v16.as_pointer()), align=2))
-        inter = ir.Constant(ir.VectorType(i32, 2 * TC),
-                            [k for c in range(TC) for k in (c, TC + c)])
-        words = [builder.bitcast(builder.shuffle_vector(rows[2 * p], rows[2 * p + 1], inter),
-                                 ir.VectorType(i32, TC)) for p in range(TP // 2)]
-        vout = ir.VectorType(i32, TP // 2)
-        pd = builder.inttoptr(dst, ir.IntType(8).as_pointer())
-        for c, col in enumerate(transpose(builder, words)):
-            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
-            builder.store(col, builder.bitcast(at, vout.as_pointer()), align=2)
+        store_pair_columns(builder, rows, dst, ldd)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -796,33 +788,19 @@ AMX_MR = _amx.MR
 @intrinsic
 def _amx_config(typingctx):
     """``ldtilecfg`` (:func:`_amx.config_tiles`)."""
-    def codegen(context, builder, signature, args):
-        _amx.config_tiles(builder)
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return _amx.void_call(_amx.config_tiles, 0)
 
 
 @intrinsic
 def _amx_release(typingctx):
     """``tilerelease`` (:func:`_amx.release_tiles`)."""
-    def codegen(context, builder, signature, args):
-        _amx.release_tiles(builder)
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return _amx.void_call(_amx.release_tiles, 0)
 
 
 @intrinsic
 def _micro_amx(typingctx, a, lda, b, c, ldc, k2, beta, d, ldd):
-    """:func:`_micro` on AMX tiles, ``AMX_MR`` x ``NR`` (:func:`_amx.gemm_tile`), rounding
-    by ``vcvtne2ps2bf16`` (every AMX-BF16 CPU has AVX512_BF16: same bits as the integer
-    rounding, 1.0-1.15x as fast on ResNet-50's 1x1 backward data)."""
-    def codegen(context, builder, signature, args):
-        _amx.gemm_tile(builder, args, cvt=True)
-        return context.get_dummy_value()
-
-    return types.void(*[types.intp] * 9), codegen
+    """:func:`_micro` on AMX tiles, ``AMX_MR`` x ``NR`` (:func:`_amx.gemm_tile`)."""
+    return _amx.void_call(_amx.gemm_tile, 9)
 
 
 _block_amx = separate(bf16=_BLOCK_SIG)(specialise(

@@ -73,7 +73,7 @@ R_REDUCTION = ("{k} reduction channels (a multiple of 32 only: a tile reads 16 p
                "one pixel)")
 R_RESULT = "{n} result channels (a multiple of 64 only: whole panels)"
 R_ROWS_W = "{c} input channels (a multiple of 32 only: whole 32-row tiles of dW)"
-#: Most reduction channels at stride 1, as measured: with B tile-major (``B_TILES``) the
+#: Most reduction channels at stride 1, as measured: with B tile-major (``tile_major``) the
 #: taps ran ResNet-50's 3x3 layers over 128 and 256 channels 1.2-1.9x as fast as
 #: ``gemm[bf16-amx]``'s GEMM over im2col (forced, same process, forward and backward data;
 #: row-major, 128 channels had been 1.05-1.2x slower). Strided backward data, whose phases
@@ -258,9 +258,8 @@ class Bf16AmxTaps(Bf16Dot):
                 pack_pairs(w3.reshape(taps * red, res), bp)
             else:
                 bp = _packed_filter_t(w3, idx)
+            bp = tile_major(bp)
             geo = np.array([rows, p.mb, dp, hp, wp, *g, *step, *start, *out], np.int64)
-            if k.B_TILES:
-                bp = tile_major(bp)
             k.taps(padded.view(np.uint32), o, bp, d, geo, int(tiles["row_blocks"]))
         shape = ys if fwd else xs
         if bits:
