@@ -6,6 +6,7 @@ wider than the kernel, row tiles across rows and images with a last partial tile
 channel panels of partial width, fewer tiles than threads, float16/32/64, one thread; the
 filter packing alone; and the planner's choice of it."""
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -204,7 +205,8 @@ def test_implicit_variant_float16_converts_in_the_kernels(case, by_panels, monke
         saved = dy.copy(), w.copy()
         got = nc.convolution_backprop_data(dy, w, isz, **attrs)
         want = nc.convolution_backprop_data(dy.astype(np.float32), w.astype(np.float32),
-                                            isz, **attrs).astype(np.float16)
+                                            isz, strategy="gemm[implicit]",
+                                            **attrs).astype(np.float16)
         assert got.dtype == np.float16 and got.shape == want.shape
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
         np.testing.assert_array_equal(dy, saved[0])
@@ -419,6 +421,64 @@ def _fresh():
     planner.clear_plan_cache()
     _op.clear_memo()
     strategy._TABLES.clear()
+    strategy._regions.cache_clear()
+    strategy._reads_dy.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", REGION_CASES, ids=REGION_IDS)
+def test_per_tap_boxes_match_reference(case, dtype, monkeypatch):
+    """Every phase by per-tap boxes (overlapping: a box of zeros over the whole grid, then
+    each tap's own box adding to it), in the panel scheme, against the reference; the
+    dilated case without pads has pixels that no tap reaches (zeros from the first
+    box)."""
+    monkeypatch.setattr(strategy, "_by_panels", lambda *a: True)
+    monkeypatch.setattr(strategy, "TAP_BOXES_MARGIN", -2.0)  # always per-tap
+    monkeypatch.setattr(strategy, "MIN_SKIPPED", -2.0)
+    _fresh()
+    try:
+        assert _run(case, dtype, seed=5, entry="gemm[regions]") <= tolerance(dtype)
+        used = [v for v in strategy._TABLES.values() if v is not None]
+        assert used and all(v[1] for v in used)  # every phase ran by per-tap boxes
+    finally:
+        _fresh()
+
+
+@pytest.mark.parametrize("case", REGION_CASES + CASES, ids=REGION_IDS + IDS)
+def test_tap_boxes_cover_each_tap_where_it_reaches_inside(case):
+    """tap_boxes: first the whole grid with no taps, then per tap one box holding exactly
+    the pixels whose dY pixel for that tap lies inside; and what they skip (in whole row
+    tiles) never less than the products on the padding allow."""
+    from numbaconv.kernels.cpu import igemm
+    from numbaconv.strategies._gemm_common import stride_phases, tap_boxes
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    osz = conv_fwd_ref(np.zeros((1, *isz, 1), np.float32), np.zeros((*k, 1, 1), np.float32),
+                       stride=st, dilation=dl, pads_begin=pb, pads_end=pe).shape[1:-1]
+    p = nc.plan("convolution_backprop_data", np.zeros((mb, *osz, oc), np.float32),
+                np.zeros((*k, ic, oc), np.float32), isz, strides=st, dilations=dl,
+                pads_begin=pb, pads_end=pe).problem
+    for _, grid, taps in stride_phases(p):
+        if not taps:
+            continue
+        boxes, skipped = tap_boxes(p, grid, taps)
+        assert boxes[0] == ((0, 0, 0), tuple(grid), [])
+        by_tap = {pos[0]: (lo, hi) for lo, hi, pos in boxes[1:]}
+        assert len(by_tap) == len(boxes) - 1
+        useful = 0
+        for i, (_, b) in enumerate(taps):
+            inside = np.zeros(grid, bool)
+            for j in itertools.product(*(range(n) for n in grid)):
+                inside[j] = all(0 <= j[a] + b[a] < p.osz[a] for a in range(3))
+            useful += inside.sum()
+            if i not in by_tap:
+                assert not inside.any()
+                continue
+            lo, hi = by_tap[i]
+            box = np.zeros(grid, bool)
+            box[tuple(slice(u, v) for u, v in zip(lo, hi))] = True
+            assert (box == inside).all(), (i, b, lo, hi)
+        total = -(-mb * math.prod(grid) // igemm.MR) * len(taps)
+        assert 1 - skipped >= mb * useful / (total * igemm.MR) - 1e-12
 
 
 @pytest.mark.parametrize("by_panels", [True, False])
@@ -428,7 +488,8 @@ def test_regions_match_reference_and_the_full_sum(case, dtype, by_panels, monkey
     """Region by region (every phase that skips at least MIN_SKIPPED of its products)
     against the reference, in both parallel schemes; and bit for bit the result of
     summing every tap over the padded dY (skipped products are exact zeros, the chunks of
-    taps and their order are the same)."""
+    taps and their order are the same) where no phase runs by per-tap boxes (whose tiles
+    add to dX once per tap)."""
     from numbaconv.strategies._gemm_common import stride_phases
     mb, ic, oc, isz, k, st, dl, pb, pe = case
     monkeypatch.setattr(strategy, "_by_panels", lambda *a: by_panels)
@@ -442,8 +503,10 @@ def test_regions_match_reference_and_the_full_sum(case, dtype, by_panels, monkey
     for entry in ("gemm[regions]", "gemm[implicit]"):
         monkeypatch.setattr(strategy, "MIN_SKIPPED", 0.0)  # every phase that skips any
         got[entry] = nc.convolution_backprop_data(dy, w, isz, strategy=entry, **attrs)
+    per_tap = any(v[1] for v in strategy._TABLES.values() if v is not None)
     _fresh()
-    assert np.array_equal(got["gemm[regions]"], got["gemm[implicit]"])
+    if not per_tap:
+        assert np.array_equal(got["gemm[regions]"], got["gemm[implicit]"])
 
 
 @pytest.mark.parametrize("case", REGION_CASES + CASES, ids=REGION_IDS + IDS)
@@ -460,7 +523,9 @@ def test_regions_partition_the_phase_grid(case):
     for _, grid, taps in stride_phases(p):
         if not taps:
             continue
-        regions, skipped, exact = strategy._regions(p, grid, taps)
+        regions, skipped, kind = strategy._regions(p, grid, taps)
+        assert kind in ("exact", "rows")
+        exact = kind == "exact"
         seen = np.zeros(grid, int)
         for lo, hi, pos in regions:
             seen[tuple(slice(u, v) for u, v in zip(lo, hi))] += 1

@@ -549,24 +549,27 @@ def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, 
             j = j1
 
 
-def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work):
+def bwd_d_regions_panels(dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr, work,
+                         overlap=False):
     """:func:`bwd_d_regions` in parallel over panels of ``nr`` channels (whole vectors, at
     most ``NR``: the strategy shares the channels evenly), each packing its own filter
     chunk by chunk as :func:`bwd_d_phase_panels_kernel` does (``pairs``' B offsets are
     positions times ``K * nr``: a chunk's buffer stands at ``-c0 * K * nr``);
     every region then sums its taps in the chunk (its first sum stores, later ones add; a
-    region with no taps stores zeros)."""
+    region with no taps stores zeros). ``overlap``: the regions overlap (one per tap, after
+    a first one of the whole grid with no taps: ``_gemm_common.tap_boxes``), so every sum
+    adds to what the regions before it left."""
     name = dtype_name(dx.dtype)
     _regions_panel.run(name, (w.shape[1] + nr - 1) // nr, _tiles_span.table(name),
                        _pack.table(name), dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr,
-                       work)
+                       work, np.int64(1 if overlap else 0))
 
 
 @separate("void(int64[::1], int64[::1], {T}[:, :, :, :, ::1], {T}[:, :, ::1], int64[::1], "
           "{T}[:, :, :, :, ::1], int64[:, :, ::1], int64[:, ::1], int64[:, ::1], int64[::1], "
-          "int64, int64, {T}[:, ::1], int64)", float32="float32", float64="float64")
+          "int64, int64, {T}[:, ::1], int64, int64)", float32="float32", float64="float64")
 def _regions_panel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs, epos, chunk, nr,
-                   work, p):
+                   work, overlap, p):
     """Panel ``p`` of :func:`bwd_d_regions_panels` (``nr``: a multiple of the vector, at
     most ``NR``)."""
     C, K = w.shape[1], w.shape[2]
@@ -601,7 +604,8 @@ def _regions_panel(tiles_fn, pack_fn, dyp, w, taps, dx, offs, rtab, pairs, epos,
                 j1 += 1
             if j1 > j:
                 _tiles_span(tiles_fn, nv, pa, offs, t0, t1, pp + j * 16, j1 - j, K, buf,
-                            -c0 * K * nr, nr, cp, 1 if epos[e0] < c0 else 0, wflat)
+                            -c0 * K * nr, nr, cp, 1 if overlap or epos[e0] < c0 else 0,
+                            wflat)
 
 
 @helper

@@ -370,6 +370,31 @@ def region_boxes(p, grid, taps, exact):
     return out, (1 - kept / total) if total else 0.0
 
 
+def tap_boxes(p, grid, taps):
+    """A stride phase's grid as one box per tap, overlapping: ``([(lo, hi, positions)],
+    skipped)`` as :func:`region_boxes` gives them, the first box the whole grid with no
+    taps (it stores the zeros that the tap boxes then add to), each following one the
+    pixels whose dY pixel for tap ``i`` lies inside, with ``positions`` ``[i]``. Every
+    product a tile of these boxes does is with dY itself, in row tiles over the tap's
+    whole box: where the partial tiles of small exact boxes waste most of what they skip
+    (a 5x5x5 filter over 4x8x8), these lose only one partial tile per tap. The boxes
+    overlap, so only a scheme that gives each thread its own columns of dX can run them
+    (``gemm[regions]``' panels)."""
+    from ..kernels.cpu import igemm
+    MR = igemm.MR
+    out = [((0, 0, 0), tuple(grid), [])]
+    kept = 0
+    for i, (_, b) in enumerate(taps):
+        lo = tuple(max(0, -b[a]) for a in range(3))
+        hi = tuple(min(grid[a], p.osz[a] - b[a]) for a in range(3))
+        if any(v <= u for u, v in zip(lo, hi)):
+            continue  # the tap reaches inside dY for no pixel of this phase
+        out.append((lo, hi, [i]))
+        kept += -(-p.mb * math.prod(v - u for u, v in zip(lo, hi)) // MR)
+    total = -(-p.mb * math.prod(grid) // MR) * len(taps)
+    return out, (1 - kept / total) if total else 0.0
+
+
 def unpadded(p):
     """dY itself as the frame of :func:`region_tables`: no leading pads, its own extents."""
     return tuple((0, n) for n in p.osz)
