@@ -104,6 +104,10 @@ CASES = [
     _c("gemm-bwdw-split-k-odd", "bwd_w", 1, 24, 40, 2, (9, 10), (1, 1),
        strategy="gemm[split-k]", label="gemm[split-k]", tiles={"engine": "numba"},
        config=_NUMBA),
+    # 10 output channels over 32 input channels: dW^T = dY^T @ X, then transposed
+    _c("gemm-bwdw-split-k-transposed", "bwd_w", 1, 32, 10, 3, (9, 10), (1, 1),
+       strategy="gemm[split-k]", label="gemm[split-k]",
+       tiles={"engine": "numba", "transposed": True}, config=_NUMBA),
     _c("gemm-bwdw-split-k-grouped-odd", "bwd_w", 3, 30, 60, 2, (7, 9), (1, 1),
        strategy="gemm[split-k]", label="gemm[split-k]", tiles={"engine": "numba"},
        config=_NUMBA),

@@ -275,6 +275,44 @@ def test_split_k_weight_gradient_float16_widens_in_the_kernel(mb, hw, ic, oc):
     np.testing.assert_array_equal(dy, saved[1])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mb,hw,ic,oc", [(3, 9, 32, 10), (2, 30, 64, 40), (1, 7, 96, 9)])
+def test_split_k_weight_gradient_transposed(mb, hw, ic, oc, dtype, monkeypatch):
+    """Output channels short of whole vectors over whole vectors of input channels:
+    ``dW^T = dY^T @ X``, transposed into dW. Against the float64 reference, and bit for
+    bit the untransposed GEMM's result (each element sums the same pixels in the same
+    order)."""
+    import numbaconv as nc
+    from numbaconv import planner
+    from numbaconv.strategies import gemm
+    from reference import conv_bwd_filter_ref
+    rng = np.random.default_rng(ic + oc)
+    x = rng.standard_normal((mb, hw, hw, ic)).astype(dtype)
+    dy = rng.standard_normal((mb, hw, hw, oc)).astype(dtype)
+    kw = dict(strides=1, pads_begin=0, pads_end=0, strategy="gemm[split-k]")
+    try:
+        plan = nc.plan("convolution_backprop_filters", x, (1, 1), dy, **kw)
+    except ValueError:
+        pytest.skip("the split-K weight gradient is the Numba engine's (AVX-512 hosts)")
+    assert plan.tiles["transposed"] == gemm.split_k_transposed(plan.problem)
+    if not plan.tiles["transposed"]:
+        pytest.skip(f"{oc} output channels fill whole vectors on this host")
+    saved = x.copy(), dy.copy()
+    got = nc.convolution_backprop_filters(x, (1, 1), dy, **kw)
+    want = conv_bwd_filter_ref(x, dy, (1, 1))
+    assert got.shape == want.shape == (1, 1, ic, oc)
+    _close(got, want, np.dtype(dtype))
+    monkeypatch.setattr(gemm, "split_k_transposed", lambda p: False)
+    planner.clear_plan_cache()
+    try:
+        plain = nc.convolution_backprop_filters(x, (1, 1), dy, **kw)
+    finally:
+        planner.clear_plan_cache()
+    np.testing.assert_array_equal(got, plain)
+    np.testing.assert_array_equal(x, saved[0])
+    np.testing.assert_array_equal(dy, saved[1])
+
+
 @pytest.mark.parametrize("M,K,N", [(1, 1, 1), (37, 13, 70), (100, 64, 64), (301, 70, 257)])
 def test_matmul_claimed_half_rounds_each_block(M, K, N):
     """float16 A and C as bits, widened and rounded one claimed block at a time by two
