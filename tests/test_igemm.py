@@ -444,6 +444,17 @@ def test_per_tap_boxes_match_reference(case, dtype, monkeypatch):
         _fresh()
 
 
+def _case_problem(case):
+    """The backward-data problem of a ``REGION_CASES`` / ``CASES`` tuple (planned on
+    zeros)."""
+    mb, ic, oc, isz, k, st, dl, pb, pe = case
+    osz = conv_fwd_ref(np.zeros((1, *isz, 1), np.float32), np.zeros((*k, 1, 1), np.float32),
+                       stride=st, dilation=dl, pads_begin=pb, pads_end=pe).shape[1:-1]
+    return nc.plan("convolution_backprop_data", np.zeros((mb, *osz, oc), np.float32),
+                   np.zeros((*k, ic, oc), np.float32), isz, strides=st, dilations=dl,
+                   pads_begin=pb, pads_end=pe).problem
+
+
 @pytest.mark.parametrize("case", REGION_CASES + CASES, ids=REGION_IDS + IDS)
 def test_tap_boxes_cover_each_tap_where_it_reaches_inside(case):
     """tap_boxes: first the whole grid with no taps, then per tap one box holding exactly
@@ -451,12 +462,7 @@ def test_tap_boxes_cover_each_tap_where_it_reaches_inside(case):
     tiles) never less than the products on the padding allow."""
     from numbaconv.kernels.cpu import igemm
     from numbaconv.strategies._gemm_common import stride_phases, tap_boxes
-    mb, ic, oc, isz, k, st, dl, pb, pe = case
-    osz = conv_fwd_ref(np.zeros((1, *isz, 1), np.float32), np.zeros((*k, 1, 1), np.float32),
-                       stride=st, dilation=dl, pads_begin=pb, pads_end=pe).shape[1:-1]
-    p = nc.plan("convolution_backprop_data", np.zeros((mb, *osz, oc), np.float32),
-                np.zeros((*k, ic, oc), np.float32), isz, strides=st, dilations=dl,
-                pads_begin=pb, pads_end=pe).problem
+    p = _case_problem(case)
     for _, grid, taps in stride_phases(p):
         if not taps:
             continue
@@ -477,8 +483,8 @@ def test_tap_boxes_cover_each_tap_where_it_reaches_inside(case):
             box = np.zeros(grid, bool)
             box[tuple(slice(u, v) for u, v in zip(lo, hi))] = True
             assert (box == inside).all(), (i, b, lo, hi)
-        total = -(-mb * math.prod(grid) // igemm.MR) * len(taps)
-        assert 1 - skipped >= mb * useful / (total * igemm.MR) - 1e-12
+        total = -(-p.mb * math.prod(grid) // igemm.MR) * len(taps)
+        assert 1 - skipped >= p.mb * useful / (total * igemm.MR) - 1e-12
 
 
 @pytest.mark.parametrize("by_panels", [True, False])
@@ -514,12 +520,7 @@ def test_regions_partition_the_phase_grid(case):
     """The boxes of every phase cover its grid once, and a box's taps are exactly those
     whose dY pixel lies inside for each of its pixels (checked pixel by pixel)."""
     from numbaconv.strategies._gemm_common import stride_phases
-    mb, ic, oc, isz, k, st, dl, pb, pe = case
-    osz = conv_fwd_ref(np.zeros((1, *isz, 1), np.float32), np.zeros((*k, 1, 1), np.float32),
-                       stride=st, dilation=dl, pads_begin=pb, pads_end=pe).shape[1:-1]
-    p = nc.plan("convolution_backprop_data", np.zeros((mb, *osz, oc), np.float32),
-                np.zeros((*k, ic, oc), np.float32), isz, strides=st, dilations=dl,
-                pads_begin=pb, pads_end=pe).problem
+    p = _case_problem(case)
     for _, grid, taps in stride_phases(p):
         if not taps:
             continue
