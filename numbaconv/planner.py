@@ -119,32 +119,41 @@ def compile_guard(strategy, problem):
     return None
 
 
+#: Where each entry lives, best first: ``(module of numbaconv.strategies, attribute)``; an
+#: attribute ending in ``*`` holds several entries. The modules are imported as the planner
+#: reaches them, so that a small problem, which the ``numpy`` entries at the head take,
+#: imports none of the compiled entries' modules (their kernel modules declare their
+#: intrinsics and dispatchers at import: about 0.1 s in all).
+_ORDER = (("numpy_taps", "DEPTHWISE"), ("numpy_taps", "STRATEGY"), ("bf16amx", "TAPS"),
+          ("bf16amx", "STRATEGY"), ("bf16regions", "STRATEGY"), ("bf16wgrad", "STRATEGY"),
+          ("bf16dot", "STRATEGY"), ("winograd", "STRATEGY"), ("patcht", "STRATEGY"),
+          ("ggemm", "STRATEGY"), ("grouped", "STRATEGY"), ("windows", "STRATEGY"),
+          ("patch", "STRATEGY"), ("rowgemm", "STRATEGY"), ("igemm", "REGIONS"),
+          ("igemm", "STRATEGY"), ("gemm", "STRATEGIES*"), ("col2im", "STRATEGY"),
+          ("narrow", "STRATEGY"), ("depthwise", "STRATEGIES*"), ("direct", "DIRECT"))
+
 _STRATEGIES = []
 
 
+def _iter_strategies():
+    """Every entry, best first, importing each module only when its first entry is
+    reached (a new strategy is one more entry in :data:`_ORDER`)."""
+    if _STRATEGIES:
+        yield from _STRATEGIES
+        return
+    import importlib
+    for module, attr in _ORDER:
+        mod = importlib.import_module(f"{__package__}.strategies.{module}")
+        if attr.endswith("*"):
+            yield from getattr(mod, attr[:-1])
+        else:
+            yield getattr(mod, attr)
+
+
 def _strategies():
-    """Best-first candidates (a new strategy is one more entry here)."""
+    """Best-first candidates, all of them."""
     if not _STRATEGIES:
-        from .strategies.gemm import STRATEGIES as GEMM
-        from .strategies.col2im import STRATEGY as COL2IM
-        from .strategies.rowgemm import STRATEGY as ROWGEMM
-        from .strategies.patch import STRATEGY as PATCH
-        from .strategies.patcht import STRATEGY as PATCH_T
-        from .strategies.igemm import REGIONS as IGEMM_REGIONS, STRATEGY as IGEMM
-        from .strategies.depthwise import STRATEGIES as DEPTHWISE
-        from .strategies.grouped import STRATEGY as GROUPED
-        from .strategies.ggemm import STRATEGY as GGEMM
-        from .strategies.winograd import STRATEGY as WINOGRAD
-        from .strategies.numpy_taps import DEPTHWISE as NUMPY_DEPTHWISE, STRATEGY as NUMPY
-        from .strategies.bf16dot import STRATEGY as BF16DOT
-        from .strategies.bf16amx import STRATEGY as BF16AMX, TAPS as BF16AMX_TAPS
-        from .strategies.bf16regions import STRATEGY as BF16REGIONS
-        from .strategies.bf16wgrad import STRATEGY as BF16WGRAD
-        from .strategies.narrow import STRATEGY as NARROW
-        from .strategies.windows import STRATEGY as WINDOWS
-        _STRATEGIES[:] = [NUMPY_DEPTHWISE, NUMPY, BF16AMX_TAPS, BF16AMX, BF16REGIONS, BF16WGRAD,
-                          BF16DOT, WINOGRAD, PATCH_T, GGEMM, GROUPED, WINDOWS, PATCH, ROWGEMM, IGEMM_REGIONS, IGEMM,
-                          *GEMM, COL2IM, NARROW, *DEPTHWISE, DIRECT]
+        _STRATEGIES[:] = list(_iter_strategies())
     return list(_STRATEGIES)
 
 
@@ -260,8 +269,8 @@ class Plan:
 def _build(problem, strat, reason, declined, threads, machine):
     """The Plan of ``strat``; ``declined`` keeps the reasons of the strategies ranked ahead
     of it (why it, and not an earlier one, runs), as oneDNN's dispatch trace does."""
-    ahead = [label(s) for s in candidates(problem.direction)]
-    ahead = set(ahead[:ahead.index(label(strat))]) if label(strat) in ahead else set()
+    name = label(strat)
+    ahead = set(LABELS[:LABELS.index(name)]) if name in LABELS else set()
     declined = [(n, r) for n, r in declined if n in ahead]
     tiles = strat.tiles(problem, machine)
     return Plan(problem=problem, strategy=strat.name, tiles=FrozenMapping(tiles),
@@ -271,9 +280,11 @@ def _build(problem, strat, reason, declined, threads, machine):
 
 
 def implementation(plan):
-    """The strategy object that runs ``plan``."""
-    for s in candidates(plan.problem.direction):
-        if s.name == plan.strategy and s.variant == plan.variant:
+    """The strategy object that runs ``plan`` (the modules of the entries after it are not
+    imported)."""
+    for s in _iter_strategies():
+        if (plan.problem.direction in s.directions and s.name == plan.strategy
+                and s.variant == plan.variant):
             return s
     raise LookupError(f"no implementation {plan.strategy}[{plan.variant}]")
 
@@ -377,6 +388,20 @@ def _plan_cpu(problem, strategy, tune, threads):
             print(f"numbaconv: {plan}", file=sys.stderr)
         return plan
     m = machine()
+    if strategy is None and not tune and not config.VERBOSE:
+        # the first entry that accepts runs: those after it need not be asked (nor their
+        # modules imported); the reasons of those ahead of it go into the plan
+        trace = []
+        for s in _iter_strategies():
+            if problem.direction not in s.directions:
+                continue
+            why = s.accepts(problem)
+            if why is None:
+                why = compile_guard(s, problem)
+            if why is None:
+                return _build(problem, s, "first accepted in the best-first list", trace,
+                              threads, m)
+            trace.append((label(s), why))
     cands = candidates(problem.direction)
     trace = []
     accepted = []

@@ -457,3 +457,48 @@ def test_calls_on_views_of_the_callers_arrays(dtype, channels):
     assert nc.depthwise_conv2d_native_backprop_filter(x, [3, 3, c, 1], dy, [1, 1, 1, 1],
                                                       "SAME", out=out) is out
     np.testing.assert_array_equal(out, gw)
+
+
+def test_first_accepting_entry_ends_the_search_with_the_same_plan(monkeypatch):
+    """The default planning path stops at the first entry that accepts (the entries after
+    it are neither asked nor imported); the full path (every entry asked, as under
+    ``NUMBACONV_VERBOSE``) makes the same plan, with the same reasons of the entries ahead,
+    for small and large problems of every direction."""
+    from numbaconv import config, planner, suites
+    calls = [suites.call(suites.layer(name), direction, "float32", shapes_only=True)
+             for name in ("res2a_branch2b", "res3a_branch1", "dw144_56_s1_p1",
+                          "vnet:stage5_5x5x5", "pointnet:seg_out")
+             for direction in ("fwd", "bwd_d", "bwd_w")]
+    x, w, dy = np.ones((1, 6, 6, 4)), np.ones((3, 3, 4, 4)), np.ones((1, 6, 6, 4))
+    small = [("conv2d", (x, w, 1, "SAME"), {}),
+             ("conv2d_backprop_filter", (x, w.shape, dy, 1, "SAME"), {})]
+    for op, args, kwargs in [(c.op, c.args, c.kwargs) for c in calls] + small:
+        planner.clear_plan_cache()
+        monkeypatch.setattr(config, "VERBOSE", False)
+        fast = nc.plan(op, *args, **kwargs)
+        monkeypatch.setattr(config, "VERBOSE", True)
+        planner.clear_plan_cache()
+        full = nc.plan(op, *args, **kwargs)
+        assert fast == full, (op, fast, full)
+        assert fast.declined == full.declined
+    planner.clear_plan_cache()
+
+
+def test_a_small_problem_imports_no_compiled_entry():
+    """A small problem runs on the ``numpy`` entries at the head of the list: its first
+    call imports no other strategy's module and no kernel module."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np, numbaconv\n"
+            "x, w = np.ones((2, 16, 16, 8), np.float32), np.ones((3, 3, 8, 8), np.float32)\n"
+            "numbaconv.conv2d_backprop_filter(x, w.shape, x, 1, 'SAME')\n"
+            "numbaconv.conv2d_backprop_input(x.shape, w, x, 1, 'SAME')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('numbaconv.strategies.',"
+            " 'numbaconv.kernels.cpu.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    mods = eval(out.strip().splitlines()[-1])
+    assert "numbaconv.strategies.numpy_taps" in mods
+    heavy = [m for m in mods if m.split(".")[-1] in ("gemm", "igemm", "winograd", "ukernel",
+                                                     "depthwise", "grouped", "patcht")]
+    assert not heavy, mods
