@@ -82,6 +82,7 @@ What each takes, in brief (its ``accepts`` has the guards and the reasons):
 from collections.abc import Mapping
 from dataclasses import dataclass
 import sys
+import threading
 
 from . import config, runtime
 from .problem import ConvProblem
@@ -132,29 +133,38 @@ _ORDER = (("numpy_taps", "DEPTHWISE"), ("numpy_taps", "STRATEGY"), ("bf16amx", "
           ("igemm", "STRATEGY"), ("gemm", "STRATEGIES*"), ("col2im", "STRATEGY"),
           ("narrow", "STRATEGY"), ("depthwise", "STRATEGIES*"), ("direct", "DIRECT"))
 
-_STRATEGIES = []
+#: The entries resolved so far, best first, and how many of :data:`_ORDER`'s items they
+#: come from (extended under the lock: planning threads may meet here).
+_RESOLVED = []
+_RESOLVED_ITEMS = [0]
+_RESOLVE_LOCK = threading.Lock()
 
 
 def _iter_strategies():
     """Every entry, best first, importing each module only when its first entry is
     reached (a new strategy is one more entry in :data:`_ORDER`)."""
-    if _STRATEGIES:
-        yield from _STRATEGIES
-        return
     import importlib
-    for module, attr in _ORDER:
-        mod = importlib.import_module(f"{__package__}.strategies.{module}")
-        if attr.endswith("*"):
-            yield from getattr(mod, attr[:-1])
-        else:
-            yield getattr(mod, attr)
+    i = 0
+    while True:
+        while i < len(_RESOLVED):
+            yield _RESOLVED[i]
+            i += 1
+        with _RESOLVE_LOCK:
+            if i < len(_RESOLVED):  # another thread resolved more meanwhile
+                continue
+            k = _RESOLVED_ITEMS[0]
+            if k == len(_ORDER):
+                return
+            module, attr = _ORDER[k]
+            mod = importlib.import_module(f"{__package__}.strategies.{module}")
+            got = getattr(mod, attr.rstrip("*"))
+            _RESOLVED.extend(got if attr.endswith("*") else (got,))
+            _RESOLVED_ITEMS[0] = k + 1
 
 
 def _strategies():
     """Best-first candidates, all of them."""
-    if not _STRATEGIES:
-        _STRATEGIES[:] = list(_iter_strategies())
-    return list(_STRATEGIES)
+    return list(_iter_strategies())
 
 
 def _forced(cands, strategy):

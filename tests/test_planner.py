@@ -502,3 +502,24 @@ def test_a_small_problem_imports_no_compiled_entry():
     heavy = [m for m in mods if m.split(".")[-1] in ("gemm", "igemm", "winograd", "ukernel",
                                                      "depthwise", "grouped", "patcht")]
     assert not heavy, mods
+
+
+def test_entries_resolved_once_under_concurrent_planning():
+    """Threads planning at once in a fresh process (each reaching further down the list,
+    so importing modules as they go) resolve every entry once, in order."""
+    import subprocess
+    import sys
+    code = ("import threading, numpy as np, numbaconv\n"
+            "from numbaconv import planner\n"
+            "shapes = [(1, 6, 6, 4), (2, 56, 56, 64), (8, 28, 28, 96)]\n"
+            "def go(i):\n"
+            "    x = np.ones(shapes[i % 3], np.float32)\n"
+            "    w = (3, 3, x.shape[-1], 64 if i % 2 else 8)\n"
+            "    numbaconv.plan('conv2d_backprop_filter', x, w,\n"
+            "                   np.ones((*x.shape[:-1], w[-1]), np.float32), 1, 'SAME')\n"
+            "ts = [threading.Thread(target=go, args=(i,)) for i in range(12)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "print([planner.label(s) for s in planner._strategies()] == list(planner.LABELS))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip().splitlines()[-1] == "True"
