@@ -602,3 +602,33 @@ def test_regions_read_a_padded_layers_dy_in_place(groups, dtype):
                            pads_begin=1, pads_end=1, groups=groups)
     assert err <= tolerance(dtype)
     assert np.array_equal(got, full)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_narrow_panels_pack_only_the_channels(dtype, monkeypatch):
+    """gemm[regions] packs dX's 16 or 21 channels as B rows of whole vectors (not NR wide),
+    gemm[implicit] and float16 keep NR; the narrow panel gives gemm[regions] the bits of
+    the full one."""
+    from numbaconv.kernels.cpu import igemm as k
+    vl = k.lanes(np.dtype(dtype).itemsize)
+    for ic in (16, 21):
+        case = (2, ic, 24, (9, 11), (3, 3), (1, 1), (2, 2), (2, 2), (2, 2))
+        p = _case_problem(case)
+        item = np.dtype(dtype).itemsize
+        if ic >= k.panel(item):
+            continue
+        monkeypatch.setattr(strategy, "NARROW_PANEL", True)
+        assert strategy._panel_nr(p, item) == -(-ic // vl) * vl
+        assert strategy._panel_nr(p, item, full=True) == k.panel(item)
+        x, w, dy, geom, attrs = case_operands(case, dtype, 5)
+        got = {}
+        for narrow in (True, False):
+            monkeypatch.setattr(strategy, "NARROW_PANEL", narrow)
+            _fresh()
+            got[narrow] = nc.convolution_backprop_data(dy, w, case[3], strategy="gemm[regions]",
+                                                       **attrs)
+        monkeypatch.setattr(strategy, "NARROW_PANEL", True)
+        _fresh()
+        np.testing.assert_array_equal(got[True], got[False])
+        assert _run(case, dtype, seed=6, entry="gemm[regions]") <= tolerance(dtype)
+    _fresh()

@@ -406,7 +406,7 @@ def _phase_block(tiles_fn, dyp, bp, dx, segs, pg, chunk, nblocks, work, first, b
     ntiles = (P + MR - 1) // MR
     npan, ntaps, nr = bp.shape[0], bp.shape[1], bp.shape[3]
     it = dx.itemsize
-    vl = nr // NV
+    vl = VECTOR_BYTES // it
     tpb = (ntiles + nblocks - 1) // nblocks
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     psegs = segs.ctypes.data
@@ -523,7 +523,7 @@ def _regions_item(tiles_fn, dyp, bp, dx, offs, items, rtab, pairs, epos, chunk, 
     """Item ``ii`` (a region's block of row tiles) of :func:`bwd_d_regions`."""
     npan, ntaps, K, nr = bp.shape[0], bp.shape[1], bp.shape[2], bp.shape[3]
     it = dx.itemsize
-    vl = nr // NV
+    vl = VECTOR_BYTES // it
     pa, pc = dyp.ctypes.data, dx.ctypes.data
     pp = pairs.ctypes.data
     bflat, wflat = bp.reshape(bp.size), work.reshape(work.size)
