@@ -484,20 +484,25 @@ def test_first_accepting_entry_ends_the_search_with_the_same_plan(monkeypatch):
     planner.clear_plan_cache()
 
 
+def _last_line_of(code):
+    """The last line ``code`` prints, run in a fresh interpreter."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
 def test_a_small_problem_imports_no_compiled_entry():
     """A small problem runs on the ``numpy`` entries at the head of the list: its first
     call imports no other strategy's module and no kernel module."""
-    import subprocess
-    import sys
     code = ("import sys, numpy as np, numbaconv\n"
             "x, w = np.ones((2, 16, 16, 8), np.float32), np.ones((3, 3, 8, 8), np.float32)\n"
             "numbaconv.conv2d_backprop_filter(x, w.shape, x, 1, 'SAME')\n"
             "numbaconv.conv2d_backprop_input(x.shape, w, x, 1, 'SAME')\n"
             "print(sorted(m for m in sys.modules if m.startswith(('numbaconv.strategies.',"
             " 'numbaconv.kernels.cpu.'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    mods = eval(out.strip().splitlines()[-1])
+    mods = eval(_last_line_of(code))
     assert "numbaconv.strategies.numpy_taps" in mods
     heavy = [m for m in mods if m.split(".")[-1] in ("gemm", "igemm", "winograd", "ukernel",
                                                      "depthwise", "grouped", "patcht")]
@@ -507,8 +512,6 @@ def test_a_small_problem_imports_no_compiled_entry():
 def test_entries_resolved_once_under_concurrent_planning():
     """Threads planning at once in a fresh process (each reaching further down the list,
     so importing modules as they go) resolve every entry once, in order."""
-    import subprocess
-    import sys
     code = ("import threading, numpy as np, numbaconv\n"
             "from numbaconv import planner\n"
             "shapes = [(1, 6, 6, 4), (2, 56, 56, 64), (8, 28, 28, 96)]\n"
@@ -520,6 +523,4 @@ def test_entries_resolved_once_under_concurrent_planning():
             "ts = [threading.Thread(target=go, args=(i,)) for i in range(12)]\n"
             "[t.start() for t in ts]; [t.join() for t in ts]\n"
             "print([planner.label(s) for s in planner._strategies()] == list(planner.LABELS))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip().splitlines()[-1] == "True"
+    assert _last_line_of(code) == "True"
