@@ -144,6 +144,18 @@ def _pack_rows(b, bp, t):
 
 
 @helper(inline=True)
+def _grid_pixel(m, d, h, w):
+    """``(n, z, y, x)``: pixel ``m`` of a grid of ``d x h x w`` pixels per image."""
+    plane = h * w
+    n = m // (d * plane)
+    e = m - n * (d * plane)
+    z = e // plane
+    e -= z * plane
+    y = e // w
+    return n, z, y, e - y * w
+
+
+@helper(inline=True)
 def _pair_rows(b, dst, p0, p1, c0, r0):
     """``dst[r0 + p - p0, j] = B[2p, c0 + j] | B[2p+1, c0 + j] << 16`` for ``p0 <= p < p1``
     (zero past B's edges, rows as well as columns: a panel may hold more pairs than B,
@@ -261,12 +273,7 @@ def _put_phase_block(c, dx, geo, blk):
     m = mb * gz * gy * gx
     zero = c.shape[0] == 0
     for r in range(blk * PHASE_ROWS, min(m, (blk + 1) * PHASE_ROWS)):
-        n = r // (gz * gy * gx)
-        e = r - n * (gz * gy * gx)
-        z = e // (gy * gx)
-        e -= z * (gy * gx)
-        y = e // gx
-        x = e - y * gx
+        n, z, y, x = _grid_pixel(r, gz, gy, gx)
         dst = dx[n, qz + sz * z, qy + sy * y, qx + sx * x]
         if zero:
             for k in range(C):
@@ -296,12 +303,7 @@ def _im2col_row(src, rows, out, geo, sign, m):
     kp = out.shape[1]
     sd, sh, sw, dd, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
     fd, fh, fw, kd, kh, kw = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11]
-    n = m // (od * oh * ow)
-    r = m - n * (od * oh * ow)
-    z = r // (oh * ow)
-    r -= z * (oh * ow)
-    y = r // ow
-    x = r - y * ow
+    n, z, y, x = _grid_pixel(m, od, oh, ow)
     row = out[m]
     col = 0
     # a kernel row whose taps are consecutive pixels all inside the source (forward, no
@@ -406,12 +408,7 @@ def _im2col_t_block(src, rows, out, geo, tb):
     rowp = np.empty(TP, np.int64)
     zeros = np.zeros(TC, np.uint16)
     for m in range(m0, m1):
-        n = m // (od * oh * ow)
-        r = m - n * (od * oh * ow)
-        z = r // (oh * ow)
-        r -= z * (oh * ow)
-        y = r // ow
-        x = r - y * ow
+        n, z, y, x = _grid_pixel(m, od, oh, ow)
         iz = z * sd + a * dd + fd
         iy = y * sh + b * dh + fh
         ix = x * sw + c * dw + fw
@@ -707,13 +704,7 @@ def _wgrad_task(at, x, geo, c, dw, kc2, parts, task):
     for k0 in range(0, K2, kc2):
         kk = min(kc2, K2 - k0)
         # this block's pairs of pixels of x at tap t, channels c0.., as words
-        m = 2 * k0
-        n = m // (od * oh * ow)
-        rr = m - n * (od * oh * ow)
-        z = rr // (oh * ow)
-        rr -= z * (oh * ow)
-        y = rr // ow
-        u = rr - y * ow
+        n, z, y, u = _grid_pixel(2 * k0, od, oh, ow)
         for p in range(kk):
             for h in range(2):
                 src[h] = -1
