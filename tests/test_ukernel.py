@@ -37,6 +37,42 @@ def test_matmul_matches_numpy(M, K, N, dtype):
     _close(C, C0 + _ref(A, B), dtype)
 
 
+def _tail_widths(dtype):
+    """Column counts ending a quarter and a half of a vector past 0-3 whole vectors (the
+    micro-kernel's narrow last vector) on this host, and one that ends elsewhere."""
+    vl = uk.lanes(np.dtype(dtype).itemsize)
+    return [n * vl + vl // 4 for n in range(4)] + [n * vl + vl // 2 for n in range(4)] + \
+        [vl + 3 * vl // 4 if vl >= 4 else vl + 1]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_narrow_last_vector_stores_exactly_its_columns(dtype):
+    """Tiles whose last vector is a quarter or a half wide run the narrow micro-kernels
+    (whole row tiles store straight into C): exact products, nothing written past the
+    columns (NaN there stays NaN), in the blocked driver (also accumulating, and with
+    columns past the panel) and in the claimed-rows driver."""
+    rng = np.random.default_rng(7)
+    nr = uk.panel(np.dtype(dtype).itemsize)
+    for N in _tail_widths(dtype) + [nr + w for w in _tail_widths(dtype)[:2]]:
+        for M in (12, 13):
+            A = rng.standard_normal((M, 37)).astype(dtype)
+            B = rng.standard_normal((37, N)).astype(dtype)
+            out = np.full((M, N + 5), np.nan, dtype)
+            C = out[:, :N]
+            uk.matmul(A, B, C)
+            _close(C, _ref(A, B), dtype)
+            assert np.isnan(out[:, N:]).all(), (M, N)
+            C0 = rng.standard_normal((M, N)).astype(dtype)
+            C[...] = C0
+            uk.matmul(A, B, C, accumulate=True)
+            _close(C, C0 + _ref(A, B), dtype)
+            assert np.isnan(out[:, N:]).all(), (M, N)
+            out[:, :N] = np.nan
+            uk.matmul_claimed(A, uk.pack_panels(B), C, np.zeros(1, np.int64), 6)
+            _close(C, _ref(A, B), dtype)
+            assert np.isnan(out[:, N:]).all(), (M, N)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_transposed_and_strided_operands(dtype):
     rng = np.random.default_rng(0)

@@ -54,7 +54,7 @@ def panel(itemsize):
     return NV * lanes(itemsize)
 
 
-def _micro(nv, mr=MR, row_table=False):
+def _micro(nv, mr=MR, row_table=False, half=False):
     """The micro-kernel with ``nv`` vectors across: ``C[:mr, :nv*VL] (+)= A[:mr, :kc] @
     B[:kc, :nv*VL]``: ``beta`` 0 stores the tile, 1 adds it to C, 2 streams it
     (non-temporal stores: every row of the tile must start on a vector boundary). Row ``i``
@@ -62,7 +62,14 @@ def _micro(nv, mr=MR, row_table=False):
     int64). With ``row_table``, row ``i`` of A starts at element ``rsa[i]`` after ``a``
     (``rsa``: the address of mr int64) instead of ``i * rsa``: any rows of an input, as the
     taps of a convolution (:func:`_patch_bwd_w`). The float type comes from the ``work``
-    array's dtype."""
+    array's dtype.
+
+    ``half`` adds a vector half as wide after the ``nv`` whole ones: ``VL/2`` more columns,
+    loaded, multiplied and stored at that width (a 256-bit FMA where a 512-bit one would
+    leave half its lanes idle: half the work on a core that splits 512-bit FMAs in two,
+    as AMD's Zen 4 does). ``beta + 4`` then stores only the first half of that vector: a
+    quarter-vector tail (narrower still would save no more: the halves are the narrowest
+    unit of work there)."""
 
     @intrinsic
     def micro(typingctx, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
@@ -75,20 +82,25 @@ def _micro(nv, mr=MR, row_table=False):
             f = context.get_value_type(dtype)
             vl = VECTOR_BYTES // context.get_abi_sizeof(f)
             vty = ir.VectorType(f, vl)
-            fp, vp = f.as_pointer(), vty.as_pointer()
+            fp = f.as_pointer()
+            # the vectors across the tile: (first column, lanes)
+            cols = [(v * vl, vl) for v in range(nv)] + ([(nv * vl, vl // 2)] if half else [])
             i64 = ir.IntType(64)
-            name = "llvm.fma.v%d%s" % (vl, "f32" if dtype == types.float32 else "f64")
-            fma = cgutils.get_or_insert_function(builder.module,
-                                                 ir.FunctionType(vty, [vty] * 3), name)
+            suffix = "f32" if dtype == types.float32 else "f64"
+
+            def fma_of(n):
+                ty = ir.VectorType(f, n)
+                return cgutils.get_or_insert_function(builder.module,
+                                                      ir.FunctionType(ty, [ty] * 3),
+                                                      "llvm.fma.v%d%s" % (n, suffix))
+            fmas = [fma_of(n) for _, n in cols]
             pa = builder.inttoptr(a, fp)
             pb = builder.inttoptr(b, fp)
             pc = builder.inttoptr(c, fp)
-            zero = ir.Constant(vty, None)
             undef = ir.Constant(vty, ir.Undefined)
-            splat = ir.Constant(ir.VectorType(ir.IntType(32), vl), None)
             # accumulators as allocas: mem2reg turns them into registers
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
-                   for _ in range(mr)]
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(ir.VectorType(f, n), None))
+                    for _, n in cols] for _ in range(mr)]
             if row_table:
                 ptab = builder.inttoptr(rsa, i64.as_pointer())
                 arow = [builder.load(builder.gep(ptab, [ir.Constant(i64, i)]))
@@ -100,24 +112,40 @@ def _micro(nv, mr=MR, row_table=False):
                 bk = builder.mul(k, ldb)
                 ak = builder.mul(k, csa)
                 bv = [builder.load(builder.bitcast(
-                    builder.gep(pb, [builder.add(bk, ir.Constant(i64, v * vl))]), vp), align=1)
-                    for v in range(nv)]
+                    builder.gep(pb, [builder.add(bk, ir.Constant(i64, j))]),
+                    ir.VectorType(f, n).as_pointer()), align=1) for j, n in cols]
                 for i in range(mr):
                     s = builder.load(builder.gep(pa, [builder.add(arow[i], ak)]))
                     s = builder.insert_element(undef, s, ir.Constant(ir.IntType(32), 0))
-                    s = builder.shuffle_vector(s, undef, splat)
-                    for v in range(nv):
-                        builder.store(builder.call(fma, [s, bv[v], builder.load(acc[i][v])]),
+                    for v, (_, n) in enumerate(cols):
+                        sv = builder.shuffle_vector(
+                            s, undef, ir.Constant(ir.VectorType(ir.IntType(32), n), None))
+                        builder.store(builder.call(fmas[v], [sv, bv[v],
+                                                             builder.load(acc[i][v])]),
                                       acc[i][v])
+            if half:  # beta + 4: the half vector's first half only
+                quarter = builder.icmp_signed("!=", builder.and_(beta, ir.Constant(i64, 4)),
+                                              ir.Constant(i64, 0))
+                beta = builder.and_(beta, ir.Constant(i64, 3))
+                low = ir.Constant(ir.VectorType(ir.IntType(32), max(1, vl // 4)),
+                                  list(range(max(1, vl // 4))))
             store, _ = beta_store(builder, beta)
             for i in range(mr):
                 # row i of the tile starts crows[i] elements after c
                 crow = builder.load(builder.gep(builder.inttoptr(crows, i64.as_pointer()),
                                                 [ir.Constant(i64, i)]))
-                for v in range(nv):
-                    p = builder.bitcast(
-                        builder.gep(pc, [builder.add(crow, ir.Constant(i64, v * vl))]), vp)
-                    store(builder.load(acc[i][v]), p)
+                for v, (j, n) in enumerate(cols):
+                    p = builder.gep(pc, [builder.add(crow, ir.Constant(i64, j))])
+                    val = builder.load(acc[i][v])
+                    if n == vl or vl < 4:  # (no quarter of a 2-lane vector)
+                        store(val, builder.bitcast(p, ir.VectorType(f, n).as_pointer()))
+                        continue
+                    with builder.if_else(quarter) as (narrow, whole):
+                        with narrow:
+                            store(builder.shuffle_vector(val, val, low), builder.bitcast(
+                                p, ir.VectorType(f, vl // 4).as_pointer()))
+                        with whole:
+                            store(val, builder.bitcast(p, ir.VectorType(f, n).as_pointer()))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -126,6 +154,8 @@ def _micro(nv, mr=MR, row_table=False):
 
 
 _micro1, _micro2, _micro3, _micro4 = (_micro(n) for n in (1, 2, 3, 4))
+#: 0-3 whole vectors and half of one more (see :func:`_micro`)
+_micro_h0, _micro_h1, _micro_h2, _micro_h3 = (_micro(n, half=True) for n in range(4))
 
 
 #: Added to :func:`_gemm`'s ``beta``: C's rows hold whole vectors past its ``N`` columns
@@ -319,7 +349,10 @@ def _gemm(a, rsa, csa, b, rsb, csb, c, ldc, rowmap, M, N, K, beta, kc, nc, work,
                         pb, ldb = pwb + q * kk * nr * it, nr
                     else:
                         pb, ldb = b + (p0 * rsb + j) * it, rsb
-                    if im == MR and (w == nv * vl or room):
+                    if im == MR and w != nv * vl and tail_fits(w, vl):
+                        _call_tail(w, vl, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt,
+                                   work)
+                    elif im == MR and (w == nv * vl or room):
                         _call(nv, pa, ra, ca, pb, ldb, c + j * it, p_rows, kk, bt, work)
                     else:  # through the scratch tile: only im x w of C is touched
                         if bt:
@@ -379,6 +412,8 @@ def _claimed_block(a, rsa, csa, bp, c, ldc, im_total, N, offs, wa, wc, work, bet
             pb = pb0 + q * K * nr * it
             if im == MR and w == nv * vl:
                 _call(nv, pa, ra, ca, pb, nr, c + j * it, p_rows, K, beta, work)
+            elif im == MR and tail_fits(w, vl):
+                _call_tail(w, vl, pa, ra, ca, pb, nr, c + j * it, p_rows, K, beta, work)
             else:
                 _call(nv, pa, ra, ca, pb, nr, pwc, p_wrows, K, 0, work)
                 for i in range(im):
@@ -1133,6 +1168,32 @@ def _call(nv, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
         _micro2(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
     else:
         _micro1(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+
+
+@helper
+def _call_tail(w, vl, a, rsa, csa, b, ldb, c, crows, kc, beta, work):
+    """:func:`_call` for a tile ``w`` columns wide, ``w`` a quarter or a half of a vector
+    past whole vectors (see :func:`tail_fits`): the last vector half as wide, and only its
+    first half stored for a quarter."""
+    nv = w // vl
+    if (w - nv * vl) * 4 == vl:
+        beta += 4
+    if nv == 0:
+        _micro_h0(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+    elif nv == 1:
+        _micro_h1(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+    elif nv == 2:
+        _micro_h2(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+    else:
+        _micro_h3(a, rsa, csa, b, ldb, c, crows, kc, beta, work)
+
+
+@helper(inline=True)
+def tail_fits(w, vl):
+    """Whether a tile ``w`` columns wide (less than a panel) ends a quarter or a half of a
+    vector past whole vectors, which :func:`_call_tail` stores exactly."""
+    r = w % vl
+    return r * 4 == vl or r * 2 == vl
 
 
 def work_dtype(dtype):
