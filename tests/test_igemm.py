@@ -162,20 +162,20 @@ def test_panels_rule():
 
 
 def test_panel_widths_share_the_channels_evenly():
-    """Panels of whole vectors and packing blocks, as even as the panel count allows (the
+    """Panels of whole vectors, as even as the panel count allows (the
     parallel-modes test above runs them: 80 channels as 48 + 32, 48 as one panel of 48)."""
     nr = igemm.panel(4)          # 64 float32 lanes on AVX-512 hosts, 16 on AVX2
     vl = nr // igemm.NV
-    step = max(vl, igemm.TB)
+    step = vl
     for C in (16, 48, 80, 96, 200, 256, 1000):
         npan = -(-C // nr)
-        width = strategy._panel_width(C, nr, npan)
-        assert width % vl == 0 and width % igemm.TB == 0 and width <= nr
+        width = strategy._panel_width(C, nr, npan, vl)
+        assert width % vl == 0 and width <= nr
         assert -(-C // width) == npan                  # the same panels
         assert width * npan - C < step * npan           # each short of C/npan by < a step
     if nr == 64:
-        assert strategy._panel_width(80, 64, 2) == 48
-        assert strategy._panel_width(256, 64, 4) == 64
+        assert strategy._panel_width(80, 64, 2, 16) == 48
+        assert strategy._panel_width(256, 64, 4, 16) == 64
 
 
 def test_implicit_variant_float16():

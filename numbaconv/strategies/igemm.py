@@ -272,15 +272,13 @@ def igemm_lanes(p):
     return igemm.lanes(itemsize(p))
 
 
-def _panel_width(C, nr, npan):
+def _panel_width(C, nr, npan, vl):
     """Channels per panel of the panel-parallel mode: ``C`` shared as evenly as whole
-    vectors (and whole packing blocks) allow over the same ``npan`` panels, rather than
+    vectors of ``vl`` lanes allow over the same ``npan`` panels, rather than
     ``npan - 1`` full register tiles of ``nr`` and a remainder (80 channels over two
     threads: panels of 48 and 32 channels instead of 64 and 16; a thread's time goes with
     its panel's vectors)."""
-    from ..kernels.cpu import igemm
-    step = math.lcm(nr // igemm.NV, igemm.TB)
-    return min(nr, step * -(-C // (npan * step)))
+    return min(nr, vl * -(-C // (npan * vl)))
 
 
 class ImplicitGemm(Strategy):
@@ -400,6 +398,7 @@ class ImplicitGemm(Strategy):
         C, K = p.ic, p.oc
         nr = _panel_nr(p, ct.itemsize, half_out or not self.regions)
         npan = -(-C // nr)
+        vl = igemm.lanes(ct.itemsize)
         threads = max(1, int(tiles.get("threads", 1)))
         chunk = np.int64(tiles["chunk"])
         bt = max(1, int(tiles["block_tiles"]))
@@ -411,7 +410,7 @@ class ImplicitGemm(Strategy):
             if self.regions and not half_out:
                 # panels as even as whole vectors allow, as below (the tables' filter
                 # offsets are in the panel's width)
-                nrr = _panel_width(C, nr, npan) if panels else nr
+                nrr = _panel_width(C, nr, npan, vl) if panels else nr
                 tables = _phase_regions(p, q, grid, taps, frame, strides, npan * nr, bt,
                                         nrr, threads, panels)
             if tables is not None:
@@ -436,7 +435,7 @@ class ImplicitGemm(Strategy):
                     igemm.bwd_d_phase_panels_half(dyp, w, idx, dx, segs, pg, chunk,
                                                   np.int64(nr), work)
                     continue
-                nrb = _panel_width(C, nr, npan)
+                nrb = _panel_width(C, nr, npan, vl)
                 work = np.empty((1, igemm.MR * npan * nrb), ct)
                 igemm.bwd_d_phase_panels(dyp, w, idx, dx, segs, pg, chunk, np.int64(nrb),
                                          work)
