@@ -247,6 +247,29 @@ def test_pack_filter(C, K, dtype, nr):
     assert np.isnan(buf[size:]).all(), "wrote past the panels"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("C,K", [(496, 128), (70, 3), (21, 37), (1, 1)])
+def test_claimed_filter_packed_in_registers(C, K, dtype, monkeypatch):
+    """1x1 backward data's ``W^T`` panels from the register-transposing pack (forced on
+    small filters too) are exactly NumPy's ``pack_panels``, and the claimed GEMM on them
+    matches the reference."""
+    from numbaconv.kernels.cpu import ukernel as uk
+    from numbaconv.strategies import gemm as sgemm
+    monkeypatch.setattr(sgemm, "PACK_IN_REGISTERS_FROM", 0)
+    w2 = np.random.default_rng(C + K).standard_normal((C, K)).astype(dtype)
+    got = sgemm.packed_wt(w2)
+    assert got.shape == (-(-C // uk.panel(w2.itemsize)), K, uk.panel(w2.itemsize))
+    assert np.array_equal(got, uk.pack_panels(w2.T))
+    if C < _gemm_common.MIN_N:  # the GEMM entries decline so few result columns
+        return
+    x, w, dy, geom, attrs = case_operands((2, C, K, (5, 6), (1, 1), (1, 1), (1, 1), (0, 0),
+                                           (0, 0)), dtype)
+    out = nc.convolution_backprop_data(dy, w, x.shape[1:-1], strategy="gemm[claimed]",
+                                       **attrs)
+    assert normalized_error(out, conv_bwd_data_ref, dy, w, x.shape[1:-1], **geom) <= \
+        tolerance(dtype)
+
+
 def test_implicit_variant_choice():
     """Dense backward data takes the implicit variant, and up to MAX_GROUPS groups (each
     group's problem judged alone); more groups, 1x1 layers over channel counts that are
