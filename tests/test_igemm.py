@@ -72,6 +72,45 @@ def test_implicit_variant_parallel_modes(case, by_panels, monkeypatch):
     assert _run(case, "float32", seed=5) <= tolerance("float32")
 
 
+def test_panel_count_shares_out_evenly():
+    """One panel more where that shares the channels out over the threads in panels of one
+    width, at least three vectors each; else full register tiles."""
+    assert strategy._panel_count(192, 64, 16, 2) == 4      # 4 x 48 (googlenet:5b_3x3)
+    assert strategy._panel_count(128, 64, 16, 2) == 2      # already even
+    assert strategy._panel_count(160, 64, 16, 2) == 3      # 48 x 3 + 16: not one width
+    assert strategy._panel_count(320, 64, 16, 2) == 5      # 6 panels of 64 cover it in 5
+    assert strategy._panel_count(64, 64, 16, 2) == 1       # 2 x 32: two vectors
+    assert strategy._panel_count(48, 64, 16, 2) == 1       # 32 + 16
+    assert strategy._panel_count(192, 64, 16, 16) == 3     # one more is not 16
+    assert strategy._panel_count(96, 32, 8, 2) == 4        # 4 x 24 (float64 on AVX-512)
+
+
+@pytest.mark.parametrize("entry", ["gemm[implicit]", "gemm[regions]"])
+@pytest.mark.parametrize("case", [
+    # 3 full panels' channels at stride 1 and 2 with pads (regions with padded rows)
+    (2, 3, 24, (7, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+    (1, 3, 16, (9, 7), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+])
+def test_even_panels_match_reference(case, entry, monkeypatch):
+    """Channel panels counted to share out over 2 threads (:func:`_panel_count`: 3
+    register tiles' channels as 4 panels on AVX-512), in the panel-parallel mode of both
+    variants, against the reference."""
+    mb, tiles, oc, isz, k, st, dl, pb, pe = case
+    case = (mb, tiles * igemm.panel(4), oc, isz, k, st, dl, pb, pe)
+    monkeypatch.setattr(strategy, "_by_panels", lambda *a: True)
+    monkeypatch.setattr(strategy, "MIN_SKIPPED", 0.0)
+    nt = nc.get_num_threads()
+    nc.set_num_threads(2)
+    _fresh()
+    try:
+        if igemm.panel(4) == 64:
+            assert strategy._panel_count(case[1], 64, 16, 2) == 4
+        assert _run(case, "float32", seed=3, entry=entry) <= tolerance("float32")
+    finally:
+        nc.set_num_threads(nt)
+        _fresh()
+
+
 #: Channel counts that are not whole vectors (16 float32 / 8 float64 lanes on AVX-512, 8 /
 #: 4 on AVX2): the last vector of each tile row stored masked.
 PARTIAL = [

@@ -183,7 +183,35 @@ def _phase_panels(p, ntaps, threads, above):
         return False
     item = itemsize(p)
     nr = _panel_nr(p, item)
-    return _by_panels(ntaps, p.oc, -(-p.ic // nr), nr, item, threads, above)
+    npan = _panel_count(p.ic, nr, igemm_lanes(p), threads)
+    return _by_panels(ntaps, p.oc, npan, nr, item, threads, above)
+
+
+#: The panel-parallel mode may split a layer's channels into one panel more than full
+#: register tiles take, so that the panels share out evenly over the threads, where each
+#: panel keeps at least this many vectors (:func:`_panel_count`).
+EVEN_PANELS_MIN_VECTORS = 3
+
+
+def _panel_count(C, nr, vl, threads):
+    """Panels of ``C`` channels for the panel-parallel mode (:func:`_by_panels`):
+    ``ceil(C / nr)``, or one more where that makes a multiple of ``threads`` panels of one
+    width, whole vectors, at least :data:`EVEN_PANELS_MIN_VECTORS` of them (their width:
+    :func:`_panel_width`). Same process, 2 threads, Zen 4, ms even / before: 192 channels
+    as four panels of 48 instead of row blocks that each read the whole packed filter
+    from L3 (or three panels, one thread taking two): googlenet:5b_3x3 2.10 / 2.40,
+    inception_v3:Mixed_7a_3x3_2 2.86 / 3.46, alexnet:conv4 and conv5 (192 channels a
+    group) 7.52 / 8.77 and 5.05 / 5.88. Two panels of 2 vectors for 64 channels lost
+    (i3d:Conv3d_2c_3x3 75.0 / 67.5, c3d:conv2a 102 / 95), and so did uneven panels (48
+    channels as 32 + 16: alexnet:conv2 20.4 / 15.5, inception_v3:Mixed_5b_5x5_2 8.6 /
+    6.5)."""
+    npan = -(-C // nr)
+    if npan % threads == 0 or (npan + 1) % threads:
+        return npan
+    width = _panel_width(C, nr, npan + 1, vl)
+    if width * (npan + 1) == C and width >= EVEN_PANELS_MIN_VECTORS * vl:
+        return npan + 1
+    return npan
 
 
 #: The region tables of recent problems, by (problem, phase, block tiles): building them
@@ -405,23 +433,26 @@ class ImplicitGemm(Strategy):
         for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads, strides):
             P = p.mb * math.prod(grid)
             tables = None
-            panels = _by_panels(len(taps), K, npan, nr, ct.itemsize, threads,
+            # the panel-parallel mode's panels: as even as whole vectors allow
+            ppan = npan if half_out else _panel_count(C, nr, vl, threads)
+            panels = _by_panels(len(taps), K, ppan, nr, ct.itemsize, threads,
                                 int(tiles["panels_above"]))
+            nrp = _panel_width(C, nr, ppan, vl)
+            # a row of scratch (and of the padded rows' C offsets) spans every panel
+            cols = max(npan * nr, ppan * nrp) if panels else npan * nr
             if self.regions and not half_out:
-                # panels as even as whole vectors allow, as below (the tables' filter
-                # offsets are in the panel's width)
-                nrr = _panel_width(C, nr, npan, vl) if panels else nr
-                tables = _phase_regions(p, q, grid, taps, frame, strides, npan * nr, bt,
-                                        nrr, threads, panels)
+                # (the tables' filter offsets are in the panel's width)
+                tables = _phase_regions(p, q, grid, taps, frame, strides, cols, bt,
+                                        nrp if panels else nr, threads, panels)
             if tables is not None:
                 # only the taps that reach inside dY, region by region
                 (offs, rtab, pairs, epos, items, padded), overlap = tables
-                work = memory.empty((len(rtab), igemm.MR * npan * nr), ct, offset=0)
+                work = memory.empty((len(rtab), igemm.MR * cols), ct, offset=0)
                 offs = offs.copy()  # the padded rows' C offsets: into this call's scratch
                 offs.reshape(-1)[padded] += (work.ctypes.data - dx.ctypes.data) // ct.itemsize
                 if panels:
                     igemm.bwd_d_regions_panels(dyp, w, idx, dx, offs, rtab, pairs, epos, chunk,
-                                               np.int64(nrr), work, overlap)
+                                               np.int64(nrp), work, overlap)
                 else:
                     bp = np.empty((npan, len(taps), K, nr), ct)
                     igemm.pack_filter(w, idx, bp)
@@ -435,9 +466,8 @@ class ImplicitGemm(Strategy):
                     igemm.bwd_d_phase_panels_half(dyp, w, idx, dx, segs, pg, chunk,
                                                   np.int64(nr), work)
                     continue
-                nrb = _panel_width(C, nr, npan, vl)
-                work = np.empty((1, igemm.MR * npan * nrb), ct)
-                igemm.bwd_d_phase_panels(dyp, w, idx, dx, segs, pg, chunk, np.int64(nrb),
+                work = np.empty((1, igemm.MR * ppan * nrp), ct)
+                igemm.bwd_d_phase_panels(dyp, w, idx, dx, segs, pg, chunk, np.int64(nrp),
                                          work)
                 continue
             bp = np.empty((npan, len(taps), K, nr), ct)
