@@ -74,6 +74,26 @@ def test_narrow_last_vector_stores_exactly_its_columns(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("nv", [1, 2])
+def test_claimed_tall_tiles_for_two_vectors(nv, dtype):
+    """Two vectors of columns: the claimed blocks run the taller tile (``PATCH_MR[2]``)
+    over their whole tall tiles and 6-row tiles over the rest (one vector: 6-row tiles
+    only); exact, C's rows past N untouched, for blocks of several tall tiles plus a
+    remainder and a block shorter than one tall tile."""
+    vl = uk.lanes(np.dtype(dtype).itemsize)
+    N = nv * vl
+    rng = np.random.default_rng(nv)
+    for M, chunk in ((100, 48), (13, 12), (200, 200)):
+        A = rng.standard_normal((M, 29)).astype(dtype)
+        B = rng.standard_normal((29, N)).astype(dtype)
+        out = np.full((M, N + 3), np.nan, dtype)
+        C = out[:, :N]
+        uk.matmul_claimed(A, uk.pack_panels(B), C, np.zeros(1, np.int64), chunk)
+        _close(C, _ref(A, B), dtype)
+        assert np.isnan(out[:, N:]).all(), (M, N)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_transposed_and_strided_operands(dtype):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((301, 45)).astype(dtype)
