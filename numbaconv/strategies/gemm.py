@@ -285,7 +285,7 @@ class _Gemm(Strategy):
         from ..kernels.cpu import ukernel as uk
         x2 = np.ascontiguousarray(ops["x"]).reshape(-1, p.ic)
         dy2 = np.ascontiguousarray(ops["dy"]).reshape(-1, p.oc)
-        dw = np.empty(canonical_shapes(p)[2], ct)
+        dw = memory.empty(canonical_shapes(p)[2], ct)
         # dW's rows (and the partials') padded to whole vectors where the output channels
         # are not: a last panel of partial vectors stores its tiles whole (ukernel.ROOM)
         vl = uk.lanes(ct.itemsize)
@@ -411,7 +411,7 @@ class _Gemm(Strategy):
             if g == 1 and col_parts == 1:
                 return sum_partials([acc[0, run, 0] for run in range(nruns)],
                                     mm.workers).reshape(ws)
-            dw = np.empty(ws, ct)
+            dw = memory.empty(ws, ct)
             dW5 = dw.reshape(len(taps), icg, g, ocg)
             for gi in range(g):
                 for b in range(col_parts):
@@ -429,7 +429,7 @@ class _Gemm(Strategy):
         icg, ocg, g = p.icg, p.ocg, p.g
         cols = [col(gi, 0, M, 0).copy() if g > 1 else col(gi, 0, M, 0) for gi in range(g)]
         from ..kernels.cpu import convert
-        dw = np.empty(ws, ct)
+        dw = memory.empty(ws, ct)
         if mm.numba and g == 1:
             # cols and dY are in the compute dtype here (float16 X is widened as it is
             # packed, dY by the backend); the float32 dW is rounded by the backend

@@ -91,14 +91,14 @@ class GemmWindows(Strategy):
         return p.mb * most * (p.ic + p.oc) * itemsize(p)
 
     def run(self, p, tiles, ops):
-        from .. import blas
+        from .. import blas, memory
         from ._gemm_common import blas_threads
 
         ct = np.dtype(p.compute_dtype)
         x = np.asarray(ops["x"], ct).reshape(canonical_shapes(p)[0])
         dy = np.asarray(ops["dy"], ct).reshape(canonical_shapes(p)[1])
         wins = windows(p)
-        dw = np.empty((len(wins), p.ic, p.oc), ct)
+        dw = memory.empty((len(wins), p.ic, p.oc), ct)  # (recycled: no page faults)
         with blas.threads(blas_threads()):
             for t, w in enumerate(wins):
                 rows = p.mb * math.prod(n for _, n, _ in w)
