@@ -126,6 +126,20 @@ def transpose(builder, rows):
             for j in range(width)]
 
 
+def transpose_block(builder, src, lds, dst, ldd, vt, align):
+    """A square block of ``vt``'s lanes a side transposed in registers (:func:`transpose`):
+    row ``r`` loaded from address ``src + r*lds`` bytes, column ``c`` stored to ``dst +
+    c*ldd`` bytes, one vector of ``vt`` each (``align``: their alignment in bytes)."""
+    i8, i64 = ir.IntType(8), ir.IntType(64)
+    ps = builder.inttoptr(src, i8.as_pointer())
+    pd = builder.inttoptr(dst, i8.as_pointer())
+    rows = [builder.load(builder.bitcast(builder.gep(ps, [builder.mul(lds, ir.Constant(
+        i64, r))]), vt.as_pointer()), align=align) for r in range(vt.count)]
+    for c, col in enumerate(transpose(builder, rows)):
+        at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
+        builder.store(col, builder.bitcast(at, vt.as_pointer()), align=align)
+
+
 def _iota_splat(builder, v, vl):
     """``(iota, splat)``: ``<vl x i64>`` vectors ``0 .. vl - 1`` and ``v`` in every lane."""
     i64 = ir.IntType(64)

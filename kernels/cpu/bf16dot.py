@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from numbaconv._jit import helper, kernel, par_for, separate, specialise
 from numbaconv.kernels.cpu import _amx
-from numbaconv.kernels.cpu._ir import bf16_round, dpbf16, store_pair_columns, transpose
+from numbaconv.kernels.cpu._ir import bf16_round, dpbf16, store_pair_columns, transpose_block
 
 #: Rows of a register tile and vectors across it: 24 accumulators, 4 loaded vectors and a
 #: broadcast fit AVX-512's 32 registers.
@@ -205,15 +205,7 @@ def _transpose_words(typingctx, src, lds, dst, ldd):
 
     def codegen(context, builder, signature, args):
         src, lds, dst, ldd = args
-        i8, i64 = ir.IntType(8), ir.IntType(64)
-        vw = ir.VectorType(ir.IntType(32), TB)
-        ps = builder.inttoptr(src, i8.as_pointer())
-        pd = builder.inttoptr(dst, i8.as_pointer())
-        rows = [builder.load(builder.bitcast(builder.gep(ps, [builder.mul(lds, ir.Constant(
-            i64, r))]), vw.as_pointer()), align=4) for r in range(TB)]
-        for c, col in enumerate(transpose(builder, rows)):
-            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
-            builder.store(col, builder.bitcast(at, vw.as_pointer()), align=4)
+        transpose_block(builder, src, lds, dst, ldd, ir.VectorType(ir.IntType(32), TB), 4)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -52,7 +52,8 @@ from numba.extending import intrinsic
 from numbaconv._jit import dtype_name, helper, kernel, par_for, separate
 
 from numbaconv.kernels.cpu._host import STREAMS, VECTOR_BYTES  # noqa: E402
-from numbaconv.kernels.cpu._ir import beta_store, lane_mask, masked_io, transpose  # noqa: E402
+from numbaconv.kernels.cpu._ir import (beta_store, lane_mask, masked_io,  # noqa: E402
+                                       transpose_block)
 
 #: Rows of a register tile and the most vectors across it (as ukernel's: ``MR*NV``
 #: accumulators, ``NV`` loaded vectors and a broadcast within 32 registers with AVX-512).
@@ -251,15 +252,7 @@ def _transpose_block(typingctx, src, lds, dst, ldd, like):
         src, lds, dst, ldd, _ = args
         f = context.get_value_type(dtype)
         n = VECTOR_BYTES // context.get_abi_sizeof(f)
-        i8, i64 = ir.IntType(8), ir.IntType(64)
-        vt = ir.VectorType(f, n)
-        ps = builder.inttoptr(src, i8.as_pointer())
-        pd = builder.inttoptr(dst, i8.as_pointer())
-        rows = [builder.load(builder.bitcast(builder.gep(ps, [builder.mul(lds, ir.Constant(
-            i64, r))]), vt.as_pointer()), align=1) for r in range(n)]
-        for c, col in enumerate(transpose(builder, rows)):
-            at = builder.gep(pd, [builder.mul(ldd, ir.Constant(i64, c))])
-            builder.store(col, builder.bitcast(at, vt.as_pointer()), align=1)
+        transpose_block(builder, src, lds, dst, ldd, ir.VectorType(f, n), 1)
         return context.get_dummy_value()
 
     return sig, codegen
