@@ -430,14 +430,15 @@ class ImplicitGemm(Strategy):
         threads = max(1, int(tiles.get("threads", 1)))
         chunk = np.int64(tiles["chunk"])
         bt = max(1, int(tiles["block_tiles"]))
+        # the panel-parallel mode's panels (where a phase runs by panels): as even as whole
+        # vectors allow
+        ppan = npan if half_out else _panel_count(C, nr, vl, threads)
+        nrp = _panel_width(C, nr, ppan, vl)
         for q, grid, taps, idx, segs, pg in _phase_arrays(p, pads, strides):
             P = p.mb * math.prod(grid)
             tables = None
-            # the panel-parallel mode's panels: as even as whole vectors allow
-            ppan = npan if half_out else _panel_count(C, nr, vl, threads)
             panels = _by_panels(len(taps), K, ppan, nr, ct.itemsize, threads,
                                 int(tiles["panels_above"]))
-            nrp = _panel_width(C, nr, ppan, vl)
             # a row of scratch (and of the padded rows' C offsets) spans every panel
             cols = max(npan * nr, ppan * nrp) if panels else npan * nr
             if self.regions and not half_out:
